@@ -1,0 +1,215 @@
+"""The ports. Everything in adapters/ implements one of these; the core only sees these.
+
+    Source ──Record──► Embedder (tokenize → embed) ──Rows──► Sink ──► alias
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import NDArray
+
+Vectors = NDArray[np.float32]  # shape (n, dim)
+Distance = Literal["cosine", "dot", "euclid"]
+VectorProblem = Literal["non_finite", "zero", "dimension"]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One source document. `payload` is carried to the target unchanged (columns or payload fields)."""
+
+    id: str  # stable key: the point/row key in every sink
+    text: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    cursor: str | None = None  # the source position to resume after; None means `id`
+
+    @property
+    def position(self) -> str:
+        return self.id if self.cursor is None else self.cursor
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: str  # as Postgres' format_type() prints it: 'bigint', 'jsonb', 'vector(768)'
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSchema:
+    """What the target must reproduce so applications can read it as a drop-in replacement."""
+
+    id_field: str
+    text_field: str
+    vector_field: str | None = None  # pg column / Qdrant vector name of the old vectors; None = unnamed
+    columns: tuple[Column, ...] = ()  # the relational schema (Postgres sources); () = schemaless
+    distance: Distance = "cosine"
+
+
+class Source(Protocol):
+    def schema(self) -> SourceSchema: ...
+
+    def count(self) -> int | None: ...
+
+    def scan(self, after: str | None = None) -> Iterator[Record]:
+        """Yield records in a stable order, strictly after the position `after` (keyset, not offset)."""
+        ...
+
+    def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
+        """Yield the records with these ids that still exist (dead-letter retry, sample checks)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderInfo:
+    """Everything that makes vectors comparable. `fingerprint` hashes all of it (reindex.fingerprint)."""
+
+    kind: str
+    model: str
+    dim: int
+    max_tokens: int
+    fingerprint: str
+    options: Mapping[str, Any] = field(default_factory=dict)  # revision, pooling, normalize, prompt...
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": self.model, "dim": self.dim, "max_tokens": self.max_tokens,
+                "fingerprint": self.fingerprint, "options": dict(self.options)}
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """One text, tokenized once. `data` is what `embed` consumes (token ids locally, text for providers)."""
+
+    count: int  # tokens that will be embedded, after truncation and special tokens
+    original_count: int  # tokens the full text has
+    data: Any
+
+    @property
+    def is_truncated(self) -> bool:
+        return self.original_count > self.count
+
+
+class Embedder(Protocol):
+    """Fixes its options and loads its model at construction; `embed` runs once per batch."""
+
+    info: EmbedderInfo
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]: ...
+
+    def embed(self, items: Sequence[Tokens]) -> Vectors: ...
+
+
+JobState = Literal["pending", "done", "failed"]
+
+
+@runtime_checkable
+class DeferredEmbedder(Protocol):
+    """Submit now, collect later (provider batch APIs). The job id lives in the ledger."""
+
+    info: EmbedderInfo
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]: ...
+
+    def submit(self, key: str, items: Sequence[Tokens]) -> str: ...
+
+    def poll(self, job_id: str) -> JobState: ...
+
+    def collect(self, job_id: str) -> Vectors: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    """A physical target to create: named `<alias>__<fingerprint8>` unless configured."""
+
+    name: str
+    alias: str
+    dim: int
+    fingerprint: str
+    model: Mapping[str, Any]  # EmbedderInfo.describe(): recorded on the target and the alias
+    source: SourceSchema
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """A batch to upsert. Replaying it is harmless: writes are keyed by `Record.id`."""
+
+    records: Sequence[Record]
+    vectors: Vectors
+    content_hashes: Sequence[str]
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """What verify reads of one stored vector; never the vector itself unless it is wrong."""
+
+    id: str
+    content_hash: str | None
+    fingerprint: str | None
+    problem: VectorProblem | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetInfo:
+    name: str
+    count: int
+    dim: int | None
+    fingerprint: str | None  # recorded on the target by prepare(); None for targets we did not build
+    model: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class AliasInfo:
+    alias: str
+    target: str | None  # the physical target it resolves to; None if the alias does not exist
+    is_physical: bool = False  # the name is a real table/collection today (needs adoption)
+    fingerprint: str | None = None
+    model: Mapping[str, Any] | None = None
+
+
+class Sink(Protocol):
+    """Lifecycle: prepare → write* → finalize → (verify) → move_alias. `drop` exists only for prune."""
+
+    def prepare(self, spec: TargetSpec) -> None:
+        """Create the target if missing (idempotent); refuse one built for another fingerprint or dim."""
+        ...
+
+    def write(self, target: str, rows: Rows) -> None:
+        """Upsert by `Record.id`; ids are unique within `rows` (the core dedupes)."""
+        ...
+
+    def delete(self, target: str, ids: Sequence[str]) -> None: ...
+
+    def finalize(self, spec: TargetSpec) -> None:
+        """After the bulk load: build the ANN index, analyze, carry grants. Idempotent."""
+        ...
+
+    def describe(self, target: str) -> TargetInfo | None: ...
+
+    def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
+        """Every stored vector's id, hashes and sanity (finite, non-zero, `dim`), in any order."""
+        ...
+
+    def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]: ...
+
+    def alias(self, alias: str) -> AliasInfo: ...
+
+    def move_alias(self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]) -> None:
+        """Point `alias` at `target` atomically if it still points at `expected`, then read it back.
+
+        Adopts a physical table of that name where the backend can (pgvector); raises CutoverRefused
+        when the alias moved meanwhile or the lock cannot be had within the bounded retries.
+        """
+        ...
+
+    def targets(self, alias: str) -> list[str]:
+        """Physical targets built for this alias (`<alias>__*`), oldest first."""
+        ...
+
+    def drop(self, target: str) -> None: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,79 @@
+"""Kind → "module:Class" tables for sources, embedders and sinks. Built-ins and plugins use one door.
+
+Adapter modules import their SDK lazily, so resolving a kind never pulls torch or psycopg by itself.
+Third-party adapters register through the `reindex.sources`, `reindex.embedders` and `reindex.sinks`
+entry-point groups with the same "module:Class" value.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
+
+from reindex.errors import ConfigError
+
+Role = Literal["source", "embedder", "target"]
+
+SOURCES: dict[str, str] = {
+    "postgres": "adapters.postgres:PostgresSource",
+    "qdrant": "adapters.qdrant:QdrantSource",
+    "parquet": "adapters.files:ParquetSource",
+    "jsonl": "adapters.files:JsonlSource",
+    "memory": "adapters.memory:MemorySource",
+}
+EMBEDDERS: dict[str, str] = {
+    "sentence-transformers": "adapters.sentence_transformers:SentenceTransformerEmbedder",
+    "hash": "adapters.memory:HashEmbedder",
+}
+SINKS: dict[str, str] = {
+    "pgvector": "adapters.postgres:PgvectorSink",
+    "qdrant": "adapters.qdrant:QdrantSink",
+    "memory": "adapters.memory:MemorySink",
+}
+_TABLES: dict[Role, tuple[dict[str, str], str]] = {
+    "source": (SOURCES, "reindex.sources"),
+    "embedder": (EMBEDDERS, "reindex.embedders"),
+    "target": (SINKS, "reindex.sinks"),
+}
+
+
+def kinds(role: Role) -> dict[str, str]:
+    table, group = _TABLES[role]
+    plugins = {ep.name: ep.value for ep in entry_points(group=group)}
+    return {**plugins, **table}
+
+
+def resolve(role: Role, kind: str) -> Any:
+    """Return the adapter class registered for `kind`."""
+    known = kinds(role)
+    if kind not in known:
+        raise ConfigError(f"unknown {role} kind {kind!r}", hint=f"use one of: {', '.join(sorted(known))}")
+    module_name, _, class_name = known[kind].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def build(role: Role, section: dict[str, Any]) -> Any:
+    """Validate a config section against its adapter's Config model and construct the adapter."""
+    adapter = resolve(role, str(section.get("kind", "")))
+    return adapter.from_config(validate(role, adapter.Config, section))
+
+
+def validate(role: Role, model: type[BaseModel], section: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(f"[{role}]", exc)) from None
+
+
+def describe_validation_error(where: str, exc: ValidationError) -> str:
+    """One line naming the offending key, e.g. `[target] unknown key 'aliass'`."""
+    first = exc.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(section)"
+    if first["type"] == "extra_forbidden":
+        return f"{where} unknown key {key!r}"
+    if first["type"] == "missing":
+        return f"{where} missing required key {key!r}"
+    return f"{where} {key}: {first['msg']}"

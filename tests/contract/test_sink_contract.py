@@ -1,0 +1,109 @@
+"""One suite for every Sink: idempotent prepare and upsert, index scan, guarded atomic alias moves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from reindex.errors import ConfigError, CutoverRefused
+from reindex.fingerprint import content_hash
+from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
+
+DIM = 8
+
+
+def spec(name: str, fingerprint: str = "f" * 16, dim: int = DIM, alias: str = "docs") -> TargetSpec:
+    return TargetSpec(name=name, alias=alias, dim=dim, fingerprint=fingerprint,
+                      model={"model": "test", "fingerprint": fingerprint},
+                      source=SourceSchema(id_field="id", text_field="text"))
+
+
+def rows(ids: list[str], seed: int = 0, fingerprint: str = "f" * 16) -> Rows:
+    records = [Record(i, f"text of {i}", {"id": i, "text": f"text of {i}", "lang": "en"}) for i in ids]
+    vectors = np.random.default_rng(seed).standard_normal((len(ids), DIM)).astype(np.float32)
+    return Rows(records, vectors, [content_hash(r.text) for r in records], fingerprint)
+
+
+def test_prepare_is_idempotent_and_describe_reports_the_target(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    sink.prepare(spec("docs__aaaa0001"))
+    info = sink.describe("docs__aaaa0001")
+    assert info is not None
+    assert (info.count, info.dim, info.fingerprint) == (0, DIM, "f" * 16)
+    assert sink.describe("docs__missing0") is None
+
+
+def test_prepare_refuses_an_existing_target_of_another_fingerprint(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    with pytest.raises(ConfigError):
+        sink.prepare(spec("docs__aaaa0001", fingerprint="0" * 16))
+
+
+def test_replaying_a_write_changes_nothing_but_the_values(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    sink.write("docs__aaaa0001", rows(["a", "b", "c"], seed=1))
+    sink.write("docs__aaaa0001", rows(["b", "c", "d"], seed=2))
+    info = sink.describe("docs__aaaa0001")
+    assert info is not None and info.count == 4
+    expected = rows(["b", "c", "d"], seed=2).vectors[0]
+    np.testing.assert_allclose(sink.fetch("docs__aaaa0001", ["b"])["b"], expected, rtol=1e-6)
+
+
+def test_scan_index_reports_every_id_with_hash_and_fingerprint(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    ids = [str(i) for i in range(300)]
+    for start in range(0, 300, 128):
+        sink.write("docs__aaaa0001", rows(ids[start : start + 128], seed=start))
+    entries = {e.id: e for e in sink.scan_index("docs__aaaa0001", DIM)}
+    assert set(entries) == set(ids)
+    assert entries["7"].content_hash == content_hash("text of 7")
+    assert {e.fingerprint for e in entries.values()} == {"f" * 16}
+    assert all(e.problem is None for e in entries.values())
+
+
+def test_scan_index_flags_zero_vectors(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    batch = rows(["a", "b"])
+    batch.vectors[1] = 0.0
+    sink.write("docs__aaaa0001", batch)
+    problems = {e.id: e.problem for e in sink.scan_index("docs__aaaa0001", DIM)}
+    assert problems == {"a": None, "b": "zero"}
+
+
+def test_delete_removes_only_the_given_ids(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    sink.write("docs__aaaa0001", rows(["a", "b", "c"]))
+    sink.delete("docs__aaaa0001", ["b", "zzz"])
+    assert {e.id for e in sink.scan_index("docs__aaaa0001", DIM)} == {"a", "c"}
+
+
+def test_fetch_returns_only_existing_ids(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    sink.write("docs__aaaa0001", rows(["a"]))
+    assert set(sink.fetch("docs__aaaa0001", ["a", "nope"])) == {"a"}
+
+
+def test_move_alias_is_atomic_guarded_and_reversible(sink: Sink) -> None:
+    for name in ("docs__aaaa0001", "docs__bbbb0002"):
+        sink.prepare(spec(name))
+        sink.write(name, rows(["a"]))
+        sink.finalize(spec(name))
+    assert sink.alias("docs").target is None
+    sink.move_alias("docs", "docs__aaaa0001", expected=None, meta={"fingerprint": "f" * 16})
+    sink.move_alias("docs", "docs__bbbb0002", expected="docs__aaaa0001", meta={"fingerprint": "f" * 16})
+    info = sink.alias("docs")
+    assert (info.target, info.fingerprint) == ("docs__bbbb0002", "f" * 16)
+    with pytest.raises(CutoverRefused):
+        sink.move_alias("docs", "docs__aaaa0001", expected="docs__aaaa0001", meta={})
+    sink.move_alias("docs", "docs__aaaa0001", expected="docs__bbbb0002", meta={"fingerprint": "f" * 16})
+    assert sink.alias("docs").target == "docs__aaaa0001"
+
+
+def test_targets_lists_this_alias_only_and_drop_removes(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    sink.prepare(spec("docs__bbbb0002"))
+    sink.prepare(spec("other__cccc0003", alias="other"))
+    assert sorted(sink.targets("docs")) == ["docs__aaaa0001", "docs__bbbb0002"]
+    sink.drop("docs__aaaa0001")
+    assert sink.targets("docs") == ["docs__bbbb0002"]
+    assert sink.describe("docs__aaaa0001") is None
