@@ -158,13 +158,16 @@ class MemorySink:
         target, meta = self.aliases[alias]
         return AliasInfo(alias, target, fingerprint=meta.get("fingerprint"), model=meta.get("model"))
 
-    def move_alias(self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]) -> None:
+    def move_alias(
+        self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
+    ) -> str | None:
         current = self.aliases.get(alias, (None, {}))[0]
         if current != expected:
             raise CutoverRefused(f"alias {alias!r} points to {current!r}, expected {expected!r}")
         if target not in self.targets_:
             raise CutoverRefused(f"target {target!r} does not exist")
         self.aliases[alias] = (target, dict(meta))
+        return current
 
     def targets(self, alias: str) -> list[str]:
         return [name for name in self.targets_ if name.startswith(f"{alias}__")]

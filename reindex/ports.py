@@ -25,6 +25,7 @@ class Record:
     text: str
     payload: Mapping[str, Any] = field(default_factory=dict)
     cursor: str | None = None  # the source position to resume after; None means `id`
+    defect: str | None = None  # set by a source that could not read this document (a dead-letter reason)
 
     @property
     def position(self) -> str:
@@ -198,11 +199,15 @@ class Sink(Protocol):
 
     def alias(self, alias: str) -> AliasInfo: ...
 
-    def move_alias(self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]) -> None:
+    def move_alias(
+        self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
+    ) -> str | None:
         """Point `alias` at `target` atomically if it still points at `expected`, then read it back.
 
-        Adopts a physical table of that name where the backend can (pgvector); raises CutoverRefused
-        when the alias moved meanwhile or the lock cannot be had within the bounded retries.
+        Returns what the alias served before: `expected`, or the new name of a physical table it
+        adopted (pgvector renames a real table `<alias>__adopted` and keeps it for rollback). Raises
+        CutoverRefused when the alias moved meanwhile, when the backend cannot adopt a physical
+        index (Qdrant), or when the lock cannot be had within the bounded retries.
         """
         ...
 
