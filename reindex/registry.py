@@ -61,11 +61,11 @@ def build(role: Role, section: dict[str, Any]) -> Any:
     return adapter.from_config(validate(role, adapter.Config, section))
 
 
-def validate(role: Role, model: type[BaseModel], section: dict[str, Any]) -> Any:
+def validate(section_name: str, model: type[BaseModel], section: dict[str, Any]) -> Any:
     try:
         return model.model_validate(section)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(f"[{role}]", exc)) from None
+        raise ConfigError(describe_validation_error(f"[{section_name}]", exc)) from None
 
 
 def describe_validation_error(where: str, exc: ValidationError) -> str:

@@ -1,0 +1,180 @@
+"""The typer app: parse → commands.<verb>() → render. The only place that prints or exits.
+
+Results go to stdout (`--json` for pipelines), progress and errors to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from reindex import commands
+from reindex import config as config_module
+from reindex.errors import ReindexError, VerificationFailed
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+out = Console(soft_wrap=True)
+err = Console(stderr=True)
+T = TypeVar("T")
+
+ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="the migration's TOML file")]
+JsonOption = Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")]
+
+
+def _guarded(action: Callable[[], T]) -> T:
+    """Run a verb; a ReindexError becomes `error: <message>` on stderr and its exit code."""
+    try:
+        return action()
+    except ReindexError as exc:
+        if os.environ.get("REINDEX_DEBUG"):
+            raise
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        raise typer.Exit(exc.exit_code) from None
+
+
+def _load(path: Path) -> config_module.Config:
+    return _guarded(lambda: config_module.load(path))
+
+
+def _render(result: Any, as_json: bool, title: str) -> None:
+    data = result.to_json()
+    if as_json:
+        out.print_json(json.dumps(data, default=str))
+        return
+    table = Table(title=title, show_header=False, title_justify="left")
+    for key, value in data.items():
+        if value not in (None, {}, []):
+            table.add_row(key, json.dumps(value, default=str) if isinstance(value, dict | list) else str(value))
+    out.print(table)
+
+
+@app.command()
+def plan(config: ConfigOption, as_json: JsonOption = False,
+         calibrate: Annotated[bool, typer.Option(help="time a small sample to estimate the ETA")] = True) -> None:
+    """Dry run: documents, tokens, ETA, storage, target and alias state, coverage. Changes nothing."""
+    cfg = _load(config)
+    with _status("counting documents and tokens", as_json):
+        report = _guarded(lambda: commands.plan(cfg, calibrate=calibrate))
+    _render(report, as_json, "plan")
+
+
+@app.command()
+def run(config: ConfigOption, as_json: JsonOption = False) -> None:
+    """Backfill the target from the source. Rerun the same command to resume (exit 75 = interrupted)."""
+    cfg = _load(config)
+    stop = threading.Event()
+    with _signals_stop(stop), _progress_bar(as_json) as (on_start, on_progress):
+        report = _guarded(lambda: commands.run(cfg, stop=stop, on_start=on_start, on_progress=on_progress))
+    _render(report, as_json, "run")
+    err.print(f"reconciliation: {report.documents} documents in = {report.written} written + "
+              f"{report.dead_letters} dead-lettered + {report.duplicates} duplicate ids folded", highlight=False)
+    if not report.reconciled:
+        err.print("[bold red]error:[/] the run does not reconcile; see `reindex status`")
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(config: ConfigOption, as_json: JsonOption = False) -> None:
+    """Shards written, reconciliation, dead letters by reason, where the alias points, cutover history."""
+    cfg = _load(config)
+    _render(_guarded(lambda: commands.status(cfg)), as_json, "status")
+
+
+@app.command()
+def verify(config: ConfigOption, as_json: JsonOption = False) -> None:
+    """Compare source and target by exact ids and content hashes. Exit 0 complete, 3 not."""
+    cfg = _load(config)
+    report = _guarded(lambda: commands.verify(cfg))
+    _render(report, as_json, "verify")
+    if not report.complete:
+        err.print(f"[bold red]incomplete:[/] {report.problems()}", highlight=False)
+        raise typer.Exit(VerificationFailed.exit_code)
+
+
+@app.command()
+def cutover(config: ConfigOption, as_json: JsonOption = False,
+            force: Annotated[bool, typer.Option(help="promote even if verify fails (recorded)")] = False) -> None:
+    """Verify, then flip the alias to this target atomically. Refuses (exit 3) unless complete."""
+    cfg = _load(config)
+    if force:
+        err.print("[bold yellow]warning:[/] --force: the alias may serve an incomplete or mixed target; "
+                  "this is recorded in the history")
+    _render(_guarded(lambda: commands.cutover(cfg, force=force)), as_json, "cutover")
+
+
+@app.command()
+def rollback(config: ConfigOption, as_json: JsonOption = False) -> None:
+    """Point the alias back at the target the last move replaced."""
+    cfg = _load(config)
+    _render(_guarded(lambda: commands.rollback(cfg)), as_json, "rollback")
+
+
+@app.command()
+def prune(config: ConfigOption, as_json: JsonOption = False,
+          keep: Annotated[int, typer.Option(min=1, help="targets to keep, the live one included")] = 2,
+          dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be dropped")] = False) -> None:
+    """Drop old targets of this alias that no alias serves, keeping the newest N."""
+    cfg = _load(config)
+    _render(_guarded(lambda: commands.prune(cfg, keep=keep, dry_run=dry_run)), as_json, "prune")
+
+
+@contextmanager
+def _status(message: str, quiet: bool) -> Iterator[None]:
+    if quiet or not err.is_terminal:
+        yield
+        return
+    with err.status(message):
+        yield
+
+
+@contextmanager
+def _signals_stop(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM (spot reclaim) and SIGINT stop claiming shards; a second SIGINT aborts at once."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            sys.exit(130)
+        stop.set()
+        err.print(f"received {signal.Signals(signum).name}: finishing in-flight writes, then exiting (75)")
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+@contextmanager
+def _progress_bar(quiet: bool) -> Iterator[tuple[Callable[[int | None], None], Callable[[Any], None]]]:
+    """A rich bar on stderr (documents, docs/s, tokens/s, ETA); silent when not a terminal or --json."""
+    if quiet or not err.is_terminal:
+        yield (lambda total: None), (lambda progress: None)
+        return
+    columns = (TextColumn("[bold]embedding"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=err) as bar:
+        task = bar.add_task("run", total=None, rate="")
+
+        def on_progress(progress: Any) -> None:
+            seconds = max(progress.seconds, 1e-9)
+            rate = f"{progress.documents / seconds:,.0f} docs/s  {progress.tokens / seconds:,.0f} tok/s"
+            bar.update(task, completed=progress.documents, rate=rate)
+
+        yield (lambda total: bar.update(task, total=total)), on_progress
+
+
+def main() -> None:
+    app()

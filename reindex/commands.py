@@ -1,0 +1,281 @@
+"""The verbs. Each is a plain function from a Config to a result object; cli.py only parses and renders."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from reindex import cutover as alias_moves
+from reindex import registry
+from reindex.config import Config
+from reindex.errors import ConfigError, CutoverRefused, ReindexError, VerificationFailed
+from reindex.fingerprint import target_name
+from reindex.ledger import RunSummary, SqliteLedger
+from reindex.pipeline import Pipeline, Progress
+from reindex.planning import PlanReport, estimate
+from reindex.ports import Embedder, Sink, Source, TargetSpec
+from reindex.verify import Coverage, coverage
+
+
+@dataclass
+class Migration:
+    """A config turned into live adapters and the identity of the target they build."""
+
+    config: Config
+    source: Source
+    embedder: Embedder
+    sink: Sink
+    spec: TargetSpec
+    plan_id: str
+
+
+@contextmanager
+def open_migration(config: Config) -> Iterator[Migration]:
+    """Build source, embedder and sink (closing whatever was opened, whatever happens)."""
+    opened: list[Any] = []
+    try:
+        source: Source = _open(opened, "source", config.source)
+        embedder: Embedder = registry.build("embedder", config.embedder)
+        sink: Sink = _open(opened, "target", config.target)
+        info = embedder.info
+        name = str(config.target.get("name") or target_name(config.alias, info.fingerprint))
+        if name == config.alias:
+            raise ConfigError(f"[target] name {name!r} equals the alias", hint="targets are never live names")
+        spec = TargetSpec(name=name, alias=config.alias, dim=info.dim, fingerprint=info.fingerprint,
+                          model=info.describe(), source=source.schema())
+        plan_id = hashlib.sha256(f"{config.identity()}:{name}:{info.fingerprint}".encode()).hexdigest()[:16]
+        yield Migration(config, source, embedder, sink, spec, plan_id)
+    finally:
+        for adapter in reversed(opened):
+            with suppress(ReindexError):
+                adapter.close()
+
+
+def _open(opened: list[Any], role: registry.Role, section: dict[str, Any]) -> Any:
+    adapter = registry.build(role, section)
+    opened.append(adapter)
+    return adapter
+
+
+def open_ledger(config: Config) -> SqliteLedger:
+    if config.run.state.startswith(("postgres://", "postgresql://")):
+        raise ConfigError("a Postgres ledger is not available in this version", hint="use a SQLite path")
+    return SqliteLedger(config.run.state)
+
+
+# plan ---------------------------------------------------------------------------------------------------
+
+
+def plan(config: Config, *, calibrate: bool = True) -> PlanReport:
+    """Dry run: count documents and tokens, estimate time and storage, report the target's coverage.
+
+    Changes nothing: no target is created, no ledger is written.
+    """
+    with open_migration(config) as m:
+        exists = m.sink.describe(m.spec.name) is not None
+        report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate)
+        alias = m.sink.alias(m.spec.alias)
+        report.plan_id, report.target, report.target_exists = m.plan_id, m.spec.name, exists
+        report.alias, report.alias_target, report.alias_fingerprint = alias.alias, alias.target, alias.fingerprint
+        report.alias_is_physical = alias.is_physical
+        if exists:
+            report.coverage = _coverage(m, dead_letters=None).to_json()
+        return report
+
+
+# run ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunReport:
+    plan_id: str
+    target: str
+    documents: int
+    written: int
+    dead_letters: int
+    duplicates: int
+    reused: int
+    tokens: int
+    truncated: int
+    seconds: float
+    docs_per_second: float
+    tokens_per_second: float
+    padding_fraction: float
+    model_busy_fraction: float
+    reconciled: bool
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run(config: Config, *, stop: threading.Event | None = None,
+        on_start: Callable[[int | None], None] | None = None,
+        on_progress: Callable[[Progress], None] | None = None) -> RunReport:
+    """Backfill the target from the source; rerunning resumes after the last written shard."""
+    with open_migration(config) as m:
+        ledger = open_ledger(config)
+        try:
+            m.sink.prepare(m.spec)
+            ledger.begin(m.plan_id, alias=m.spec.alias, target=m.spec.name, fingerprint=m.spec.fingerprint,
+                         model=dict(m.spec.model))
+            if on_start:
+                on_start(m.source.count())
+            progress = Pipeline(source=m.source, embedder=m.embedder, sink=m.sink, ledger=ledger, spec=m.spec,
+                                plan_id=m.plan_id, run=config.run, stop=stop, on_progress=on_progress).run()
+            m.sink.finalize(m.spec)
+            ledger.finish(m.plan_id)
+            summary = ledger.summary(m.plan_id)
+            assert summary is not None
+            return _run_report(summary, progress)
+        finally:
+            ledger.close()
+
+
+def _run_report(summary: RunSummary, progress: Progress) -> RunReport:
+    seconds = max(progress.seconds, 1e-9)
+    return RunReport(
+        plan_id=summary.plan_id, target=summary.target, documents=summary.documents, written=summary.written,
+        dead_letters=summary.dead_letters, duplicates=summary.duplicates, reused=summary.reused,
+        tokens=summary.tokens, truncated=summary.truncated, seconds=round(progress.seconds, 3),
+        docs_per_second=round(progress.documents / seconds, 1),
+        tokens_per_second=round(progress.tokens / seconds, 1),
+        padding_fraction=round(1 - progress.tokens / progress.padded_tokens, 4) if progress.padded_tokens else 0.0,
+        model_busy_fraction=round(progress.model_seconds / seconds, 3), reconciled=summary.reconciled,
+        dead_letter_reasons=summary.dead_letter_reasons)
+
+
+# status -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    plan_id: str
+    target: str
+    state: str  # not-started | running | complete
+    documents: int
+    written: int
+    dead_letters: int
+    duplicates: int
+    reconciled: bool
+    shards_done: int
+    source_documents: int | None
+    alias: str
+    alias_target: str | None
+    is_live: bool
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def status(config: Config) -> StatusReport:
+    """Where the migration stands: shards written, reconciliation, where the alias points, history."""
+    with open_migration(config) as m:
+        ledger = open_ledger(config)
+        try:
+            summary = ledger.summary(m.plan_id)
+            alias = m.sink.alias(m.spec.alias)
+            history = [asdict(c) for c in ledger.cutovers(m.spec.alias)]
+        finally:
+            ledger.close()
+        counts = (summary.documents, summary.written, summary.dead_letters, summary.duplicates) if summary else (
+            0, 0, 0, 0)
+        return StatusReport(
+            plan_id=m.plan_id, target=m.spec.name, state=summary.state if summary else "not-started",
+            documents=counts[0], written=counts[1], dead_letters=counts[2], duplicates=counts[3],
+            reconciled=summary.reconciled if summary else True, shards_done=summary.shards if summary else 0,
+            source_documents=m.source.count(), alias=alias.alias, alias_target=alias.target,
+            is_live=alias.target == m.spec.name,
+            dead_letter_reasons=summary.dead_letter_reasons if summary else {}, history=history)
+
+
+# verify -------------------------------------------------------------------------------------------------
+
+
+def verify(config: Config) -> Coverage:
+    """Compare source and target directly (exact ids, content hashes, fingerprints, vector sanity)."""
+    with open_migration(config) as m:
+        if m.sink.describe(m.spec.name) is None:
+            raise VerificationFailed(f"target {m.spec.name!r} does not exist", hint="run `reindex run` first")
+        ledger = open_ledger(config)
+        try:
+            dead = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id)}
+            report = _coverage(m, dead_letters=dead)
+            ledger.record_verification(m.plan_id, report.complete, report.to_json())
+        finally:
+            ledger.close()
+        return report
+
+
+def _coverage(m: Migration, dead_letters: dict[str, str | None] | None) -> Coverage:
+    return coverage(m.source, m.sink, m.spec.name, dim=m.spec.dim, fingerprint=m.spec.fingerprint,
+                    dead_letters=dead_letters)
+
+
+# cutover, rollback, prune -------------------------------------------------------------------------------
+
+
+def cutover(config: Config, *, force: bool = False) -> alias_moves.AliasMove:
+    """Verify, then point the alias at this target atomically. Refuses (exit 3) unless complete."""
+    report = verify(config)
+    if not report.complete and not force:
+        raise VerificationFailed(
+            f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
+            hint=f"see `reindex verify -c {config.path} --json`")
+    with open_migration(config) as m:
+        ledger = open_ledger(config)
+        try:
+            return alias_moves.move(m.sink, ledger, alias=m.spec.alias, target=m.spec.name,
+                                    fingerprint=m.spec.fingerprint, model=dict(m.spec.model),
+                                    forced=force and not report.complete, report=report.to_json())
+        finally:
+            ledger.close()
+
+
+def rollback(config: Config) -> alias_moves.AliasMove:
+    """Point the alias back at the target the last move replaced."""
+    with open_migration(config) as m:
+        ledger = open_ledger(config)
+        try:
+            return alias_moves.rollback(m.sink, ledger, m.spec.alias)
+        finally:
+            ledger.close()
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    alias: str
+    kept: list[str]
+    dropped: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def prune(config: Config, *, keep: int = 2, dry_run: bool = False) -> PruneReport:
+    """Drop old targets of this alias, keeping the newest `keep` and never the one the alias serves."""
+    if keep < 1:
+        raise ConfigError("--keep must be at least 1", hint="the live target is always kept")
+    with open_migration(config) as m:
+        live = m.sink.alias(m.spec.alias).target
+        newest_first = list(reversed(m.sink.targets(m.spec.alias)))
+        kept = [t for t in newest_first if t == live]
+        for candidate in newest_first:
+            if candidate not in kept and len(kept) < keep:
+                kept.append(candidate)
+        dropped = [t for t in newest_first if t not in kept]
+        for name in [] if dry_run else dropped:
+            if m.sink.alias(m.spec.alias).target == name:
+                raise CutoverRefused(f"{name!r} became live while pruning", hint="rerun prune")
+            m.sink.drop(name)
+        return PruneReport(m.spec.alias, kept, dropped)
+
+
+__all__ = ["Migration", "PruneReport", "RunReport", "StatusReport", "cutover", "open_ledger", "open_migration",
+           "plan", "prune", "rollback", "run", "status", "verify"]

@@ -1,0 +1,77 @@
+"""Load and validate a migration's TOML file once; the sections go to the adapters by kind."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reindex import registry
+from reindex.errors import ConfigError
+
+SECTIONS = ("source", "embedder", "target", "run")
+
+
+class RunConfig(BaseModel):
+    """`[run]`: where the ledger lives and how the work is cut. Run-time knobs, not identity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state: str = ".reindex/state.db"  # a SQLite path, or a postgresql:// URL shared across machines
+    shard_size: int = Field(1000, ge=1, le=1_000_000)
+    batch_tokens: int = Field(4096, ge=1)  # padded tokens per model call: small on CPU, large on GPU
+    max_batch: int = Field(256, ge=1)
+    too_long: Literal["truncate", "dead-letter"] = "truncate"
+    queue_depth: int = Field(2, ge=1, le=64)  # shards buffered between stages: the memory bound
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    source: dict[str, Any]
+    embedder: dict[str, Any]
+    target: dict[str, Any]
+    run: RunConfig
+
+    @property
+    def alias(self) -> str:
+        return str(self.target["alias"])
+
+    def identity(self) -> str:
+        """A stable hash of what the migration reads and where it writes (not run-time knobs)."""
+        parts = {"source": self.source, "target": {k: v for k, v in self.target.items() if k != "name"}}
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load(path: Path) -> Config:
+    """Parse and validate `path`; every problem is a ConfigError naming the section and key."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} not found", hint="pass -c <path to a .toml>") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown section [{unknown[0]}]", hint=f"sections are {', '.join(SECTIONS)}")
+    for section in ("source", "embedder", "target"):
+        if not isinstance(raw.get(section), dict):
+            raise ConfigError(f"{path}: missing section [{section}]", hint="see configs/ for examples")
+    config = Config(path, raw["source"], raw["embedder"], raw["target"],
+                    registry.validate("run", RunConfig, raw.get("run", {})))
+    check(config)
+    return config
+
+
+def check(config: Config) -> None:
+    """Validate each section against its adapter's Config model, without connecting to anything."""
+    for role, section in (("source", config.source), ("embedder", config.embedder), ("target", config.target)):
+        adapter = registry.resolve(role, str(section.get("kind", "")))  # type: ignore[arg-type]
+        registry.validate(role, adapter.Config, section)
+    if not config.target.get("alias"):
+        raise ConfigError("[target] missing required key 'alias'", hint="the name applications read")

@@ -1,0 +1,33 @@
+"""Named points where the tool kills itself with SIGKILL, for crash tests: REINDEX_CRASH_AT=<name>[:<n>].
+
+`after_embed:3` dies the third time the run reaches `after_embed`. Unset in production: one dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINTS = ("after_embed", "mid_write", "after_write", "cutover_before_commit", "cutover_after_move")
+_hits: dict[str, int] = {}
+
+
+def armed(name: str) -> bool:
+    """True when this call of point `name` is the one chosen to die."""
+    spec = os.environ.get("REINDEX_CRASH_AT")
+    if not spec:
+        return False
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return False
+    _hits[name] = _hits.get(name, 0) + 1
+    return _hits[name] == int(nth or 1)
+
+
+def crash_if_armed(name: str) -> None:
+    if armed(name):
+        die()
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,79 @@
+"""The only code that moves aliases: intent in the ledger, one atomic move in the sink, then settle."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from reindex import crashpoints
+from reindex.errors import CutoverRefused
+from reindex.ledger import Cutover, SqliteLedger
+from reindex.ports import Sink
+
+
+@dataclass(frozen=True)
+class AliasMove:
+    alias: str
+    target: str
+    previous: str | None
+    changed: bool
+    forced: bool = False
+    action: str = "cutover"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def settle_pending(sink: Sink, ledger: SqliteLedger, alias: str) -> None:
+    """Resolve a move interrupted between intent and record by looking at where the alias points."""
+    for move in ledger.cutovers(alias):
+        if move.state == "pending":
+            landed = sink.alias(alias).target == move.new
+            ledger.settle_cutover(move.id, "done" if landed else "aborted")
+
+
+def move(sink: Sink, ledger: SqliteLedger, *, alias: str, target: str, fingerprint: str | None,
+         model: Any, action: str = "cutover", forced: bool = False,
+         report: dict[str, Any] | None = None, expected: str | None = None,
+         check_expected: bool = False) -> AliasMove:
+    """Point `alias` at `target`, recording intent first so a crash at any instant is resolvable."""
+    settle_pending(sink, ledger, alias)
+    current = sink.alias(alias).target
+    if check_expected and current != expected:
+        raise CutoverRefused(f"alias {alias!r} serves {current!r}, not {expected!r} as the history says",
+                             hint="inspect it with `reindex status`; the history and the index disagree")
+    if current == target:
+        return AliasMove(alias, target, current, changed=False, forced=forced, action=action)
+    intent = ledger.cutover_intent(alias, current, target, fingerprint=fingerprint, action=action,
+                                   forced=forced, report=report)
+    crashpoints.crash_if_armed("cutover_before_commit")
+    meta = {"target": target, "fingerprint": fingerprint, "model": model, "moved_at": time.time()}
+    try:
+        previous = sink.move_alias(alias, target, expected=current, meta=meta)
+    except BaseException:
+        settle_pending(sink, ledger, alias)
+        raise
+    crashpoints.crash_if_armed("cutover_after_move")
+    ledger.settle_cutover(intent, "done", old=previous)
+    return AliasMove(alias, target, previous, changed=True, forced=forced, action=action)
+
+
+def last_move(ledger: SqliteLedger, alias: str) -> Cutover | None:
+    done = [m for m in ledger.cutovers(alias) if m.state == "done"]
+    return done[-1] if done else None
+
+
+def rollback(sink: Sink, ledger: SqliteLedger, alias: str) -> AliasMove:
+    """Undo the last alias move: back to the target it replaced, if that still exists."""
+    settle_pending(sink, ledger, alias)
+    last = last_move(ledger, alias)
+    if last is None or last.old is None:
+        raise CutoverRefused(f"nothing to roll back to for alias {alias!r}",
+                             hint="the history has no earlier target")
+    info = sink.describe(last.old)
+    if info is None:
+        raise CutoverRefused(f"the previous target {last.old!r} no longer exists (pruned)",
+                             hint="rebuild it with `reindex run` on its config")
+    return move(sink, ledger, alias=alias, target=last.old, fingerprint=info.fingerprint, model=info.model,
+                action="rollback", expected=last.new, check_expected=True)

@@ -1,0 +1,238 @@
+"""The durable record of a migration: shards written, dead letters, cutover history. SQLite by default.
+
+A shard row and its dead letters are committed in one transaction after the sink's write returned,
+so the rows present are exactly the shards whose vectors are durable: resume starts after the last.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reindex.errors import ConfigError
+
+# Numbered, append-only: PRAGMA user_version holds how many have been applied (alembic, in miniature).
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE runs (
+        plan_id TEXT PRIMARY KEY, alias TEXT NOT NULL, target TEXT NOT NULL, fingerprint TEXT NOT NULL,
+        model TEXT NOT NULL, state TEXT NOT NULL DEFAULT 'running', created_at REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE TABLE shards (
+        plan_id TEXT NOT NULL, seq INTEGER NOT NULL, after_cursor TEXT, last_cursor TEXT NOT NULL,
+        documents INTEGER NOT NULL, written INTEGER NOT NULL, dead_letters INTEGER NOT NULL,
+        duplicates INTEGER NOT NULL, reused INTEGER NOT NULL, tokens INTEGER NOT NULL, truncated INTEGER NOT NULL,
+        seconds REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 1, written_at REAL NOT NULL,
+        PRIMARY KEY (plan_id, seq)
+    );
+    CREATE TABLE dead_letters (
+        plan_id TEXT NOT NULL, doc_id TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT,
+        content_hash TEXT, seq INTEGER, created_at REAL NOT NULL, PRIMARY KEY (plan_id, doc_id)
+    );
+    CREATE TABLE cutovers (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, alias TEXT NOT NULL, old_target TEXT, new_target TEXT NOT NULL,
+        fingerprint TEXT, action TEXT NOT NULL, forced INTEGER NOT NULL, state TEXT NOT NULL,
+        report TEXT, at REAL NOT NULL
+    );
+    CREATE TABLE verifications (
+        plan_id TEXT NOT NULL, at REAL NOT NULL, complete INTEGER NOT NULL, report TEXT NOT NULL
+    );
+    """,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    doc_id: str
+    reason: str  # one of reindex.validation.REASONS
+    detail: str = ""
+    content_hash: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardResult:
+    seq: int
+    after_cursor: str | None
+    last_cursor: str
+    documents: int
+    written: int
+    dead_letters: Sequence[DeadLetter]
+    duplicates: int  # duplicate ids with identical text, folded into one write
+    reused: int  # documents whose text was already embedded in this shard (embedded once)
+    tokens: int
+    truncated: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    plan_id: str
+    alias: str
+    target: str
+    fingerprint: str
+    state: str  # running | complete
+    shards: int
+    documents: int
+    written: int
+    dead_letters: int
+    duplicates: int
+    reused: int
+    tokens: int
+    truncated: int
+    seconds: float
+    last_cursor: str | None
+    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def reconciled(self) -> bool:
+        """Documents in = vectors written + dead letters + duplicates folded into one write."""
+        return self.documents == self.written + self.dead_letters + self.duplicates
+
+
+@dataclass(frozen=True, slots=True)
+class Cutover:
+    id: int
+    alias: str
+    old: str | None
+    new: str
+    fingerprint: str | None
+    action: str  # cutover | rollback
+    forced: bool
+    state: str  # pending | done | aborted
+    at: float
+
+
+class SqliteLedger:
+    """WAL + synchronous=FULL: a committed shard survives kill -9 and power loss."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError(f"cannot open the ledger at {str(self.path)!r}: {exc}",
+                              hint="set [run] state to a writable path") from None
+        self._lock = threading.Lock()
+        self._migrate()
+
+    def _migrate(self) -> None:
+        applied = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if applied > len(MIGRATIONS):
+            raise ConfigError(f"the ledger {str(self.path)!r} was written by a newer reindex",
+                              hint="upgrade reindex-embeddings")
+        for number in range(applied, len(MIGRATIONS)):
+            with self._transaction() as db:
+                db.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1};")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            try:
+                yield self._db
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def begin(self, plan_id: str, *, alias: str, target: str, fingerprint: str, model: dict[str, Any]) -> None:
+        with self._transaction() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(
+                "INSERT INTO runs (plan_id, alias, target, fingerprint, model, created_at) VALUES (?,?,?,?,?,?)"
+                " ON CONFLICT (plan_id) DO UPDATE SET state = 'running', finished_at = NULL",
+                (plan_id, alias, target, fingerprint, json.dumps(model), time.time()))
+
+    def resume_point(self, plan_id: str) -> tuple[str | None, int]:
+        """The cursor after the last written shard and the next shard number."""
+        rows = self._query("SELECT seq, last_cursor FROM shards WHERE plan_id = ? ORDER BY seq DESC LIMIT 1",
+                           (plan_id,))
+        return (None, 0) if not rows else (rows[0][1], rows[0][0] + 1)
+
+    def record_shard(self, plan_id: str, shard: ShardResult) -> None:
+        """Mark a shard written, with its dead letters, atomically. Call only after the sink's write."""
+        now = time.time()
+        with self._transaction() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(
+                "INSERT INTO shards (plan_id, seq, after_cursor, last_cursor, documents, written, dead_letters,"
+                " duplicates, reused, tokens, truncated, seconds, written_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (plan_id, shard.seq, shard.after_cursor, shard.last_cursor, shard.documents, shard.written,
+                 len(shard.dead_letters), shard.duplicates, shard.reused, shard.tokens, shard.truncated,
+                 shard.seconds, now))
+            db.executemany(
+                "INSERT INTO dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
+                " VALUES (?,?,?,?,?,?,?) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
+                " detail = excluded.detail, content_hash = excluded.content_hash, seq = excluded.seq",
+                [(plan_id, d.doc_id, d.reason, d.detail, d.content_hash, shard.seq, now)
+                 for d in shard.dead_letters])
+
+    def finish(self, plan_id: str) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE runs SET state = 'complete', finished_at = ? WHERE plan_id = ?",
+                       (time.time(), plan_id))
+
+    def summary(self, plan_id: str) -> RunSummary | None:
+        runs = self._query("SELECT alias, target, fingerprint, state FROM runs WHERE plan_id = ?", (plan_id,))
+        if not runs:
+            return None
+        totals = self._query(
+            "SELECT count(*), coalesce(sum(documents),0), coalesce(sum(written),0), coalesce(sum(dead_letters),0),"
+            " coalesce(sum(duplicates),0), coalesce(sum(reused),0), coalesce(sum(tokens),0), coalesce(sum(truncated),0),"
+            " coalesce(sum(seconds),0) FROM shards WHERE plan_id = ?", (plan_id,))[0]
+        last_cursor, _ = self.resume_point(plan_id)
+        reasons = dict(self._query("SELECT reason, count(*) FROM dead_letters WHERE plan_id = ? GROUP BY reason",
+                                   (plan_id,)))
+        return RunSummary(plan_id, *runs[0], *totals, last_cursor=last_cursor, dead_letter_reasons=reasons)
+
+    def dead_letters(self, plan_id: str) -> list[DeadLetter]:
+        rows = self._query("SELECT doc_id, reason, detail, content_hash FROM dead_letters WHERE plan_id = ?"
+                           " ORDER BY seq, doc_id", (plan_id,))
+        return [DeadLetter(*row) for row in rows]
+
+    def record_verification(self, plan_id: str, complete: bool, report: dict[str, Any]) -> None:
+        with self._transaction() as db:
+            db.execute("INSERT INTO verifications VALUES (?,?,?,?)",
+                       (plan_id, time.time(), int(complete), json.dumps(report)))
+
+    def cutover_intent(self, alias: str, old: str | None, new: str, *, fingerprint: str | None, action: str,
+                       forced: bool, report: dict[str, Any] | None = None) -> int:
+        """Write what is about to happen before it happens, so a crash mid-swap is resolvable."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO cutovers (alias, old_target, new_target, fingerprint, action, forced, state, report,"
+                " at) VALUES (?,?,?,?,?,?,'pending',?,?)",
+                (alias, old, new, fingerprint, action, int(forced), json.dumps(report), time.time()))
+            return int(cursor.lastrowid or 0)
+
+    def settle_cutover(self, cutover_id: int, state: str, *, old: str | None = None) -> None:
+        with self._transaction() as db:
+            db.execute("UPDATE cutovers SET state = ?, old_target = coalesce(?, old_target) WHERE id = ?",
+                       (state, old, cutover_id))
+
+    def cutovers(self, alias: str) -> list[Cutover]:
+        rows = self._query("SELECT id, alias, old_target, new_target, fingerprint, action, forced, state, at"
+                           " FROM cutovers WHERE alias = ? ORDER BY id", (alias,))
+        return [Cutover(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,255 @@
+"""The shard loop: read → screen → tokenize | embed → validate | write → mark, as three overlapping stages.
+
+    reader thread ──prepared──► main thread (model) ──embedded──► writer thread (sink, then ledger)
+
+Queues are bounded (`[run] queue_depth` shards), so memory is flat whatever the corpus size; the
+writer records a shard in the ledger only after the sink's write returned, in order, so the ledger
+always holds a contiguous prefix and a crash redoes at most the shards in flight.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+import stamina
+
+from reindex import crashpoints
+from reindex.batching import padded_tokens, token_batches
+from reindex.config import RunConfig
+from reindex.errors import Interrupted, TransientError
+from reindex.ledger import DeadLetter, ShardResult, SqliteLedger
+from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Tokens, Vectors
+from reindex.validation import screen, vector_dead_letters
+
+T = TypeVar("T")
+_DONE = object()
+
+
+@dataclass
+class Shard:
+    seq: int
+    after_cursor: str | None
+    last_cursor: str
+    documents: int
+    records: list[Record]
+    hashes: list[str]
+    owner: list[int]  # record i is embedded as unique text owner[i]
+    tokens: list[Tokens]  # one per unique text
+    dead: list[DeadLetter]
+    duplicates: int
+    truncated: int = 0
+    vectors: Vectors | None = None
+
+
+@dataclass
+class Progress:
+    documents: int = 0
+    written: int = 0
+    dead_letters: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    reused: int = 0
+    model_seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+
+class Pipeline:
+    def __init__(self, *, source: Source, embedder: Embedder, sink: Sink, ledger: SqliteLedger,
+                 spec: TargetSpec, plan_id: str, run: RunConfig, stop: threading.Event | None = None,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.source, self.embedder, self.sink, self.ledger = source, embedder, sink, ledger
+        self.spec, self.plan_id, self.config = spec, plan_id, run
+        self.stop = stop or threading.Event()
+        self.on_progress = on_progress or (lambda progress: None)
+        self.progress = Progress()
+        self._failed = threading.Event()
+        self._failure: BaseException | None = None
+        self._last_mark = time.monotonic()
+
+    def run(self) -> Progress:
+        """Process every shard after the ledger's resume point; raise Interrupted if stopped early."""
+        after, seq = self.ledger.resume_point(self.plan_id)
+        prepared: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
+        embedded: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
+        threads = [threading.Thread(target=self._guard, args=(self._read, after, seq, prepared), daemon=True),
+                   threading.Thread(target=self._guard, args=(self._write_all, embedded), daemon=True)]
+        for thread in threads:
+            thread.start()
+        self._guard(self._embed_all, prepared, embedded)
+        for thread in threads:
+            thread.join()
+        if self._failure is not None:
+            raise self._failure
+        if self.stop.is_set():
+            raise Interrupted(f"stopped after {self.progress.documents} documents; rerun the same command to continue")
+        return self.progress
+
+    def _guard(self, stage: Callable[..., None], *args: Any) -> None:
+        try:
+            stage(*args)
+        except BaseException as exc:
+            if self._failure is None:
+                self._failure = exc
+            self._failed.set()
+
+    def _put(self, channel: queue.Queue[Any], item: Any, *, force: bool = False) -> bool:
+        """Hand `item` on; give up if a stage failed, or (unless forced) once a stop was requested."""
+        while not self._failed.is_set() and (force or not self.stop.is_set()):
+            try:
+                channel.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _items(self, channel: queue.Queue[Any], *, until_stop: bool = False) -> Iterator[Any]:
+        while not self._failed.is_set() and not (until_stop and self.stop.is_set()):
+            try:
+                item = channel.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is _DONE:
+                return
+            yield item
+
+    # reader stage -------------------------------------------------------------------------------------
+
+    def _read(self, after: str | None, seq: int, out: queue.Queue[Any]) -> None:
+        for records in _chunks(self.source.scan(after), self.config.shard_size):
+            if self._failed.is_set() or not self._put(out, self._prepare(seq, after, records)):
+                return
+            after, seq = records[-1].position, seq + 1
+            if self.stop.is_set():
+                break
+        self._put(out, _DONE)
+
+    def _prepare(self, seq: int, after: str | None, records: list[Record]) -> Shard:
+        screened = screen(records)
+        unique: dict[str, int] = {}
+        owner = [unique.setdefault(digest, len(unique)) for digest in screened.hashes]
+        texts = [""] * len(unique)
+        for record, index in zip(screened.records, owner, strict=True):
+            texts[index] = record.text
+        shard = Shard(seq, after, records[-1].position, len(records), screened.records, screened.hashes, owner,
+                      self.embedder.tokenize(texts), screened.dead, screened.duplicates)
+        self._apply_length_policy(shard)
+        return shard
+
+    def _apply_length_policy(self, shard: Shard) -> None:
+        over = {i for i, tokens in enumerate(shard.tokens) if tokens.is_truncated}
+        if self.config.too_long == "truncate" or not over:
+            shard.truncated = sum(1 for i in shard.owner if i in over)
+            return
+        limit = self.embedder.info.max_tokens
+        for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
+            if index in over:
+                detail = f"{shard.tokens[index].original_count} tokens > {limit}"
+                shard.dead.append(DeadLetter(record.id, "too_long", detail, digest))
+        _keep(shard, [index not in over for index in shard.owner])
+
+    # model stage --------------------------------------------------------------------------------------
+
+    def _embed_all(self, source: queue.Queue[Any], out: queue.Queue[Any]) -> None:
+        for shard in self._items(source, until_stop=True):
+            if self.stop.is_set() or not self._embed(shard):
+                break  # released: this shard is not in the ledger, so a rerun redoes it
+            crashpoints.crash_if_armed("after_embed")
+            if not self._put(out, shard, force=True):
+                return
+        self._put(out, _DONE, force=True)
+
+    def _embed(self, shard: Shard) -> bool:
+        """Embed a shard's unique texts batch by batch; False if a stop request released it midway."""
+        dim = self.embedder.info.dim
+        lengths = [tokens.count for tokens in shard.tokens]
+        batches = token_batches(lengths, self.config.batch_tokens, self.config.max_batch)
+        unique = np.empty((len(lengths), dim), dtype=np.float32)
+        started = time.monotonic()
+        for batch in batches:
+            if self.stop.is_set():
+                return False
+            vectors = _retrying(self.embedder.embed, [shard.tokens[i] for i in batch])
+            unique[batch] = vectors if vectors.shape == (len(batch), dim) else np.nan
+        self.progress.model_seconds += time.monotonic() - started
+        self.progress.padded_tokens += padded_tokens(lengths, batches)
+        self.progress.tokens += sum(lengths)
+        self.progress.reused += len(shard.owner) - len(lengths)
+        reasons = vector_dead_letters(unique, dim) if len(lengths) else []
+        for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
+            if reasons[index]:
+                shard.dead.append(DeadLetter(record.id, str(reasons[index]), "embedder output", digest))
+        keep = [reasons[index] is None for index in shard.owner]
+        shard.vectors = unique[shard.owner] if shard.owner else np.empty((0, dim), dtype=np.float32)
+        _keep(shard, keep)
+        return True
+
+    # writer stage -------------------------------------------------------------------------------------
+
+    def _write_all(self, source: queue.Queue[Any]) -> None:
+        for shard in self._items(source):
+            self._write(shard)
+
+    def _write(self, shard: Shard) -> None:
+        assert shard.vectors is not None
+        rows = Rows(shard.records, shard.vectors, shard.hashes, self.spec.fingerprint)
+        if crashpoints.armed("mid_write") and len(rows.records) > 1:
+            half = len(rows.records) // 2
+            self.sink.write(self.spec.name, _slice(rows, half))
+            crashpoints.die()
+        if rows.records:
+            _retrying(self.sink.write, self.spec.name, rows)
+        crashpoints.crash_if_armed("after_write")
+        now = time.monotonic()
+        result = ShardResult(shard.seq, shard.after_cursor, shard.last_cursor, shard.documents, len(shard.records),
+                             shard.dead, shard.duplicates, len(shard.owner) - len(shard.tokens),
+                             sum(t.count for t in shard.tokens), shard.truncated, now - self._last_mark)
+        self._last_mark = now
+        _retrying(self.ledger.record_shard, self.plan_id, result)
+        self.progress.documents += shard.documents
+        self.progress.written += len(shard.records)
+        self.progress.dead_letters += len(shard.dead)
+        self.on_progress(self.progress)
+
+
+def _retrying(function: Callable[..., T], *args: Any) -> T:
+    """The one retry policy: jittered exponential backoff on TransientError, bounded in attempts and time."""
+    for attempt in stamina.retry_context(on=TransientError, attempts=6, timeout=120.0):
+        with attempt:
+            return function(*args)
+    raise AssertionError("unreachable: stamina re-raises the last error")
+
+
+def _chunks(records: Iterator[Record], size: int) -> Iterator[list[Record]]:
+    chunk: list[Record] = []
+    for record in records:
+        chunk.append(record)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _keep(shard: Shard, keep: Sequence[bool]) -> None:
+    """Drop dead-lettered records from a shard, keeping vectors aligned if present."""
+    if all(keep):
+        return
+    shard.records = [r for r, k in zip(shard.records, keep, strict=True) if k]
+    shard.hashes = [h for h, k in zip(shard.hashes, keep, strict=True) if k]
+    shard.owner = [o for o, k in zip(shard.owner, keep, strict=True) if k]
+    if shard.vectors is not None:
+        shard.vectors = shard.vectors[np.asarray(keep, dtype=bool)]
+
+
+def _slice(rows: Rows, end: int) -> Rows:
+    return Rows(rows.records[:end], rows.vectors[:end], rows.content_hashes[:end], rows.fingerprint)

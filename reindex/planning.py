@@ -1,0 +1,120 @@
+"""The dry-run estimate: documents, exact tokens with the embedder's own tokenizer, ETA, storage."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from typing import Any
+
+from reindex.batching import token_batches
+from reindex.config import RunConfig
+from reindex.fingerprint import content_hash
+from reindex.ports import Embedder, Record, Source
+from reindex.validation import screen
+
+CHUNK = 1000
+SAMPLE = 10_000
+CALIBRATION_DOCS = 256
+HNSW_M = 16
+
+
+@dataclass
+class PlanReport:
+    documents: int = 0
+    embeddable: int = 0
+    unreadable_or_empty: int = 0
+    unique_texts: int = 0
+    tokens: int = 0  # tokens of the unique texts that will be embedded (after truncation)
+    tokens_mean: float = 0.0
+    tokens_p90: int = 0
+    over_max_tokens: int = 0
+    too_long_policy: str = "truncate"
+    model: dict[str, Any] = field(default_factory=dict)
+    fingerprint: str = ""
+    dim: int = 0
+    max_tokens: int = 0
+    calibration_docs_per_second: float | None = None
+    calibration_tokens_per_second: float | None = None
+    eta_seconds: float | None = None
+    vector_bytes: int = 0
+    index_bytes_estimate: int = 0
+    plan_id: str = ""
+    target: str = ""
+    target_exists: bool = False
+    alias: str = ""
+    alias_target: str | None = None
+    alias_fingerprint: str | None = None
+    alias_is_physical: bool = False
+    coverage: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def estimate(source: Source, embedder: Embedder, run: RunConfig, *, calibrate: bool) -> PlanReport:
+    info = embedder.info
+    report = PlanReport(too_long_policy=run.too_long, model=info.describe(), fingerprint=info.fingerprint,
+                        dim=info.dim, max_tokens=info.max_tokens)
+    seen: set[str] = set()
+    lengths: list[int] = []
+    rng = random.Random(0)
+    calibration: list[Any] = []
+    scan = source.scan()
+    while chunk := list(islice(scan, CHUNK)):
+        texts = _new_texts(report, chunk, seen)
+        for tokens in embedder.tokenize(texts):
+            report.tokens += tokens.count
+            report.over_max_tokens += tokens.is_truncated
+            _reservoir(lengths, tokens.count, report.unique_texts, rng)
+            report.unique_texts += 1
+            if len(calibration) < CALIBRATION_DOCS:
+                calibration.append(tokens)
+    _summarise(report, lengths)
+    if calibrate and calibration:
+        _calibrate(report, embedder, calibration, run)
+    return report
+
+
+def _new_texts(report: PlanReport, chunk: list[Record], seen: set[str]) -> list[str]:
+    screened = screen(chunk)
+    report.documents += len(chunk)
+    report.embeddable += len(screened.records)
+    report.unreadable_or_empty += len(screened.dead)
+    texts = []
+    for record in screened.records:
+        digest = content_hash(record.text)
+        if digest not in seen:
+            seen.add(digest)
+            texts.append(record.text)
+    return texts
+
+
+def _reservoir(sample: list[int], value: int, seen: int, rng: random.Random) -> None:
+    if len(sample) < SAMPLE:
+        sample.append(value)
+    elif (slot := rng.randrange(seen + 1)) < SAMPLE:
+        sample[slot] = value
+
+
+def _summarise(report: PlanReport, lengths: list[int]) -> None:
+    if report.unique_texts:
+        report.tokens_mean = round(report.tokens / report.unique_texts, 1)
+        report.tokens_p90 = sorted(lengths)[int(0.9 * (len(lengths) - 1))]
+    report.vector_bytes = report.embeddable * report.dim * 4
+    report.index_bytes_estimate = report.vector_bytes + report.embeddable * HNSW_M * 2 * 8
+
+
+def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: RunConfig) -> None:
+    """Embed a small sample through the real batcher and extrapolate by tokens."""
+    lengths = [tokens.count for tokens in sample]
+    batches = token_batches(lengths, run.batch_tokens, run.max_batch)
+    embedder.embed([sample[i] for i in batches[0]])  # warm-up: first calls pay for lazy init
+    started = time.perf_counter()
+    for batch in batches:
+        embedder.embed([sample[i] for i in batch])
+    seconds = max(time.perf_counter() - started, 1e-9)
+    report.calibration_docs_per_second = round(len(sample) / seconds, 1)
+    report.calibration_tokens_per_second = round(sum(lengths) / seconds, 1)
+    report.eta_seconds = round(report.tokens / report.calibration_tokens_per_second, 1)
