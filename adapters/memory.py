@@ -51,7 +51,7 @@ class MemorySource:
         start = 0 if after is None else int(after) + 1
         for position in range(start, len(self.records)):
             record = self.records[position]
-            yield Record(record.id, record.text, record.payload, cursor=str(position))
+            yield Record(record.id, record.text, record.payload, cursor=str(position), defect=record.defect)
 
     def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
         wanted = set(ids)

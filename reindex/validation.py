@@ -37,7 +37,7 @@ def screen(records: Sequence[Record]) -> Screened:
     conflicted: set[str] = set()
     for record in records:
         reason = _defect(record)
-        digest = None if reason in {"invalid_encoding", "missing_text"} else content_hash(record.text)
+        digest = text_hash(record)
         if reason:
             result.dead.append(DeadLetter(record.id, reason, _detail(record), digest))
         elif record.id in first:
@@ -49,6 +49,16 @@ def screen(records: Sequence[Record]) -> Screened:
     if conflicted:
         _drop_conflicts(result, conflicted)
     return result
+
+
+def text_hash(record: Record) -> str | None:
+    """The content hash of a readable record; None when the source could not read its text."""
+    if record.defect:
+        return None
+    try:
+        return content_hash(record.text)
+    except UnicodeEncodeError:
+        return None
 
 
 def _defect(record: Record) -> str | None:

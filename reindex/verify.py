@@ -16,8 +16,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from reindex.fingerprint import content_hash
 from reindex.ports import IndexEntry, Record, Sink, Source
+from reindex.validation import text_hash
 
 CHUNK = 20_000
 EXAMPLES = 5
@@ -83,14 +83,7 @@ def _scratch_db(path: Path) -> sqlite3.Connection:
 
 def _source_rows(records: Iterable[Record]) -> Iterator[tuple[str, str | None]]:
     for record in records:
-        yield record.id, None if record.defect else _hash_or_none(record.text)
-
-
-def _hash_or_none(text: str) -> str | None:
-    try:
-        return content_hash(text)
-    except UnicodeEncodeError:
-        return None
+        yield record.id, text_hash(record)
 
 
 def _target_rows(entries: Iterable[IndexEntry]) -> Iterator[tuple[str, str | None, str | None, str | None]]:

@@ -46,7 +46,9 @@ def test_replaying_a_write_changes_nothing_but_the_values(sink: Sink) -> None:
     info = sink.describe("docs__aaaa0001")
     assert info is not None and info.count == 4
     expected = rows(["b", "c", "d"], seed=2).vectors[0]
-    np.testing.assert_allclose(sink.fetch("docs__aaaa0001", ["b"])["b"], expected, rtol=1e-6)
+    got = sink.fetch("docs__aaaa0001", ["b"])["b"]
+    # Qdrant normalises vectors of cosine collections on write: compare directions.
+    np.testing.assert_allclose(got / np.linalg.norm(got), expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6)
 
 
 def test_scan_index_reports_every_id_with_hash_and_fingerprint(sink: Sink) -> None:

@@ -1,0 +1,728 @@
+"""Qdrant source and sink, local mode or server through one client API. Cutover = collection alias.
+
+Local mode allows one client per storage folder, so `from_config` shares one client per folder (or URL).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from reindex.errors import (
+    BackendError,
+    ConfigError,
+    CutoverRefused,
+    MissingDependency,
+    ReindexError,
+    TransientError,
+)
+from reindex.ports import (
+    AliasInfo,
+    Distance,
+    IndexEntry,
+    Record,
+    Rows,
+    SourceSchema,
+    TargetInfo,
+    TargetSpec,
+    Vectors,
+)
+from reindex.vectors import vector_problem
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient, models
+
+# uuid5(NAMESPACE_URL, "reindex-embeddings:point-id"); fixed forever: it derives every stored point id
+POINT_NAMESPACE = uuid.UUID("2e3bcf89-fa2e-52a1-bf7e-fc2a1fb506f9")
+META_KEY = "reindex"  # collection metadata key holding fingerprint, dim, alias, model, created_at
+INDEX_KEYS = ["reindex_id", "reindex_fingerprint", "reindex_content_hash"]
+_DISTANCES: dict[str, Distance] = {"Cosine": "cosine", "Dot": "dot", "Euclid": "euclid"}
+
+
+class _Connection(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    url: str | None = None
+    path: str | None = None  # a local storage folder, or ":memory:"
+    api_key_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_location(self) -> _Connection:
+        if (self.url is None) == (self.path is None):
+            raise ValueError("set exactly one of url (a Qdrant server) or path (local storage)")
+        return self
+
+
+def point_id(doc_id: str) -> str:
+    """Map a document id to its Qdrant point id.
+
+    A canonical UUID string is kept, so LangChain or LlamaIndex code still addresses the point by it.
+    Every other id, decimal ones included, becomes uuid5(POINT_NAMESPACE, id): integer point ids would
+    fold "7" and "007" into one point, and one id type keeps scroll order uniform.
+    """
+    try:
+        if str(uuid.UUID(doc_id)) == doc_id:
+            return doc_id
+    except ValueError:
+        pass
+    return str(uuid.uuid5(POINT_NAMESPACE, doc_id))
+
+
+class QdrantSource:
+    """Reads a collection (or alias) in point-id order; the cursor is the last point id."""
+
+    class Config(_Connection):
+        kind: Literal["qdrant"]
+        collection: str
+        text_field: str = "page_content"  # dotted path into the payload, e.g. "metadata.text"
+        vector_name: str | None = None
+        page_size: int = Field(default=256, ge=1)
+
+    def __init__(
+        self,
+        client: QdrantClient,
+        *,
+        collection: str,
+        text_field: str = "page_content",
+        vector_name: str | None = None,
+        page_size: int = 256,
+    ) -> None:
+        self._client = client
+        self.collection = collection
+        self.text_field = text_field
+        self.vector_name = vector_name
+        self.page_size = page_size
+        self._lease: str | None = None
+        self._checked = False
+
+    @classmethod
+    def from_config(cls, config: Config) -> QdrantSource:
+        client, key = _acquire(config)
+        source = cls(
+            client,
+            collection=config.collection,
+            text_field=config.text_field,
+            vector_name=config.vector_name,
+            page_size=config.page_size,
+        )
+        source._lease = key
+        return source
+
+    def schema(self) -> SourceSchema:
+        with _translated():
+            vectors = self._client.get_collection(self._require()).config.params.vectors
+        name, params = self._pick_vector(vectors)
+        return SourceSchema(
+            id_field="id",
+            text_field=self.text_field,
+            vector_field=name,
+            distance=_distance(params, self.collection),
+        )
+
+    def count(self) -> int | None:
+        with _translated():
+            return self._client.count(self._require(), exact=True).count
+
+    def scan(self, after: str | None = None) -> Iterator[Record]:
+        offset: int | str | None = None if after is None else _parse_point_id(after, strict=True)
+        while True:
+            with _translated():
+                points, next_offset = self._client.scroll(
+                    self._require(),
+                    limit=self.page_size,
+                    offset=offset,
+                    with_payload=True,
+                    with_vectors=False,
+                )
+            for point in points:
+                if str(point.id) != after:  # scroll's offset is inclusive
+                    yield self._record(point)
+            if next_offset is None:
+                return
+            offset = next_offset if isinstance(next_offset, int | str) else str(next_offset)
+
+    def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
+        wanted = [p for p in (_parse_point_id(i) for i in ids) if p is not None]
+        with _translated():
+            points = self._client.retrieve(self._require(), wanted, with_payload=True, with_vectors=False)
+        return (self._record(point) for point in points)
+
+    def close(self) -> None:
+        _release(self._lease)
+        self._lease = None
+
+    def _require(self) -> str:
+        if not self._checked:
+            with _translated():
+                exists = self._client.collection_exists(self.collection)
+            if not exists:
+                raise ConfigError(
+                    f"Qdrant collection or alias {self.collection!r} not found",
+                    hint="check [source] collection",
+                )
+            self._checked = True
+        return self.collection
+
+    def _record(self, point: models.Record) -> Record:
+        payload = point.payload or {}
+        text = _dotted(payload, self.text_field)
+        doc_id = str(point.id)
+        if text is None:
+            return Record(doc_id, "", payload, defect="missing_text")
+        if not isinstance(text, str):
+            return Record(doc_id, "", payload, defect="invalid_text_type")
+        return Record(doc_id, text, payload)
+
+    def _pick_vector(self, vectors: Any) -> tuple[str | None, Any]:
+        if not isinstance(vectors, Mapping):
+            if self.vector_name is not None:
+                raise ConfigError(
+                    f"collection {self.collection!r} has one unnamed vector",
+                    hint="remove [source] vector_name",
+                )
+            return None, vectors
+        if self.vector_name is not None:
+            if self.vector_name not in vectors:
+                raise ConfigError(
+                    f"collection {self.collection!r} has no vector {self.vector_name!r}",
+                    hint=f"use one of: {', '.join(sorted(vectors))}",
+                )
+            return self.vector_name, vectors[self.vector_name]
+        if len(vectors) > 1:
+            raise ConfigError(
+                f"collection {self.collection!r} has several named vectors",
+                hint=f"set [source] vector_name to one of: {', '.join(sorted(vectors))}",
+            )
+        return next(iter(vectors.items()), (None, None))
+
+
+class QdrantSink:
+    """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata."""
+
+    class Config(_Connection):
+        kind: Literal["qdrant"]
+        alias: str
+        name: str | None = None
+        upsert_batch: int = Field(default=256, ge=1)
+
+    def __init__(self, client: QdrantClient, *, upsert_batch: int = 256) -> None:
+        self._client = client
+        self.upsert_batch = upsert_batch
+        self._lease: str | None = None
+        self._vector_names: dict[str, str | None] = {}
+
+    @classmethod
+    def from_config(cls, config: Config) -> QdrantSink:
+        client, key = _acquire(config)
+        sink = cls(client, upsert_batch=config.upsert_batch)
+        sink._lease = key
+        return sink
+
+    def prepare(self, spec: TargetSpec) -> None:
+        existing = self.describe(spec.name)
+        if existing is not None:
+            _check_existing(existing, spec)
+            return
+        from qdrant_client import models
+
+        params = models.VectorParams(size=spec.dim, distance=_qdrant_distance(spec.source.distance))
+        name = spec.source.vector_field
+        meta = {
+            "fingerprint": spec.fingerprint,
+            "dim": spec.dim,
+            "alias": spec.alias,
+            "vector": name,
+            "model": _json_safe(spec.model),
+            "created_at": datetime.now(UTC).isoformat(),
+        }
+        with _translated():
+            self._client.create_collection(
+                spec.name,
+                vectors_config=params if name is None else {name: params},
+                metadata={META_KEY: meta},
+            )
+
+    def write(self, target: str, rows: Rows) -> None:
+        from qdrant_client import models
+
+        name = self._vector_name(target)
+        points = [
+            models.PointStruct(
+                id=point_id(record.id),
+                vector=_vector_struct(vector, name),
+                payload=_point_payload(record, digest, rows.fingerprint),
+            )
+            for record, vector, digest in zip(rows.records, rows.vectors, rows.content_hashes, strict=True)
+        ]
+        for start in range(0, len(points), self.upsert_batch):
+            with _translated():
+                self._client.upsert(target, points[start : start + self.upsert_batch], wait=True)
+
+    def delete(self, target: str, ids: Sequence[str]) -> None:
+        from qdrant_client import models
+
+        with _translated():
+            self._client.delete(target, models.PointIdsList(points=[point_id(i) for i in ids]), wait=True)
+
+    def finalize(self, spec: TargetSpec) -> None:
+        """Index `reindex_id` on a server, for verify and sync; local mode has no payload indexes."""
+        if _is_local(self._client):
+            return
+        from qdrant_client import models
+
+        with _translated():
+            self._client.create_payload_index(
+                spec.name, "reindex_id", models.PayloadSchemaType.KEYWORD, wait=True
+            )
+
+    def describe(self, target: str) -> TargetInfo | None:
+        with _translated():
+            if not self._client.collection_exists(target):
+                return None
+            config = self._client.get_collection(target).config
+            count = self._client.count(target, exact=True).count
+        meta = _reindex_meta(config)
+        params = _vector_params(config.params.vectors, meta.get("vector"))
+        return TargetInfo(
+            target, count, None if params is None else params.size, meta.get("fingerprint"), meta.get("model")
+        )
+
+    def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
+        name = self._vector_name(target)
+        offset: Any = None
+        while True:
+            with _translated():
+                points, offset = self._client.scroll(
+                    target,
+                    limit=self.upsert_batch,
+                    offset=offset,
+                    with_payload=INDEX_KEYS,
+                    with_vectors=_with_vector(name),
+                )
+            for point in points:
+                payload = point.payload or {}
+                vector = _stored_vector(point, name)
+                yield IndexEntry(
+                    str(payload.get("reindex_id", point.id)),
+                    payload.get("reindex_content_hash"),
+                    payload.get("reindex_fingerprint"),
+                    vector_problem(vector, dim),
+                )
+            if offset is None:
+                return
+
+    def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
+        by_point = {point_id(i): i for i in ids}
+        name = self._vector_name(target)
+        with _translated():
+            points = self._client.retrieve(
+                target, list(by_point), with_payload=False, with_vectors=_with_vector(name)
+            )
+        return {by_point[str(p.id)]: _stored_vector(p, name) for p in points}
+
+    def alias(self, alias: str) -> AliasInfo:
+        if alias in self._collections():
+            return AliasInfo(alias, None, is_physical=True)
+        target = self._aliases().get(alias)
+        if target is None:
+            return AliasInfo(alias, None)
+        info = self.describe(target)
+        return AliasInfo(
+            alias, target, fingerprint=info.fingerprint if info else None, model=info.model if info else None
+        )
+
+    def move_alias(
+        self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
+    ) -> str | None:
+        """Swap in ONE update_collection_aliases call, then read back.
+
+        Qdrant aliases carry no metadata: the target's collection metadata answers for `meta`.
+        """
+        collections = self._collections()
+        if alias in collections:
+            raise CutoverRefused(_physical_alias_message(alias))
+        current = self._aliases().get(alias)
+        if current != expected:
+            raise CutoverRefused(
+                f"alias {alias!r} points to {current!r}, expected {expected!r}",
+                hint="someone moved it meanwhile: check `reindex status` before retrying",
+            )
+        if target not in collections:
+            raise CutoverRefused(f"target collection {target!r} does not exist")
+        with _translated():
+            self._client.update_collection_aliases(change_aliases_operations=_swap(alias, target, current))
+        if self._aliases().get(alias) != target:
+            raise BackendError(
+                f"alias {alias!r} does not point to {target!r} after the swap",
+                hint="inspect the aliases on the server and rerun cutover",
+            )
+        return current
+
+    def targets(self, alias: str) -> list[str]:
+        names = [name for name in self._collections() if name.startswith(f"{alias}__")]
+        return sorted(names, key=lambda name: (self._created_at(name), name))
+
+    def drop(self, target: str) -> None:
+        readers = sorted(a for a, t in self._aliases().items() if t == target)
+        if readers:
+            raise CutoverRefused(
+                f"collection {target!r} is served by alias {readers[0]!r}",
+                hint="move the alias to another target before pruning",
+            )
+        if target in self._collections():
+            with _translated():
+                self._client.delete_collection(target)
+        self._vector_names.pop(target, None)
+
+    def close(self) -> None:
+        _release(self._lease)
+        self._lease = None
+
+    def _vector_name(self, target: str) -> str | None:
+        if target not in self._vector_names:
+            with _translated():
+                config = self._client.get_collection(target).config
+            vectors = config.params.vectors
+            names: list[str | None] = list(vectors) if isinstance(vectors, Mapping) else [None]
+            recorded = _reindex_meta(config).get("vector")
+            self._vector_names[target] = recorded if recorded in names else next(iter(names), None)
+        return self._vector_names[target]
+
+    def _collections(self) -> set[str]:
+        with _translated():
+            return {c.name for c in self._client.get_collections().collections}
+
+    def _aliases(self) -> dict[str, str]:
+        with _translated():
+            return {a.alias_name: a.collection_name for a in self._client.get_aliases().aliases}
+
+    def _created_at(self, name: str) -> str:
+        with _translated():
+            config = self._client.get_collection(name).config
+        return str(_reindex_meta(config).get("created_at", ""))
+
+
+def _reindex_meta(config: Any) -> dict[str, Any]:
+    """What prepare() recorded in the collection metadata; {} for collections reindex did not build."""
+    recorded = (config.metadata or {}).get(META_KEY)
+    return dict(recorded) if isinstance(recorded, Mapping) else {}
+
+
+def _check_existing(info: TargetInfo, spec: TargetSpec) -> None:
+    if (info.fingerprint, info.dim) != (spec.fingerprint, spec.dim):
+        raise ConfigError(
+            f"collection {spec.name!r} holds fingerprint {info.fingerprint} and dim {info.dim}, "
+            f"not {spec.fingerprint} and {spec.dim}",
+            hint="choose another [target] name",
+        )
+
+
+def _physical_alias_message(alias: str) -> str:
+    return (
+        f"{alias!r} is a real Qdrant collection and Qdrant cannot put an alias over a collection: "
+        f"point the application at an alias first (create alias '{alias}_live' -> '{alias}', read "
+        f"'{alias}_live', then cut over '{alias}_live'), or reindex under a new name and delete '{alias}' "
+        "before cutting over (readers fail in between)"
+    )
+
+
+def _swap(alias: str, target: str, current: str | None) -> list[Any]:
+    from qdrant_client import models
+
+    create = models.CreateAliasOperation(
+        create_alias=models.CreateAlias(collection_name=target, alias_name=alias)
+    )
+    if current is None:
+        return [create]
+    return [models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias)), create]
+
+
+# ---- clients: one per storage folder or URL, shared by the source and the sink of one run ----
+
+
+@dataclass
+class _Shared:
+    client: QdrantClient
+    users: int = 0
+
+
+_clients: dict[str, _Shared] = {}
+_clients_lock = threading.Lock()
+
+
+def _acquire(config: _Connection) -> tuple[QdrantClient, str]:
+    key = _client_key(config)
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = _Shared(_open(config))
+        shared = _clients[key]
+        shared.users += 1
+        return shared.client, key
+
+
+def _release(key: str | None) -> None:
+    if key is None:
+        return
+    with _clients_lock:
+        shared = _clients[key]
+        shared.users -= 1
+        if shared.users == 0:
+            del _clients[key]
+            shared.client.close()
+
+
+def _client_key(config: _Connection) -> str:
+    if config.url is not None:
+        return f"url:{config.url}|{config.api_key_env or ''}"
+    assert config.path is not None
+    return "path::memory:" if config.path == ":memory:" else f"path:{Path(config.path).resolve()}"
+
+
+def _open(config: _Connection) -> QdrantClient:
+    try:
+        from qdrant_client import QdrantClient
+    except ImportError:
+        raise MissingDependency("qdrant-client", extra="qdrant") from None
+    if config.url is None:
+        assert config.path is not None
+        return _open_local(QdrantClient, config.path)
+    client = QdrantClient(url=config.url, api_key=_api_key(config.api_key_env), check_compatibility=False)
+    try:
+        with _translated():
+            client.get_collections()
+    except ReindexError as exc:
+        client.close()
+        raise ConfigError(
+            f"cannot reach Qdrant at {_redacted(config.url)}: {exc.message}",
+            hint="check the url, the server, and api_key_env",
+        ) from exc
+    return client
+
+
+def _open_local(factory: type[QdrantClient], path: str) -> QdrantClient:
+    """Open local storage; unreadable storage fails loudly and is never treated as empty."""
+    if path != ":memory:":
+        _refuse_headless_storage(Path(path))
+        _refuse_locked_storage(Path(path))
+    try:
+        return factory(location=":memory:") if path == ":memory:" else factory(path=path)
+    except RuntimeError as exc:
+        if "already accessed" not in str(exc):
+            raise BackendError(f"cannot open Qdrant storage {path}: {exc}") from exc
+        raise _locked(path) from exc
+    except (ValueError, KeyError, TypeError, OSError, sqlite3.Error) as exc:
+        raise BackendError(
+            f"Qdrant storage {path} is unreadable ({type(exc).__name__}: {exc})",
+            hint="restore the folder from a backup; it is never treated as empty",
+        ) from exc
+
+
+def _refuse_locked_storage(folder: Path) -> None:
+    """Probe the lock first: a client refused by it leaks its lock file handle."""
+    import portalocker
+
+    lock_path = folder / ".lock"
+    if not lock_path.exists():
+        return
+    with lock_path.open("r+") as handle:
+        try:
+            portalocker.lock(handle, portalocker.LockFlags.EXCLUSIVE | portalocker.LockFlags.NON_BLOCKING)
+        except portalocker.exceptions.LockException:
+            raise _locked(folder) from None
+        portalocker.unlock(handle)
+
+
+def _locked(folder: Path | str) -> ConfigError:
+    return ConfigError(
+        f"another process holds the Qdrant storage folder {folder}",
+        hint="stop it, or use a Qdrant server (url) for concurrent access",
+    )
+
+
+def _refuse_headless_storage(folder: Path) -> None:
+    collections = folder / "collection"
+    if not (folder / "meta.json").exists() and collections.is_dir() and any(collections.iterdir()):
+        raise BackendError(
+            f"Qdrant storage {folder} has collections but no meta.json",
+            hint="restore meta.json from a backup; it is never treated as empty",
+        )
+
+
+def _api_key(env: str | None) -> str | None:
+    if env is None:
+        return None
+    value = os.environ.get(env)
+    if not value:
+        raise ConfigError(f"environment variable {env} is not set", hint="export it or change api_key_env")
+    return value
+
+
+def _redacted(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+
+
+def _is_local(client: QdrantClient) -> bool:
+    options = client.init_options
+    return options.get("path") is not None or options.get("location") == ":memory:"
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Local mode raises ValueError/RuntimeError, a server UnexpectedResponse and transport errors."""
+    from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
+    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+    try:
+        yield
+    except UnexpectedResponse as exc:
+        raise _from_status(exc.status_code, _server_message(exc)) from exc
+    except ResourceExhaustedResponse as exc:
+        raise TransientError(
+            f"Qdrant is rate limiting: {exc.message}", hint=f"retry after {exc.retry_after_s}s"
+        ) from exc
+    except ResponseHandlingException as exc:
+        if isinstance(exc.source, ValueError):
+            raise BackendError(f"unexpected Qdrant response: {exc.source}") from exc
+        raise TransientError(f"Qdrant request failed: {type(exc.source).__name__}: {exc.source}") from exc
+    except ValueError as exc:
+        if "not found" in str(exc):
+            raise ConfigError(f"Qdrant: {exc}", hint="check the collection or alias name") from exc
+        raise BackendError(f"Qdrant rejected the request: {exc}") from exc
+    except (RuntimeError, sqlite3.Error) as exc:
+        raise BackendError(f"Qdrant local storage failed: {exc}") from exc
+    except (ConnectionError, TimeoutError) as exc:
+        raise TransientError(f"Qdrant connection failed: {exc}") from exc
+
+
+def _from_status(status: int | None, message: str) -> Exception:
+    if status in (401, 403):
+        return ConfigError(f"Qdrant refused the credentials ({status}): {message}", hint="check api_key_env")
+    if status == 404:
+        return ConfigError(f"Qdrant: {message}", hint="check the collection or alias name")
+    if status is None or status in (408, 429) or status >= 500:
+        return TransientError(f"Qdrant server error {status}: {message}")
+    return BackendError(f"Qdrant rejected the request ({status}): {message}")
+
+
+def _server_message(exc: Any) -> str:
+    try:
+        return str(exc.structured()["status"]["error"])
+    except (ValueError, KeyError, TypeError):
+        return str(exc.reason_phrase)
+
+
+# ---- payloads and vectors ----
+
+
+def _dotted(payload: Mapping[str, Any], path: str) -> Any:
+    """Follow `a.b.c`; a step into a string holding a JSON object reads inside it (`_node_content`)."""
+    value: Any = payload
+    for step in path.split("."):
+        if isinstance(value, str):
+            value = _json_object(value)
+        if not isinstance(value, Mapping) or step not in value:
+            return None
+        value = value[step]
+    return value
+
+
+def _json_object(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _parse_point_id(value: str, *, strict: bool = False) -> int | str | None:
+    """Turn str(point id) back into the id Qdrant takes: an unsigned int or a UUID string."""
+    if value.isascii() and value.isdigit():
+        return int(value)
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        if strict:
+            raise ConfigError(f"resume position {value!r} is not a Qdrant point id") from None
+        return None
+
+
+def _point_payload(record: Record, content_hash: str, fingerprint: str) -> dict[str, Any]:
+    payload = _json_safe(record.payload)
+    payload.update(reindex_id=record.id, reindex_fingerprint=fingerprint, reindex_content_hash=content_hash)
+    return dict(payload)
+
+
+def _json_safe(value: Any) -> Any:
+    """Copy `value` as JSON: datetimes as ISO text, Decimal as float, UUID as text, bytes as base64."""
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.ndarray | np.generic):
+        return _json_safe(value.tolist())
+    if isinstance(value, float | Decimal):
+        return float(value) if math.isfinite(value) else None
+    if value is None or isinstance(value, str | int | bool):
+        return value
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return str(value)
+
+
+def _vector_struct(vector: Vectors, name: str | None) -> Any:
+    values = [float(x) for x in vector]
+    return values if name is None else {name: values}
+
+
+def _with_vector(name: str | None) -> bool | list[str]:
+    return True if name is None else [name]
+
+
+def _stored_vector(point: models.Record, name: str | None) -> Vectors:
+    raw: Any = point.vector
+    if isinstance(raw, Mapping):
+        raw = raw.get(name if name is not None else "", [])
+    return np.asarray(raw if raw is not None else [], dtype=np.float32)
+
+
+def _vector_params(vectors: Any, name: str | None) -> Any:
+    if not isinstance(vectors, Mapping):
+        return vectors
+    if name is not None:
+        return vectors.get(name)
+    return next(iter(vectors.values())) if len(vectors) == 1 else None
+
+
+def _distance(params: Any, collection: str) -> Distance:
+    if params is None:
+        return "cosine"
+    distance = _DISTANCES.get(str(getattr(params.distance, "value", params.distance)))
+    if distance is None:
+        raise ConfigError(
+            f"collection {collection!r} uses distance {params.distance}",
+            hint="reindex supports Cosine, Dot and Euclid",
+        )
+    return distance
+
+
+def _qdrant_distance(distance: Distance) -> Any:
+    from qdrant_client import models
+
+    return models.Distance(distance.capitalize())  # "cosine" -> Distance.COSINE ("Cosine")

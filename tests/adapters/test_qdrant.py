@@ -1,0 +1,285 @@
+"""Qdrant adapter details: LangChain and LlamaIndex collections migrated behind an alias, local storage."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from qdrant_client import QdrantClient, models
+
+from adapters.memory import HashEmbedder
+from adapters.qdrant import QdrantSink, QdrantSource, point_id
+from reindex.errors import BackendError, ConfigError, CutoverRefused
+from reindex.fingerprint import content_hash, target_name
+from reindex.ports import Record, Rows, SourceSchema, TargetSpec
+from reindex.registry import build
+
+TEXTS = [
+    f"note {i} about {topic}" for i, topic in enumerate(["qdrant", "postgres", "parquet", "alias", "shard"])
+]
+
+
+def migrate(source: QdrantSource, sink: QdrantSink, alias: str, dim: int = 8) -> TargetSpec:
+    """What a run does, without the ledger: scan, embed, write, then move the alias."""
+    embedder = HashEmbedder(dim=dim)
+    info = embedder.info
+    spec = TargetSpec(
+        target_name(alias, info.fingerprint), alias, dim, info.fingerprint, info.describe(), source.schema()
+    )
+    sink.prepare(spec)
+    records = [r for r in source.scan() if r.defect is None]
+    vectors = embedder.embed(embedder.tokenize([r.text for r in records]))
+    sink.write(spec.name, Rows(records, vectors, [content_hash(r.text) for r in records], info.fingerprint))
+    sink.finalize(spec)
+    sink.move_alias(
+        alias, spec.name, expected=sink.alias(alias).target, meta={"fingerprint": info.fingerprint}
+    )
+    return spec
+
+
+def langchain_collection(client: QdrantClient, name: str) -> list[str]:
+    """As langchain-qdrant stores documents: unnamed vector, uuid ids, page_content + metadata."""
+    client.create_collection(
+        name, vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE)
+    )
+    ids = [str(uuid.uuid5(uuid.NAMESPACE_DNS, text)) for text in TEXTS]
+    points = [
+        models.PointStruct(
+            id=pid,
+            vector=[1.0, float(i), 0.5, 0.0],
+            payload={"page_content": text, "metadata": {"source": f"doc{i}.md", "page": i}},
+        )
+        for i, (pid, text) in enumerate(zip(ids, TEXTS, strict=True))
+    ]
+    client.upsert(name, points, wait=True)
+    return ids
+
+
+def llamaindex_collection(client: QdrantClient, name: str) -> list[str]:
+    """As llama-index's QdrantVectorStore stores TextNodes: the node as JSON in `_node_content` (text
+    inside), ref doc ids at the top level, node ids as point ids; here under the named vector
+    "text-dense" that its hybrid mode uses, with Dot distance."""
+    vectors = {"text-dense": models.VectorParams(size=4, distance=models.Distance.DOT)}
+    client.create_collection(name, vectors_config=vectors)
+    ids = [str(uuid.uuid5(uuid.NAMESPACE_URL, text)) for text in TEXTS]
+    points = []
+    for i, (node_id, text) in enumerate(zip(ids, TEXTS, strict=True)):
+        node = {
+            "id_": node_id,
+            "embedding": None,
+            "metadata": {"file_name": f"f{i}.txt"},
+            "text": text,
+            "relationships": {"1": {"node_id": f"ref-{i}", "node_type": "4", "metadata": {}}},
+            "class_name": "TextNode",
+        }
+        payload = {
+            "file_name": f"f{i}.txt",
+            "_node_content": json.dumps(node),
+            "_node_type": "TextNode",
+            "document_id": f"ref-{i}",
+            "doc_id": f"ref-{i}",
+            "ref_doc_id": f"ref-{i}",
+        }
+        points.append(
+            models.PointStruct(id=node_id, vector={"text-dense": [0.5, float(i), 1.0, 0.0]}, payload=payload)
+        )
+    client.upsert(name, points, wait=True)
+    return ids
+
+
+def test_langchain_collection_is_served_through_the_alias_to_unchanged_application_code() -> None:
+    client = QdrantClient(":memory:")
+    ids = langchain_collection(client, "lc_v1")
+    client.update_collection_aliases(
+        change_aliases_operations=[
+            models.CreateAliasOperation(
+                create_alias=models.CreateAlias(collection_name="lc_v1", alias_name="docs")
+            )
+        ]
+    )
+    source = QdrantSource(client, collection="docs")
+    spec = migrate(source, QdrantSink(client), "docs")
+
+    query = HashEmbedder(dim=8).vector(TEXTS[3]).tolist()
+    hits = client.query_points(collection_name="docs", query=query, limit=3, with_payload=True).points
+    assert hits[0].payload is not None
+    assert hits[0].payload["page_content"] == TEXTS[3]
+    assert hits[0].payload["metadata"] == {"source": "doc3.md", "page": 3}
+    assert str(hits[0].id) == ids[3]
+    assert QdrantSink(client).alias("docs").target == spec.name
+    info = QdrantSink(client).describe(spec.name)
+    assert info is not None and (info.dim, info.count) == (8, len(TEXTS))
+
+
+def test_llamaindex_collection_keeps_its_named_vector_and_node_payload() -> None:
+    client = QdrantClient(":memory:")
+    ids = llamaindex_collection(client, "li_v1")
+    source = QdrantSource(client, collection="li_v1", text_field="_node_content.text")
+    assert source.schema() == SourceSchema(
+        "id", "_node_content.text", vector_field="text-dense", distance="dot"
+    )
+    spec = migrate(source, QdrantSink(client), "nodes", dim=6)
+
+    vectors = client.get_collection(spec.name).config.params.vectors
+    assert isinstance(vectors, dict) and vectors["text-dense"].size == 6
+    query = HashEmbedder(dim=6).vector(TEXTS[1]).tolist()
+    hits = client.query_points(
+        collection_name="nodes", query=query, using="text-dense", limit=3, with_payload=True
+    ).points
+    assert hits[0].payload is not None
+    assert json.loads(hits[0].payload["_node_content"])["text"] == TEXTS[1]
+    assert hits[0].payload["ref_doc_id"] == "ref-1"
+    assert str(hits[0].id) == ids[1]
+
+
+def test_scan_resumes_strictly_after_int_and_uuid_positions() -> None:
+    client = QdrantClient(":memory:")
+    client.create_collection(
+        "mixed", vectors_config=models.VectorParams(size=2, distance=models.Distance.DOT)
+    )
+    ids: list[int | str] = [3, 10, 2**40, str(uuid.uuid5(uuid.NAMESPACE_DNS, "a")), str(uuid.uuid4())]
+    client.upsert(
+        "mixed",
+        [models.PointStruct(id=i, vector=[1.0, 0.0], payload={"page_content": f"t{i}"}) for i in ids],
+        wait=True,
+    )
+    source = QdrantSource(client, collection="mixed", page_size=2)
+    first = [r.id for r in source.scan()]
+    assert sorted(first) == sorted(str(i) for i in ids) and first[:3] == ["3", "10", str(2**40)]
+    for k, position in enumerate(first):
+        assert [r.id for r in source.scan(after=position)] == first[k + 1 :]
+
+
+def test_scan_reports_missing_and_non_text_payloads_as_defects() -> None:
+    client = QdrantClient(":memory:")
+    client.create_collection("docs", vectors_config=models.VectorParams(size=2, distance=models.Distance.DOT))
+    payloads: list[dict[str, Any]] = [
+        {"metadata": {"text": "ok"}},
+        {"metadata": {}},
+        {"metadata": {"text": 42}},
+    ]
+    client.upsert(
+        "docs", [models.PointStruct(id=i, vector=[1.0, 1.0], payload=p) for i, p in enumerate(payloads)]
+    )
+    records = list(QdrantSource(client, collection="docs", text_field="metadata.text").scan())
+    assert [(r.text, r.defect) for r in records] == [
+        ("ok", None),
+        ("", "missing_text"),
+        ("", "invalid_text_type"),
+    ]
+    assert records[1].payload == {"metadata": {}}
+
+
+def test_missing_collection_is_a_config_error_naming_it() -> None:
+    with pytest.raises(ConfigError, match="'nope'"):
+        QdrantSource(QdrantClient(":memory:"), collection="nope").count()
+
+
+def test_point_id_keeps_canonical_uuids_and_derives_the_rest() -> None:
+    canonical = str(uuid.uuid4())
+    assert point_id(canonical) == canonical
+    assert point_id(canonical.upper()) != canonical
+    assert point_id("7") != point_id("007")
+    assert uuid.UUID(point_id("7")).version == 5
+
+
+def test_write_stores_a_json_safe_payload_with_the_reindex_keys() -> None:
+    client = QdrantClient(":memory:")
+    sink = QdrantSink(client, upsert_batch=1)
+    spec = TargetSpec("t__1", "t", 2, "f" * 16, {}, SourceSchema("id", "text"))
+    sink.prepare(spec)
+    payload = {
+        "at": datetime(2024, 5, 1, tzinfo=UTC),
+        "price": Decimal("1.5"),
+        "ref": uuid.UUID(int=1),
+        "raw": b"\x00\x01",
+        "tags": ("a", "b"),
+    }
+    sink.write("t__1", Rows([Record("42", "hello", payload)], np.ones((1, 2), np.float32), ["h"], "f" * 16))
+    stored = client.retrieve("t__1", [point_id("42")])[0].payload
+    assert stored == {
+        "at": "2024-05-01T00:00:00+00:00",
+        "price": 1.5,
+        "ref": str(uuid.UUID(int=1)),
+        "raw": "AAE=",
+        "tags": ["a", "b"],
+        "reindex_id": "42",
+        "reindex_fingerprint": "f" * 16,
+        "reindex_content_hash": "h",
+    }
+
+
+def test_alias_over_a_real_collection_is_refused_with_instructions() -> None:
+    client = QdrantClient(":memory:")
+    langchain_collection(client, "docs")
+    sink = QdrantSink(client)
+    sink.prepare(TargetSpec("docs__0000aaaa", "docs", 4, "f" * 16, {}, SourceSchema("id", "page_content")))
+    assert sink.alias("docs").is_physical
+    with pytest.raises(CutoverRefused, match="cannot put an alias over a collection") as refused:
+        sink.move_alias("docs", "docs__0000aaaa", expected=None, meta={})
+    assert "docs_live" in str(refused.value)
+
+
+def test_drop_refuses_a_served_target_and_targets_are_oldest_first() -> None:
+    client = QdrantClient(":memory:")
+    sink = QdrantSink(client)
+    for name in ("docs__bbbb", "docs__aaaa"):
+        sink.prepare(TargetSpec(name, "docs", 3, "f" * 16, {}, SourceSchema("id", "text")))
+    assert sink.targets("docs") == ["docs__bbbb", "docs__aaaa"]
+    sink.move_alias("docs", "docs__aaaa", expected=None, meta={})
+    with pytest.raises(CutoverRefused, match="served by alias 'docs'"):
+        sink.drop("docs__aaaa")
+    with pytest.raises(ConfigError):
+        sink.prepare(TargetSpec("docs__aaaa", "docs", 5, "f" * 16, {}, SourceSchema("id", "text")))
+
+
+def test_source_and_sink_on_one_local_folder_share_a_client(tmp_path: Path) -> None:
+    seed = QdrantClient(path=str(tmp_path))
+    ids = langchain_collection(seed, "kb")
+    seed.close()
+    source = build("source", {"kind": "qdrant", "path": str(tmp_path), "collection": "kb"})
+    sink = build("target", {"kind": "qdrant", "path": f"{tmp_path}/.", "alias": "kb_live"})
+    assert source._client is sink._client
+    spec = migrate(source, sink, "kb_live")
+    source.close()
+    sink.close()
+
+    reopened = QdrantClient(path=str(tmp_path))  # the shared client was closed: the lock is free
+    assert QdrantSink(reopened).alias("kb_live").target == spec.name
+    assert {str(p.id) for p in reopened.scroll("kb_live", limit=10)[0]} == set(ids)
+    reopened.close()
+
+
+def test_corrupt_local_storage_fails_loudly_and_is_left_as_it_was(tmp_path: Path) -> None:
+    seed = QdrantClient(path=str(tmp_path))
+    langchain_collection(seed, "kb")
+    seed.close()
+    (tmp_path / "meta.json").write_text('{"collections": {"kb": {"vect')
+    config = QdrantSource.Config(kind="qdrant", path=str(tmp_path), collection="kb")
+    with pytest.raises(BackendError, match="unreadable"):
+        QdrantSource.from_config(config)
+    assert (tmp_path / "meta.json").read_text() == '{"collections": {"kb": {"vect'
+
+
+def test_a_folder_locked_by_another_client_is_a_config_error(tmp_path: Path) -> None:
+    holder = QdrantClient(path=str(tmp_path))
+    with pytest.raises(ConfigError, match="another process holds"):
+        QdrantSink.from_config(QdrantSink.Config(kind="qdrant", path=str(tmp_path), alias="docs"))
+    holder.close()
+
+
+def test_config_needs_exactly_one_of_url_and_path() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        QdrantSink.Config(kind="qdrant", alias="docs")
+
+
+def test_unreachable_server_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=re.escape("cannot reach Qdrant at http://127.0.0.1:9")):
+        QdrantSink.from_config(QdrantSink.Config(kind="qdrant", url="http://127.0.0.1:9", alias="docs"))

@@ -1,0 +1,133 @@
+"""The shard loop on the shipped fakes: reconciliation, dedupe, dead letters, resume after a crash."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adapters.memory import HashEmbedder, MemorySink, MemorySource
+from reindex.config import RunConfig
+from reindex.errors import BackendError, Interrupted
+from reindex.ledger import SqliteLedger
+from reindex.pipeline import Pipeline
+from reindex.ports import Record, Rows, TargetSpec, Tokens, Vectors
+from reindex.verify import coverage
+
+
+class FlakySink(MemorySink):
+    """Fails the k-th write with a non-transient error, like a crash mid-run."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+
+    def write(self, target: str, rows: Rows) -> None:
+        if self.writes + 1 == self.fail_at:
+            self.writes += 1
+            raise BackendError("injected failure")
+        super().write(target, rows)
+
+
+class BrokenEmbedder(HashEmbedder):
+    """Returns NaN for texts containing 'nan' and zeros for 'zero', like runtimes that fail silently."""
+
+    def embed(self, items: list[Tokens]) -> Vectors:
+        vectors = super().embed(items)
+        for row, item in enumerate(items):
+            if "nan" in str(item.data):
+                vectors[row] = np.nan
+            elif "zero" in str(item.data):
+                vectors[row] = 0.0
+        return vectors
+
+
+def corpus(n: int) -> list[Record]:
+    return [Record(str(i), f"document {i} text", {}) for i in range(n)]
+
+
+def migrate(records, sink, ledger, *, embedder=None, shard_size=100, **run):
+    embedder = embedder or HashEmbedder(dim=16, max_tokens=8)
+    source = MemorySource(records)
+    spec = TargetSpec("docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema())
+    sink.prepare(spec)
+    ledger.begin("plan", alias="docs", target=spec.name, fingerprint=spec.fingerprint, model={})
+    Pipeline(source=source, embedder=embedder, sink=sink, ledger=ledger, spec=spec, plan_id="plan",
+             run=RunConfig(shard_size=shard_size, **run)).run()
+    dead = {d.doc_id: d.content_hash for d in ledger.dead_letters("plan")}
+    return coverage(source, sink, spec.name, dim=16, fingerprint=spec.fingerprint, dead_letters=dead)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> SqliteLedger:
+    return SqliteLedger(tmp_path / "state.db")
+
+
+def test_run_writes_every_document_and_reconciles(ledger):
+    report = migrate(corpus(1234), MemorySink(), ledger)
+    summary = ledger.summary("plan")
+    assert report.complete and report.target_vectors == 1234
+    assert summary.shards == 13 and summary.reconciled and summary.written == 1234
+
+
+def test_rerun_after_crash_skips_written_shards_and_ends_identical(ledger):
+    records = corpus(1000)
+    flaky = FlakySink(fail_at=4)
+    with pytest.raises(BackendError):
+        migrate(records, flaky, ledger)
+    written_before = ledger.summary("plan").written
+    assert written_before == 300
+    resumed = MemorySink()
+    resumed.targets_, resumed.specs = flaky.targets_, flaky.specs
+    report = migrate(records, resumed, ledger)
+    assert report.complete and resumed.writes == 7  # shards 4..10 only
+
+
+def test_identical_texts_are_embedded_once_and_written_to_every_id(ledger):
+    records = [Record(str(i), f"same text {i % 10}", {}) for i in range(200)]
+    report = migrate(records, MemorySink(), ledger)
+    summary = ledger.summary("plan")
+    assert report.complete and summary.written == 200
+    assert summary.reused == 200 - 10 * 2  # 10 unique texts in each of the two shards
+
+
+def test_poison_documents_become_dead_letters_with_reasons(ledger):
+    records = corpus(50) + [
+        Record("empty", "   "), Record("bad-utf8", "abc\udcff"), Record("nan", "nan here"),
+        Record("zero", "zero here"), Record("unreadable", "", defect="invalid_json"),
+        Record("dup", "one text"), Record("dup", "another text"), Record("same", "x y"), Record("same", "x y"),
+    ]
+    report = migrate(records, MemorySink(), ledger, embedder=BrokenEmbedder(dim=16))
+    reasons = {d.doc_id: d.reason for d in ledger.dead_letters("plan")}
+    assert reasons == {"empty": "empty_text", "bad-utf8": "invalid_encoding", "nan": "non_finite_vector",
+                       "zero": "zero_vector", "unreadable": "invalid_json", "dup": "duplicate_id_conflict"}
+    summary = ledger.summary("plan")
+    assert summary.reconciled and summary.duplicates == 1 and summary.written == 51
+    assert report.complete
+
+
+def test_too_long_policy_dead_letters_or_truncates_and_counts(ledger, tmp_path):
+    records = [Record("long", " ".join(["w"] * 20)), Record("short", "two words")]
+    migrate(records, MemorySink(), ledger, too_long="dead-letter")
+    assert [d.reason for d in ledger.dead_letters("plan")] == ["too_long"]
+    other = SqliteLedger(tmp_path / "other.db")
+    migrate(records, MemorySink(), other, too_long="truncate")
+    assert other.summary("plan").truncated == 1 and other.dead_letters("plan") == []
+
+
+def test_stop_request_releases_in_flight_work_and_raises_interrupted(ledger):
+    stop = threading.Event()
+    stop.set()
+    embedder = HashEmbedder(dim=16)
+    source = MemorySource(corpus(500))
+    spec = TargetSpec("docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema())
+    sink = MemorySink()
+    sink.prepare(spec)
+    ledger.begin("plan", alias="docs", target=spec.name, fingerprint=spec.fingerprint, model={})
+    with pytest.raises(Interrupted) as raised:
+        Pipeline(source=source, embedder=embedder, sink=sink, ledger=ledger, spec=spec, plan_id="plan",
+                 run=RunConfig(shard_size=100), stop=stop).run()
+    assert raised.value.exit_code == 75
+    assert ledger.summary("plan").written == len(sink.targets_["docs__t"])
