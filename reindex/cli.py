@@ -18,6 +18,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -27,7 +28,7 @@ from reindex.errors import ReindexError, VerificationFailed
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 out = Console(soft_wrap=True)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="the migration's TOML file")]
@@ -41,7 +42,7 @@ def _guarded(action: Callable[[], T]) -> T:
     except ReindexError as exc:
         if os.environ.get("REINDEX_DEBUG"):
             raise
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(exc.exit_code) from None
 
 
@@ -100,7 +101,7 @@ def verify(config: ConfigOption, as_json: JsonOption = False) -> None:
     report = _guarded(lambda: commands.verify(cfg))
     _render(report, as_json, "verify")
     if not report.complete:
-        err.print(f"[bold red]incomplete:[/] {report.problems()}", highlight=False)
+        err.print(f"[bold red]incomplete:[/] {escape(report.problems())}", highlight=False)
         raise typer.Exit(VerificationFailed.exit_code)
 
 

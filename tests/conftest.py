@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+if not os.environ.get("XDG_RUNTIME_DIR"):  # pgserver asks platformdirs, which warns without a private one
+    _runtime = Path(f"/tmp/reindex-runtime-{os.getuid()}")
+    _runtime.mkdir(mode=0o700, exist_ok=True)
+    os.environ["XDG_RUNTIME_DIR"] = str(_runtime)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -26,13 +31,17 @@ def _stamina_testing() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_server() -> Iterator[str]:
     """The server URI. The test process owns the postmaster, so killing the tool never orphans it."""
     import pgserver
 
-    server = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    # As root, pgserver runs postgres as its own user, which cannot enter pytest's 0700 tmp folders.
+    data = Path(tempfile.mkdtemp(prefix="reindex-test-pg-"))
+    data.chmod(0o755)
+    server = pgserver.get_server(data, cleanup_mode="stop")
     yield server.get_uri()
     server.cleanup()
+    shutil.rmtree(data, ignore_errors=True)
 
 
 @pytest.fixture

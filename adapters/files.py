@@ -1,0 +1,265 @@
+"""Parquet and JSONL sources: stream rows in file order with a position cursor; poison rows become defects.
+
+Parquet  cursor = global row index   resume skips whole row groups by metadata
+JSONL    cursor = byte offset        resume seeks to the line and skips it
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reindex.errors import BackendError, ConfigError, MissingDependency
+from reindex.ports import Record, SourceSchema
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
+
+_MISSING = object()
+_BOM = b"\xef\xbb\xbf"
+
+
+class ParquetSource:
+    """Rows of one Parquet file, read batch by batch from the row group that holds the cursor."""
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+        kind: Literal["parquet"]
+        path: Path
+        id_field: str = "id"
+        text_field: str = "text"
+        batch_rows: int = Field(default=4096, gt=0)
+
+    def __init__(
+        self, path: Path | str, *, id_field: str = "id", text_field: str = "text", batch_rows: int = 4096
+    ) -> None:
+        self.path, self.id_field, self.text_field = Path(path), id_field, text_field
+        self.batch_rows = batch_rows
+        self._file = _open_parquet(self.path)
+        names = set(self._file.schema_arrow.names)
+        for field in (id_field, text_field):
+            if field.split(".")[0] not in names:
+                raise ConfigError(
+                    f"column {field!r} not in {self.path}", hint=f"columns: {', '.join(sorted(names))}"
+                )
+
+    @classmethod
+    def from_config(cls, config: Config) -> ParquetSource:
+        return cls(
+            config.path, id_field=config.id_field, text_field=config.text_field, batch_rows=config.batch_rows
+        )
+
+    def schema(self) -> SourceSchema:
+        return SourceSchema(id_field=self.id_field, text_field=self.text_field)
+
+    def count(self) -> int | None:
+        return int(self._file.metadata.num_rows)
+
+    def scan(self, after: str | None = None) -> Iterator[Record]:
+        start = 0 if after is None else _position(after) + 1
+        group, index = self._first_group(start)
+        if group is None:
+            return
+        groups = list(range(group, self._file.metadata.num_row_groups))
+        with _file_errors(self.path):
+            for batch in self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups):
+                for row in batch.to_pylist():
+                    if index >= start:
+                        yield _record(
+                            row, self.id_field, self.text_field, partial("row:{}".format, index), str(index)
+                        )
+                    index += 1
+
+    def _first_group(self, start: int) -> tuple[int | None, int]:
+        """The row group holding row `start` and that group's first row index, from metadata alone."""
+        first = 0
+        for group in range(self._file.metadata.num_row_groups):
+            rows = self._file.metadata.row_group(group).num_rows
+            if start < first + rows:
+                return group, first
+            first += rows
+        return None, first
+
+    def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
+        wanted = set(ids)
+        return (record for record in self.scan() if record.id in wanted)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class JsonlSource:
+    """One JSON object per line. The cursor is the line's byte offset, so resume is one seek."""
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+        kind: Literal["jsonl"]
+        path: Path
+        id_field: str = "id"
+        text_field: str = "text"  # a dotted path reaches into objects: "metadata.text"
+
+    def __init__(self, path: Path | str, *, id_field: str = "id", text_field: str = "text") -> None:
+        self.path, self.id_field, self.text_field = Path(path), id_field, text_field
+        if not self.path.is_file():
+            raise ConfigError(f"file not found: {self.path}", hint="check [source] path")
+
+    @classmethod
+    def from_config(cls, config: Config) -> JsonlSource:
+        return cls(config.path, id_field=config.id_field, text_field=config.text_field)
+
+    def schema(self) -> SourceSchema:
+        return SourceSchema(id_field=self.id_field, text_field=self.text_field)
+
+    def count(self) -> int | None:
+        return None
+
+    def scan(self, after: str | None = None) -> Iterator[Record]:
+        with _file_errors(self.path), self.path.open("rb") as stream:
+            offset, lines = 0, _LineNumbers(self.path, known=True)
+            if after is not None:
+                offset, lines = _position(after), _LineNumbers(self.path, known=False)
+                stream.seek(offset)
+                offset += len(stream.readline())
+            for raw in stream:
+                start, offset = offset, offset + len(raw)
+                lines.advance(start)
+                line = raw.removeprefix(_BOM) if start == 0 else raw
+                if line.strip():
+                    yield self._parse(line, str(start), lines.name)
+
+    def _parse(self, line: bytes, cursor: str, fallback: Callable[[], str]) -> Record:
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return _defective(line.decode("utf-8", errors="replace"), self.id_field, fallback, cursor)
+        obj = _loads(text)
+        if obj is None:
+            return Record(fallback(), "", {}, cursor=cursor, defect="invalid_json")
+        return _record(obj, self.id_field, self.text_field, fallback, cursor)
+
+    def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
+        wanted = set(ids)
+        return (record for record in self.scan() if record.id in wanted)
+
+    def close(self) -> None:
+        pass
+
+
+class _LineNumbers:
+    """Names defect lines `line:<n>`; after a seek, n is counted from the file start only when needed."""
+
+    def __init__(self, path: Path, *, known: bool) -> None:
+        self._path, self._start = path, 0
+        self._number: int | None = 0 if known else None
+
+    def advance(self, start: int) -> None:
+        self._start = start
+        if self._number is not None:
+            self._number += 1
+
+    def name(self) -> str:
+        if self._number is None:
+            self._number = _count_lines(self._path, self._start) + 1
+        return f"line:{self._number}"
+
+
+def _record(
+    row: Mapping[str, Any], id_field: str, text_field: str, fallback: Callable[[], str], cursor: str
+) -> Record:
+    """Build a Record; a row that cannot be embedded keeps its fields and names its defect."""
+    doc_id, text = _lookup(row, id_field), _lookup(row, text_field)
+    if doc_id is _MISSING or doc_id is None:
+        return Record(fallback(), "", row, cursor=cursor, defect="missing_id")
+    if text is _MISSING:
+        return Record(str(doc_id), "", row, cursor=cursor, defect="missing_text")
+    if text is None:
+        return Record(str(doc_id), "", row, cursor=cursor)
+    if not isinstance(text, str):
+        return Record(str(doc_id), "", row, cursor=cursor, defect="invalid_text_type")
+    if not _encodable(text):
+        return Record(str(doc_id), "", row, cursor=cursor, defect="invalid_encoding")
+    return Record(str(doc_id), text, row, cursor=cursor)
+
+
+def _defective(text: str, id_field: str, fallback: Callable[[], str], cursor: str) -> Record:
+    """A line that is not UTF-8: keep its id if the JSON still parses with replacement characters."""
+    obj = _loads(text)
+    doc_id = _MISSING if obj is None else _lookup(obj, id_field)
+    name = fallback() if doc_id is _MISSING or doc_id is None else str(doc_id)
+    return Record(name, "", obj or {}, cursor=cursor, defect="invalid_encoding")
+
+
+def _lookup(row: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _loads(text: str) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _encodable(text: str) -> bool:
+    """False for lone surrogates (JSON escapes like \\ud800), which no tokenizer accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _count_lines(path: Path, end: int) -> int:
+    """Newlines before byte `end`: read in blocks, only when a defect after a seek needs its line number."""
+    count, remaining = 0, end
+    with path.open("rb") as stream:
+        while remaining > 0 and (block := stream.read(min(remaining, 1 << 20))):
+            count += block.count(b"\n")
+            remaining -= len(block)
+    return count
+
+
+def _position(cursor: str) -> int:
+    try:
+        return int(cursor)
+    except ValueError:
+        raise ConfigError(
+            f"invalid file cursor {cursor!r}", hint="resume positions are row/byte numbers"
+        ) from None
+
+
+def _open_parquet(path: Path) -> pq.ParquetFile:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingDependency("pyarrow", extra="files") from None
+    if not path.is_file():
+        raise ConfigError(f"file not found: {path}", hint="check [source] path")
+    with _file_errors(path):
+        return pq.ParquetFile(path)
+
+
+@contextmanager
+def _file_errors(path: Path) -> Iterator[None]:
+    """A vanished file is a config problem; an unreadable one (corrupt, I/O error) is a backend failure."""
+    arrow = sys.modules.get("pyarrow")
+    unreadable = (OSError, arrow.ArrowException) if arrow else (OSError,)
+    try:
+        yield
+    except FileNotFoundError:
+        raise ConfigError(f"file not found: {path}", hint="check [source] path") from None
+    except unreadable as exc:
+        raise BackendError(f"cannot read {path}: {exc}") from exc

@@ -1,0 +1,137 @@
+"""The CLI end to end on real backends: exit codes, JSON shapes, one-line errors on stderr."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from typer.testing import CliRunner
+
+from reindex.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, dict | None, str]:
+    result = runner.invoke(app, list(args))
+    try:
+        data = json.loads(result.stdout) if "--json" in args and result.stdout.strip() else None
+    except json.JSONDecodeError:
+        data = None
+    return result.exit_code, data, result.stderr
+
+
+def write_corpus(path: Path, n: int) -> Path:
+    with path.open("w") as out:
+        for i in range(n):
+            text = f"document {i} is about topic {i % 17} and {'lengthy ' * (i % 40)}words"
+            out.write(json.dumps({"id": f"d{i:04d}", "text": text, "lang": "en"}) + "\n")
+        out.write(json.dumps({"id": "blank", "text": "  "}) + "\n")
+    return path
+
+
+def write_config(path: Path, *, source: str, embedder: str, target: str, state: Path) -> Path:
+    path.write_text(f"[source]\n{source}\n\n[embedder]\n{embedder}\n\n[target]\n{target}\n\n"
+                    f"[run]\nstate = \"{state}\"\nshard_size = 64\n")
+    return path
+
+
+@pytest.fixture
+def configs(tmp_path: Path, pg_dsn: str, tiny_model: Path) -> tuple[Path, Path]:
+    corpus = write_corpus(tmp_path / "docs.jsonl", 300)
+    source = f'kind = "jsonl"\npath = "{corpus}"'
+    target = f'kind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"'
+    state = tmp_path / "state.db"
+    old = write_config(tmp_path / "v1.toml", source=source, embedder='kind = "hash"\ndim = 24',
+                       target=target, state=state)
+    new = write_config(tmp_path / "v2.toml", source=source,
+                       embedder=f'kind = "sentence-transformers"\nmodel = "{tiny_model}"', target=target, state=state)
+    return old, new
+
+
+def test_plan_run_verify_cutover_rollback_prune_on_pgvector(configs: tuple[Path, Path], pg_dsn: str) -> None:
+    old, new = configs
+    code, plan, _ = invoke("plan", "-c", str(new), "--json")
+    assert code == 0 and plan is not None
+    assert plan["documents"] == 301 and plan["embeddable"] == 300 and plan["tokens"] > 3000
+    assert plan["target_exists"] is False and plan["eta_seconds"] is not None
+
+    for config in (old, new):
+        code, run, stderr = invoke("run", "-c", str(config), "--json")
+        assert code == 0, stderr
+        assert run is not None and run["written"] == 300 and run["dead_letters"] == 1 and run["reconciled"]
+        code, report, _ = invoke("verify", "-c", str(config), "--json")
+        assert code == 0 and report is not None and report["complete"]
+        assert report["source_documents"] == 301 and report["target_vectors"] == 300
+        assert report["dead_letters"] == 1 and report["missing"] == report["stale"] == 0
+
+    assert invoke("cutover", "-c", str(old))[0] == 0
+    code, moved, _ = invoke("cutover", "-c", str(new), "--json")
+    assert code == 0 and moved is not None and moved["changed"]
+    with psycopg.connect(pg_dsn) as conn:
+        dims = conn.execute("SELECT DISTINCT vector_dims(embedding) FROM docs").fetchall()
+    assert dims == [(32,)]
+
+    code, status, _ = invoke("status", "-c", str(new), "--json")
+    assert status is not None and status["is_live"] and status["reconciled"] and status["written"] == 300
+
+    code, back, _ = invoke("rollback", "-c", str(new), "--json")
+    assert code == 0 and back is not None and back["target"] == moved["previous"]
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT DISTINCT vector_dims(embedding) FROM docs").fetchall() == [(24,)]
+    assert invoke("cutover", "-c", str(new))[0] == 0
+
+    code, pruned, _ = invoke("prune", "-c", str(new), "--keep", "1", "--json")
+    assert code == 0 and pruned is not None and pruned["dropped"] == [moved["previous"]]
+    code, _, stderr = invoke("rollback", "-c", str(new))
+    assert code == 4 and "pruned" in stderr
+
+
+def test_incomplete_target_fails_verify_and_refuses_cutover(configs: tuple[Path, Path], pg_dsn: str) -> None:
+    _, new = configs
+    assert invoke("run", "-c", str(new))[0] == 0
+    code, plan, _ = invoke("plan", "-c", str(new), "--json", "--no-calibrate")
+    target = plan["target"] if plan else ""
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute(f'DELETE FROM "{target}" WHERE id IN (SELECT id FROM "{target}" LIMIT 3)')
+        conn.execute(f"UPDATE \"{target}\" SET reindex_content_hash = 'x' WHERE id = 'd0007'")
+    code, report, _ = invoke("verify", "-c", str(new), "--json")
+    assert code == 3 and report is not None and (report["missing"], report["stale"]) == (3, 1)
+    code, _, stderr = invoke("cutover", "-c", str(new))
+    assert code == 3 and "3 missing" in stderr and "1 stale" in stderr and "reindex verify" in stderr
+    code, _, stderr = invoke("cutover", "-c", str(new), "--force")
+    assert code == 0 and "--force" in stderr
+    assert invoke("status", "-c", str(new), "--json")[1]["history"][-1]["forced"] is True  # type: ignore[index]
+
+
+def test_rerunning_a_finished_run_writes_nothing_new(configs: tuple[Path, Path]) -> None:
+    old, _ = configs
+    assert invoke("run", "-c", str(old))[0] == 0
+    code, run, _ = invoke("run", "-c", str(old), "--json")
+    assert code == 0 and run is not None and run["written"] == 300 and run["seconds"] < 30
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n[target]\nkind = "pgvector"\n'
+     'dsn = "postgresql://nobody@127.0.0.1:1/x"\nalias = "docs"\naliass = "typo"\n', "unknown key 'aliass'"),
+    ('[source]\nkind = "mongo"\n[embedder]\nkind = "hash"\n[target]\nkind = "qdrant"\nalias = "a"\n',
+     "unknown source kind 'mongo'"),
+    ('[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n', "missing section [target]"),
+    ('[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n[target]\nkind = "pgvector"\n'
+     'dsn = "postgresql://nobody:secret@127.0.0.1:1/x"\nalias = "docs"\n', "check [target] dsn"),
+])
+def test_misconfiguration_is_one_line_and_exit_2(tmp_path: Path, body: str, message: str) -> None:
+    (tmp_path / "x").write_text('{"id": "1", "text": "a"}\n')
+    config = tmp_path / "bad.toml"
+    config.write_text(body.replace('path = "x"', f'path = "{tmp_path / "x"}"'))
+    code, _, stderr = invoke("status", "-c", str(config))
+    assert code == 2
+    assert message in stderr and "secret" not in stderr
+    assert stderr.strip().count("\n") == 0 or len(stderr.strip().splitlines()) <= 2
+
+
+def test_missing_config_file_is_exit_2(tmp_path: Path) -> None:
+    code, _, stderr = invoke("plan", "-c", str(tmp_path / "nope.toml"))
+    assert code == 2 and "not found" in stderr
