@@ -74,8 +74,14 @@ class HashEmbedder:
     def __init__(self, dim: int = 32, max_tokens: int = 512, seed: str = "") -> None:
         options = {"seed": seed}
         self.seed = seed
-        self.info = EmbedderInfo(kind="hash", model="sha256", dim=dim, max_tokens=max_tokens,
-                                 fingerprint=fingerprint("hash", "sha256", dim, options), options=options)
+        self.info = EmbedderInfo(
+            kind="hash",
+            model="sha256",
+            dim=dim,
+            max_tokens=max_tokens,
+            fingerprint=fingerprint("hash", "sha256", dim, options),
+            options=options,
+        )
 
     @classmethod
     def from_config(cls, config: Config) -> HashEmbedder:
@@ -120,8 +126,10 @@ class MemorySink:
     def prepare(self, spec: TargetSpec) -> None:
         existing = self.specs.get(spec.name)
         if existing and (existing.fingerprint, existing.dim) != (spec.fingerprint, spec.dim):
-            raise ConfigError(f"target {spec.name!r} holds fingerprint {existing.fingerprint}",
-                              hint="choose another [target] name")
+            raise ConfigError(
+                f"target {spec.name!r} holds fingerprint {existing.fingerprint}",
+                hint="choose another [target] name",
+            )
         self.specs.setdefault(spec.name, spec)
         self.targets_.setdefault(spec.name, {})
 

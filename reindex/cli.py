@@ -19,7 +19,14 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from reindex import commands
@@ -58,13 +65,18 @@ def _render(result: Any, as_json: bool, title: str) -> None:
     table = Table(title=title, show_header=False, title_justify="left")
     for key, value in data.items():
         if value not in (None, {}, []):
-            table.add_row(key, json.dumps(value, default=str) if isinstance(value, dict | list) else str(value))
+            table.add_row(
+                key, json.dumps(value, default=str) if isinstance(value, dict | list) else str(value)
+            )
     out.print(table)
 
 
 @app.command()
-def plan(config: ConfigOption, as_json: JsonOption = False,
-         calibrate: Annotated[bool, typer.Option(help="time a small sample to estimate the ETA")] = True) -> None:
+def plan(
+    config: ConfigOption,
+    as_json: JsonOption = False,
+    calibrate: Annotated[bool, typer.Option(help="time a small sample to estimate the ETA")] = True,
+) -> None:
     """Dry run: documents, tokens, ETA, storage, target and alias state, coverage. Changes nothing."""
     cfg = _load(config)
     with _status("counting documents and tokens", as_json):
@@ -80,8 +92,11 @@ def run(config: ConfigOption, as_json: JsonOption = False) -> None:
     with _signals_stop(stop), _progress_bar(as_json) as (on_start, on_progress):
         report = _guarded(lambda: commands.run(cfg, stop=stop, on_start=on_start, on_progress=on_progress))
     _render(report, as_json, "run")
-    err.print(f"reconciliation: {report.documents} documents in = {report.written} written + "
-              f"{report.dead_letters} dead-lettered + {report.duplicates} duplicate ids folded", highlight=False)
+    err.print(
+        f"reconciliation: {report.documents} documents in = {report.written} written + "
+        f"{report.dead_letters} dead-lettered + {report.duplicates} duplicate ids folded",
+        highlight=False,
+    )
     if not report.reconciled:
         err.print("[bold red]error:[/] the run does not reconcile; see `reindex status`")
         raise typer.Exit(1)
@@ -106,13 +121,18 @@ def verify(config: ConfigOption, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def cutover(config: ConfigOption, as_json: JsonOption = False,
-            force: Annotated[bool, typer.Option(help="promote even if verify fails (recorded)")] = False) -> None:
+def cutover(
+    config: ConfigOption,
+    as_json: JsonOption = False,
+    force: Annotated[bool, typer.Option(help="promote even if verify fails (recorded)")] = False,
+) -> None:
     """Verify, then flip the alias to this target atomically. Refuses (exit 3) unless complete."""
     cfg = _load(config)
     if force:
-        err.print("[bold yellow]warning:[/] --force: the alias may serve an incomplete or mixed target; "
-                  "this is recorded in the history")
+        err.print(
+            "[bold yellow]warning:[/] --force: the alias may serve an incomplete or mixed target; "
+            "this is recorded in the history"
+        )
     _render(_guarded(lambda: commands.cutover(cfg, force=force)), as_json, "cutover")
 
 
@@ -124,9 +144,12 @@ def rollback(config: ConfigOption, as_json: JsonOption = False) -> None:
 
 
 @app.command()
-def prune(config: ConfigOption, as_json: JsonOption = False,
-          keep: Annotated[int, typer.Option(min=1, help="targets to keep, the live one included")] = 2,
-          dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be dropped")] = False) -> None:
+def prune(
+    config: ConfigOption,
+    as_json: JsonOption = False,
+    keep: Annotated[int, typer.Option(min=1, help="targets to keep, the live one included")] = 2,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="list what would be dropped")] = False,
+) -> None:
     """Drop old targets of this alias that no alias serves, keeping the newest N."""
     cfg = _load(config)
     _render(_guarded(lambda: commands.prune(cfg, keep=keep, dry_run=dry_run)), as_json, "prune")
@@ -144,6 +167,7 @@ def _status(message: str, quiet: bool) -> Iterator[None]:
 @contextmanager
 def _signals_stop(stop: threading.Event) -> Iterator[None]:
     """SIGTERM (spot reclaim) and SIGINT stop claiming shards; a second SIGINT aborts at once."""
+
     def handler(signum: int, frame: FrameType | None) -> None:
         if stop.is_set() and signum == signal.SIGINT:
             sys.exit(130)
@@ -159,22 +183,33 @@ def _signals_stop(stop: threading.Event) -> Iterator[None]:
 
 
 @contextmanager
-def _progress_bar(quiet: bool) -> Iterator[tuple[Callable[[int | None], None], Callable[[Any], None]]]:
+def _progress_bar(quiet: bool) -> Iterator[tuple[Callable[[int | None, int], None], Callable[[Any], None]]]:
     """A rich bar on stderr (documents, docs/s, tokens/s, ETA); silent when not a terminal or --json."""
     if quiet or not err.is_terminal:
-        yield (lambda total: None), (lambda progress: None)
+        yield (lambda total, done: None), (lambda progress: None)
         return
-    columns = (TextColumn("[bold]embedding"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]embedding"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=err) as bar:
         task = bar.add_task("run", total=None, rate="")
+        resumed_at = [0]
+
+        def on_start(total: int | None, done: int) -> None:
+            resumed_at[0] = done
+            bar.update(task, total=total, completed=done)
 
         def on_progress(progress: Any) -> None:
             seconds = max(progress.seconds, 1e-9)
             rate = f"{progress.documents / seconds:,.0f} docs/s  {progress.tokens / seconds:,.0f} tok/s"
-            bar.update(task, completed=progress.documents, rate=rate)
+            bar.update(task, completed=resumed_at[0] + progress.documents, rate=rate)
 
-        yield (lambda total: bar.update(task, total=total)), on_progress
+        yield on_start, on_progress
 
 
 def main() -> None:

@@ -45,8 +45,14 @@ def open_migration(config: Config) -> Iterator[Migration]:
         name = str(config.target.get("name") or target_name(config.alias, info.fingerprint))
         if name == config.alias:
             raise ConfigError(f"[target] name {name!r} equals the alias", hint="targets are never live names")
-        spec = TargetSpec(name=name, alias=config.alias, dim=info.dim, fingerprint=info.fingerprint,
-                          model=info.describe(), source=source.schema())
+        spec = TargetSpec(
+            name=name,
+            alias=config.alias,
+            dim=info.dim,
+            fingerprint=info.fingerprint,
+            model=info.describe(),
+            source=source.schema(),
+        )
         plan_id = hashlib.sha256(f"{config.identity()}:{name}:{info.fingerprint}".encode()).hexdigest()[:16]
         yield Migration(config, source, embedder, sink, spec, plan_id)
     finally:
@@ -80,7 +86,11 @@ def plan(config: Config, *, calibrate: bool = True) -> PlanReport:
         report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate)
         alias = m.sink.alias(m.spec.alias)
         report.plan_id, report.target, report.target_exists = m.plan_id, m.spec.name, exists
-        report.alias, report.alias_target, report.alias_fingerprint = alias.alias, alias.target, alias.fingerprint
+        report.alias, report.alias_target, report.alias_fingerprint = (
+            alias.alias,
+            alias.target,
+            alias.fingerprint,
+        )
         report.alias_is_physical = alias.is_physical
         if exists:
             report.coverage = _coverage(m, dead_letters=None).to_json()
@@ -113,40 +123,81 @@ class RunReport:
         return asdict(self)
 
 
-def run(config: Config, *, stop: threading.Event | None = None,
-        on_start: Callable[[int | None], None] | None = None,
-        on_progress: Callable[[Progress], None] | None = None) -> RunReport:
+def run(
+    config: Config,
+    *,
+    stop: threading.Event | None = None,
+    on_start: Callable[[int | None, int], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> RunReport:
     """Backfill the target from the source; rerunning resumes after the last written shard."""
     with open_migration(config) as m:
         ledger = open_ledger(config)
         try:
-            m.sink.prepare(m.spec)
-            ledger.begin(m.plan_id, alias=m.spec.alias, target=m.spec.name, fingerprint=m.spec.fingerprint,
-                         model=dict(m.spec.model))
-            if on_start:
-                on_start(m.source.count())
-            progress = Pipeline(source=m.source, embedder=m.embedder, sink=m.sink, ledger=ledger, spec=m.spec,
-                                plan_id=m.plan_id, run=config.run, stop=stop, on_progress=on_progress).run()
-            m.sink.finalize(m.spec)
-            ledger.finish(m.plan_id)
-            summary = ledger.summary(m.plan_id)
-            assert summary is not None
-            return _run_report(summary, progress)
+            with ledger.lease(m.plan_id):
+                return _run(m, ledger, stop, on_start, on_progress)
         finally:
             ledger.close()
+
+
+def _run(
+    m: Migration,
+    ledger: SqliteLedger,
+    stop: threading.Event | None,
+    on_start: Callable[[int | None, int], None] | None,
+    on_progress: Callable[[Progress], None] | None,
+) -> RunReport:
+    m.sink.prepare(m.spec)
+    ledger.begin(
+        m.plan_id,
+        alias=m.spec.alias,
+        target=m.spec.name,
+        fingerprint=m.spec.fingerprint,
+        model=dict(m.spec.model),
+    )
+    if on_start:
+        before = ledger.summary(m.plan_id)
+        on_start(m.source.count(), before.documents if before else 0)
+    progress = Pipeline(
+        source=m.source,
+        embedder=m.embedder,
+        sink=m.sink,
+        ledger=ledger,
+        spec=m.spec,
+        plan_id=m.plan_id,
+        run=m.config.run,
+        stop=stop,
+        on_progress=on_progress,
+    ).run()
+    m.sink.finalize(m.spec)
+    ledger.finish(m.plan_id)
+    summary = ledger.summary(m.plan_id)
+    assert summary is not None
+    return _run_report(summary, progress)
 
 
 def _run_report(summary: RunSummary, progress: Progress) -> RunReport:
     seconds = max(progress.seconds, 1e-9)
     return RunReport(
-        plan_id=summary.plan_id, target=summary.target, documents=summary.documents, written=summary.written,
-        dead_letters=summary.dead_letters, duplicates=summary.duplicates, reused=summary.reused,
-        tokens=summary.tokens, truncated=summary.truncated, seconds=round(progress.seconds, 3),
+        plan_id=summary.plan_id,
+        target=summary.target,
+        documents=summary.documents,
+        written=summary.written,
+        dead_letters=summary.dead_letters,
+        duplicates=summary.duplicates,
+        reused=summary.reused,
+        tokens=summary.tokens,
+        truncated=summary.truncated,
+        seconds=round(progress.seconds, 3),
         docs_per_second=round(progress.documents / seconds, 1),
         tokens_per_second=round(progress.tokens / seconds, 1),
-        padding_fraction=round(1 - progress.tokens / progress.padded_tokens, 4) if progress.padded_tokens else 0.0,
-        model_busy_fraction=round(progress.model_seconds / seconds, 3), reconciled=summary.reconciled,
-        dead_letter_reasons=summary.dead_letter_reasons)
+        padding_fraction=round(1 - progress.tokens / progress.padded_tokens, 4)
+        if progress.padded_tokens
+        else 0.0,
+        model_busy_fraction=round(progress.model_seconds / seconds, 3),
+        reconciled=summary.reconciled,
+        dead_letter_reasons=summary.dead_letter_reasons,
+    )
 
 
 # status -------------------------------------------------------------------------------------------------
@@ -184,15 +235,28 @@ def status(config: Config) -> StatusReport:
             history = [asdict(c) for c in ledger.cutovers(m.spec.alias)]
         finally:
             ledger.close()
-        counts = (summary.documents, summary.written, summary.dead_letters, summary.duplicates) if summary else (
-            0, 0, 0, 0)
+        counts = (
+            (summary.documents, summary.written, summary.dead_letters, summary.duplicates)
+            if summary
+            else (0, 0, 0, 0)
+        )
         return StatusReport(
-            plan_id=m.plan_id, target=m.spec.name, state=summary.state if summary else "not-started",
-            documents=counts[0], written=counts[1], dead_letters=counts[2], duplicates=counts[3],
-            reconciled=summary.reconciled if summary else True, shards_done=summary.shards if summary else 0,
-            source_documents=m.source.count(), alias=alias.alias, alias_target=alias.target,
+            plan_id=m.plan_id,
+            target=m.spec.name,
+            state=summary.state if summary else "not-started",
+            documents=counts[0],
+            written=counts[1],
+            dead_letters=counts[2],
+            duplicates=counts[3],
+            reconciled=summary.reconciled if summary else True,
+            shards_done=summary.shards if summary else 0,
+            source_documents=m.source.count(),
+            alias=alias.alias,
+            alias_target=alias.target,
             is_live=alias.target == m.spec.name,
-            dead_letter_reasons=summary.dead_letter_reasons if summary else {}, history=history)
+            dead_letter_reasons=summary.dead_letter_reasons if summary else {},
+            history=history,
+        )
 
 
 # verify -------------------------------------------------------------------------------------------------
@@ -214,8 +278,14 @@ def verify(config: Config) -> Coverage:
 
 
 def _coverage(m: Migration, dead_letters: dict[str, str | None] | None) -> Coverage:
-    return coverage(m.source, m.sink, m.spec.name, dim=m.spec.dim, fingerprint=m.spec.fingerprint,
-                    dead_letters=dead_letters)
+    return coverage(
+        m.source,
+        m.sink,
+        m.spec.name,
+        dim=m.spec.dim,
+        fingerprint=m.spec.fingerprint,
+        dead_letters=dead_letters,
+    )
 
 
 # cutover, rollback, prune -------------------------------------------------------------------------------
@@ -227,13 +297,21 @@ def cutover(config: Config, *, force: bool = False) -> alias_moves.AliasMove:
     if not report.complete and not force:
         raise VerificationFailed(
             f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
-            hint=f"see `reindex verify -c {config.path} --json`")
+            hint=f"see `reindex verify -c {config.path} --json`",
+        )
     with open_migration(config) as m:
         ledger = open_ledger(config)
         try:
-            return alias_moves.move(m.sink, ledger, alias=m.spec.alias, target=m.spec.name,
-                                    fingerprint=m.spec.fingerprint, model=dict(m.spec.model),
-                                    forced=force and not report.complete, report=report.to_json())
+            return alias_moves.move(
+                m.sink,
+                ledger,
+                alias=m.spec.alias,
+                target=m.spec.name,
+                fingerprint=m.spec.fingerprint,
+                model=dict(m.spec.model),
+                forced=force and not report.complete,
+                report=report.to_json(),
+            )
         finally:
             ledger.close()
 
@@ -277,5 +355,18 @@ def prune(config: Config, *, keep: int = 2, dry_run: bool = False) -> PruneRepor
         return PruneReport(m.spec.alias, kept, dropped)
 
 
-__all__ = ["Migration", "PruneReport", "RunReport", "StatusReport", "cutover", "open_ledger", "open_migration",
-           "plan", "prune", "rollback", "run", "status", "verify"]
+__all__ = [
+    "Migration",
+    "PruneReport",
+    "RunReport",
+    "StatusReport",
+    "cutover",
+    "open_ledger",
+    "open_migration",
+    "plan",
+    "prune",
+    "rollback",
+    "run",
+    "status",
+    "verify",
+]

@@ -58,19 +58,30 @@ def load(path: Path) -> Config:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
-        raise ConfigError(f"{path}: unknown section [{unknown[0]}]", hint=f"sections are {', '.join(SECTIONS)}")
+        raise ConfigError(
+            f"{path}: unknown section [{unknown[0]}]", hint=f"sections are {', '.join(SECTIONS)}"
+        )
     for section in ("source", "embedder", "target"):
         if not isinstance(raw.get(section), dict):
             raise ConfigError(f"{path}: missing section [{section}]", hint="see configs/ for examples")
-    config = Config(path, raw["source"], raw["embedder"], raw["target"],
-                    registry.validate("run", RunConfig, raw.get("run", {})))
+    config = Config(
+        path,
+        raw["source"],
+        raw["embedder"],
+        raw["target"],
+        registry.validate("run", RunConfig, raw.get("run", {})),
+    )
     check(config)
     return config
 
 
 def check(config: Config) -> None:
     """Validate each section against its adapter's Config model, without connecting to anything."""
-    for role, section in (("source", config.source), ("embedder", config.embedder), ("target", config.target)):
+    for role, section in (
+        ("source", config.source),
+        ("embedder", config.embedder),
+        ("target", config.target),
+    ):
         adapter = registry.resolve(role, str(section.get("kind", "")))  # type: ignore[arg-type]
         registry.validate(role, adapter.Config, section)
     if not config.target.get("alias"):

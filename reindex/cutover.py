@@ -33,20 +33,33 @@ def settle_pending(sink: Sink, ledger: SqliteLedger, alias: str) -> None:
             ledger.settle_cutover(move.id, "done" if landed else "aborted")
 
 
-def move(sink: Sink, ledger: SqliteLedger, *, alias: str, target: str, fingerprint: str | None,
-         model: Any, action: str = "cutover", forced: bool = False,
-         report: dict[str, Any] | None = None, expected: str | None = None,
-         check_expected: bool = False) -> AliasMove:
+def move(
+    sink: Sink,
+    ledger: SqliteLedger,
+    *,
+    alias: str,
+    target: str,
+    fingerprint: str | None,
+    model: Any,
+    action: str = "cutover",
+    forced: bool = False,
+    report: dict[str, Any] | None = None,
+    expected: str | None = None,
+    check_expected: bool = False,
+) -> AliasMove:
     """Point `alias` at `target`, recording intent first so a crash at any instant is resolvable."""
     settle_pending(sink, ledger, alias)
     current = sink.alias(alias).target
     if check_expected and current != expected:
-        raise CutoverRefused(f"alias {alias!r} serves {current!r}, not {expected!r} as the history says",
-                             hint="inspect it with `reindex status`; the history and the index disagree")
+        raise CutoverRefused(
+            f"alias {alias!r} serves {current!r}, not {expected!r} as the history says",
+            hint="inspect it with `reindex status`; the history and the index disagree",
+        )
     if current == target:
         return AliasMove(alias, target, current, changed=False, forced=forced, action=action)
-    intent = ledger.cutover_intent(alias, current, target, fingerprint=fingerprint, action=action,
-                                   forced=forced, report=report)
+    intent = ledger.cutover_intent(
+        alias, current, target, fingerprint=fingerprint, action=action, forced=forced, report=report
+    )
     crashpoints.crash_if_armed("cutover_before_commit")
     meta = {"target": target, "fingerprint": fingerprint, "model": model, "moved_at": time.time()}
     try:
@@ -69,11 +82,23 @@ def rollback(sink: Sink, ledger: SqliteLedger, alias: str) -> AliasMove:
     settle_pending(sink, ledger, alias)
     last = last_move(ledger, alias)
     if last is None or last.old is None:
-        raise CutoverRefused(f"nothing to roll back to for alias {alias!r}",
-                             hint="the history has no earlier target")
+        raise CutoverRefused(
+            f"nothing to roll back to for alias {alias!r}", hint="the history has no earlier target"
+        )
     info = sink.describe(last.old)
     if info is None:
-        raise CutoverRefused(f"the previous target {last.old!r} no longer exists (pruned)",
-                             hint="rebuild it with `reindex run` on its config")
-    return move(sink, ledger, alias=alias, target=last.old, fingerprint=info.fingerprint, model=info.model,
-                action="rollback", expected=last.new, check_expected=True)
+        raise CutoverRefused(
+            f"the previous target {last.old!r} no longer exists (pruned)",
+            hint="rebuild it with `reindex run` on its config",
+        )
+    return move(
+        sink,
+        ledger,
+        alias=alias,
+        target=last.old,
+        fingerprint=info.fingerprint,
+        model=info.model,
+        action="rollback",
+        expected=last.new,
+        check_expected=True,
+    )

@@ -1,13 +1,14 @@
 """The error tree. Every failure the CLI reports is one of these; `exit_code` is what pipelines see.
 
-    ReindexError                      1  failed (bug or unrecoverable backend error)
-    ├── ConfigError                   2  bad config, unknown kind, invalid name, unreachable backend
-    │   └── MissingDependency         2  an optional extra is not installed
-    ├── VerificationFailed            3  coverage incomplete or vectors invalid (cutover refused)
-    ├── CutoverRefused                4  alias not where expected, lock not obtained, nothing to roll back
-    ├── Interrupted                  75  SIGTERM/SIGINT or retry budget spent: rerun to continue
-    │   └── TransientError           75  a backend fault worth retrying (connection drop, timeout, 429)
-    └── BackendError                  1  a backend failed in a way retrying will not fix
+ReindexError                      1  failed (bug or unrecoverable backend error)
+├── ConfigError                   2  bad config, unknown kind, invalid name, unreachable backend
+│   └── MissingDependency         2  an optional extra is not installed
+├── VerificationFailed            3  coverage incomplete or vectors invalid (cutover refused)
+├── CutoverRefused                4  alias not where expected, lock not obtained, nothing to roll back
+├── AlreadyRunning                1  another run of the same migration holds its lease
+├── Interrupted                  75  SIGTERM/SIGINT or retry budget spent: rerun to continue
+│   └── TransientError           75  a backend fault worth retrying (connection drop, timeout, 429)
+└── BackendError                  1  a backend failed in a way retrying will not fix
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class VerificationFailed(ReindexError):
 
 class CutoverRefused(ReindexError):
     exit_code = 4
+
+
+class AlreadyRunning(ReindexError):
+    exit_code = 1
 
 
 class Interrupted(ReindexError):

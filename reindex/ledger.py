@@ -6,7 +6,10 @@ so the rows present are exactly the shards whose vectors are durable: resume sta
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reindex.errors import ConfigError
+from reindex.errors import AlreadyRunning, ConfigError
 
 # Numbered, append-only: PRAGMA user_version holds how many have been applied (alembic, in miniature).
 MIGRATIONS: tuple[str, ...] = (
@@ -121,19 +124,25 @@ class SqliteLedger:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
         except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"cannot open the ledger at {str(self.path)!r}: {exc}",
-                              hint="set [run] state to a writable path") from None
+            raise ConfigError(
+                f"cannot open the ledger at {str(self.path)!r}: {exc}",
+                hint="set [run] state to a writable path",
+            ) from None
         self._lock = threading.Lock()
         self._migrate()
 
     def _migrate(self) -> None:
         applied = self._db.execute("PRAGMA user_version").fetchone()[0]
         if applied > len(MIGRATIONS):
-            raise ConfigError(f"the ledger {str(self.path)!r} was written by a newer reindex",
-                              hint="upgrade reindex-embeddings")
+            raise ConfigError(
+                f"the ledger {str(self.path)!r} was written by a newer reindex",
+                hint="upgrade reindex-embeddings",
+            )
         for number in range(applied, len(MIGRATIONS)):
             with self._transaction() as db:
-                db.executescript(f"BEGIN IMMEDIATE; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1};")
+                db.executescript(
+                    f"BEGIN IMMEDIATE; {MIGRATIONS[number]}; PRAGMA user_version = {number + 1};"
+                )
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -153,18 +162,22 @@ class SqliteLedger:
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
-    def begin(self, plan_id: str, *, alias: str, target: str, fingerprint: str, model: dict[str, Any]) -> None:
+    def begin(
+        self, plan_id: str, *, alias: str, target: str, fingerprint: str, model: dict[str, Any]
+    ) -> None:
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
             db.execute(
                 "INSERT INTO runs (plan_id, alias, target, fingerprint, model, created_at) VALUES (?,?,?,?,?,?)"
                 " ON CONFLICT (plan_id) DO UPDATE SET state = 'running', finished_at = NULL",
-                (plan_id, alias, target, fingerprint, json.dumps(model), time.time()))
+                (plan_id, alias, target, fingerprint, json.dumps(model), time.time()),
+            )
 
     def resume_point(self, plan_id: str) -> tuple[str | None, int]:
         """The cursor after the last written shard and the next shard number."""
-        rows = self._query("SELECT seq, last_cursor FROM shards WHERE plan_id = ? ORDER BY seq DESC LIMIT 1",
-                           (plan_id,))
+        rows = self._query(
+            "SELECT seq, last_cursor FROM shards WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,)
+        )
         return (None, 0) if not rows else (rows[0][1], rows[0][0] + 1)
 
     def record_shard(self, plan_id: str, shard: ShardResult) -> None:
@@ -175,20 +188,38 @@ class SqliteLedger:
             db.execute(
                 "INSERT INTO shards (plan_id, seq, after_cursor, last_cursor, documents, written, dead_letters,"
                 " duplicates, reused, tokens, truncated, seconds, written_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (plan_id, shard.seq, shard.after_cursor, shard.last_cursor, shard.documents, shard.written,
-                 len(shard.dead_letters), shard.duplicates, shard.reused, shard.tokens, shard.truncated,
-                 shard.seconds, now))
+                (
+                    plan_id,
+                    shard.seq,
+                    shard.after_cursor,
+                    shard.last_cursor,
+                    shard.documents,
+                    shard.written,
+                    len(shard.dead_letters),
+                    shard.duplicates,
+                    shard.reused,
+                    shard.tokens,
+                    shard.truncated,
+                    shard.seconds,
+                    now,
+                ),
+            )
             db.executemany(
                 "INSERT INTO dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
                 " VALUES (?,?,?,?,?,?,?) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
                 " detail = excluded.detail, content_hash = excluded.content_hash, seq = excluded.seq",
-                [(plan_id, d.doc_id, d.reason, d.detail, d.content_hash, shard.seq, now)
-                 for d in shard.dead_letters])
+                [
+                    (plan_id, d.doc_id, d.reason, d.detail, d.content_hash, shard.seq, now)
+                    for d in shard.dead_letters
+                ],
+            )
 
     def finish(self, plan_id: str) -> None:
         with self._transaction() as db:
-            db.execute("UPDATE runs SET state = 'complete', finished_at = ? WHERE plan_id = ?",
-                       (time.time(), plan_id))
+            db.execute(
+                "UPDATE runs SET state = 'complete', finished_at = ? WHERE plan_id = ?",
+                (time.time(), plan_id),
+            )
 
     def summary(self, plan_id: str) -> RunSummary | None:
         runs = self._query("SELECT alias, target, fingerprint, state FROM runs WHERE plan_id = ?", (plan_id,))
@@ -197,41 +228,110 @@ class SqliteLedger:
         totals = self._query(
             "SELECT count(*), coalesce(sum(documents),0), coalesce(sum(written),0), coalesce(sum(dead_letters),0),"
             " coalesce(sum(duplicates),0), coalesce(sum(reused),0), coalesce(sum(tokens),0), coalesce(sum(truncated),0),"
-            " coalesce(sum(seconds),0) FROM shards WHERE plan_id = ?", (plan_id,))[0]
+            " coalesce(sum(seconds),0) FROM shards WHERE plan_id = ?",
+            (plan_id,),
+        )[0]
         last_cursor, _ = self.resume_point(plan_id)
-        reasons = dict(self._query("SELECT reason, count(*) FROM dead_letters WHERE plan_id = ? GROUP BY reason",
-                                   (plan_id,)))
-        return RunSummary(plan_id, *runs[0], *totals, last_cursor=last_cursor, dead_letter_reasons=reasons)
+        reasons = dict(
+            self._query(
+                "SELECT reason, count(*) FROM dead_letters WHERE plan_id = ? GROUP BY reason", (plan_id,)
+            )
+        )
+        alias, target, fingerprint, state = runs[0]
+        shards, documents, written, dead, duplicates, reused, tokens, truncated, seconds = totals
+        return RunSummary(
+            plan_id,
+            alias,
+            target,
+            fingerprint,
+            state,
+            shards,
+            documents,
+            written,
+            dead,
+            duplicates,
+            reused,
+            tokens,
+            truncated,
+            seconds,
+            last_cursor,
+            reasons,
+        )
 
     def dead_letters(self, plan_id: str) -> list[DeadLetter]:
-        rows = self._query("SELECT doc_id, reason, detail, content_hash FROM dead_letters WHERE plan_id = ?"
-                           " ORDER BY seq, doc_id", (plan_id,))
+        rows = self._query(
+            "SELECT doc_id, reason, detail, content_hash FROM dead_letters WHERE plan_id = ?"
+            " ORDER BY seq, doc_id",
+            (plan_id,),
+        )
         return [DeadLetter(*row) for row in rows]
 
     def record_verification(self, plan_id: str, complete: bool, report: dict[str, Any]) -> None:
         with self._transaction() as db:
-            db.execute("INSERT INTO verifications VALUES (?,?,?,?)",
-                       (plan_id, time.time(), int(complete), json.dumps(report)))
+            db.execute(
+                "INSERT INTO verifications VALUES (?,?,?,?)",
+                (plan_id, time.time(), int(complete), json.dumps(report)),
+            )
 
-    def cutover_intent(self, alias: str, old: str | None, new: str, *, fingerprint: str | None, action: str,
-                       forced: bool, report: dict[str, Any] | None = None) -> int:
+    def cutover_intent(
+        self,
+        alias: str,
+        old: str | None,
+        new: str,
+        *,
+        fingerprint: str | None,
+        action: str,
+        forced: bool,
+        report: dict[str, Any] | None = None,
+    ) -> int:
         """Write what is about to happen before it happens, so a crash mid-swap is resolvable."""
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO cutovers (alias, old_target, new_target, fingerprint, action, forced, state, report,"
                 " at) VALUES (?,?,?,?,?,?,'pending',?,?)",
-                (alias, old, new, fingerprint, action, int(forced), json.dumps(report), time.time()))
+                (alias, old, new, fingerprint, action, int(forced), json.dumps(report), time.time()),
+            )
             return int(cursor.lastrowid or 0)
 
     def settle_cutover(self, cutover_id: int, state: str, *, old: str | None = None) -> None:
         with self._transaction() as db:
-            db.execute("UPDATE cutovers SET state = ?, old_target = coalesce(?, old_target) WHERE id = ?",
-                       (state, old, cutover_id))
+            db.execute(
+                "UPDATE cutovers SET state = ?, old_target = coalesce(?, old_target) WHERE id = ?",
+                (state, old, cutover_id),
+            )
 
     def cutovers(self, alias: str) -> list[Cutover]:
-        rows = self._query("SELECT id, alias, old_target, new_target, fingerprint, action, forced, state, at"
-                           " FROM cutovers WHERE alias = ? ORDER BY id", (alias,))
+        rows = self._query(
+            "SELECT id, alias, old_target, new_target, fingerprint, action, forced, state, at"
+            " FROM cutovers WHERE alias = ? ORDER BY id",
+            (alias,),
+        )
         return [Cutover(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
+
+    @contextmanager
+    def lease(self, plan_id: str) -> Iterator[None]:
+        """Hold the one-run-at-a-time lock of a migration. The kernel drops it when the process dies,
+        so a run after kill -9 takes over with no manual cleanup."""
+        path = self.path.with_name(f"{self.path.name}.{plan_id}.lock")
+        with path.open("a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                raise AlreadyRunning(
+                    f"another `reindex run` of this migration is running ({holder})",
+                    hint="wait for it, or stop it; a killed run releases the lock",
+                ) from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}")
+            handle.flush()
+            try:
+                yield
+            finally:
+                handle.truncate(0)
+                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def close(self) -> None:
         with self._lock:

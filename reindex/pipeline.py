@@ -64,9 +64,19 @@ class Progress:
 
 
 class Pipeline:
-    def __init__(self, *, source: Source, embedder: Embedder, sink: Sink, ledger: SqliteLedger,
-                 spec: TargetSpec, plan_id: str, run: RunConfig, stop: threading.Event | None = None,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        source: Source,
+        embedder: Embedder,
+        sink: Sink,
+        ledger: SqliteLedger,
+        spec: TargetSpec,
+        plan_id: str,
+        run: RunConfig,
+        stop: threading.Event | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
         self.source, self.embedder, self.sink, self.ledger = source, embedder, sink, ledger
         self.spec, self.plan_id, self.config = spec, plan_id, run
         self.stop = stop or threading.Event()
@@ -81,8 +91,10 @@ class Pipeline:
         after, seq = self.ledger.resume_point(self.plan_id)
         prepared: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
         embedded: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
-        threads = [threading.Thread(target=self._guard, args=(self._read, after, seq, prepared), daemon=True),
-                   threading.Thread(target=self._guard, args=(self._write_all, embedded), daemon=True)]
+        threads = [
+            threading.Thread(target=self._guard, args=(self._read, after, seq, prepared), daemon=True),
+            threading.Thread(target=self._guard, args=(self._write_all, embedded), daemon=True),
+        ]
         for thread in threads:
             thread.start()
         self._guard(self._embed_all, prepared, embedded)
@@ -91,7 +103,9 @@ class Pipeline:
         if self._failure is not None:
             raise self._failure
         if self.stop.is_set():
-            raise Interrupted(f"stopped after {self.progress.documents} documents; rerun the same command to continue")
+            raise Interrupted(
+                f"stopped after {self.progress.documents} documents; rerun the same command to continue"
+            )
         return self.progress
 
     def _guard(self, stage: Callable[..., None], *args: Any) -> None:
@@ -140,8 +154,18 @@ class Pipeline:
         texts = [""] * len(unique)
         for record, index in zip(screened.records, owner, strict=True):
             texts[index] = record.text
-        shard = Shard(seq, after, records[-1].position, len(records), screened.records, screened.hashes, owner,
-                      self.embedder.tokenize(texts), screened.dead, screened.duplicates)
+        shard = Shard(
+            seq,
+            after,
+            records[-1].position,
+            len(records),
+            screened.records,
+            screened.hashes,
+            owner,
+            self.embedder.tokenize(texts),
+            screened.dead,
+            screened.duplicates,
+        )
         self._apply_length_policy(shard)
         return shard
 
@@ -210,9 +234,19 @@ class Pipeline:
             _retrying(self.sink.write, self.spec.name, rows)
         crashpoints.crash_if_armed("after_write")
         now = time.monotonic()
-        result = ShardResult(shard.seq, shard.after_cursor, shard.last_cursor, shard.documents, len(shard.records),
-                             shard.dead, shard.duplicates, len(shard.owner) - len(shard.tokens),
-                             sum(t.count for t in shard.tokens), shard.truncated, now - self._last_mark)
+        result = ShardResult(
+            shard.seq,
+            shard.after_cursor,
+            shard.last_cursor,
+            shard.documents,
+            len(shard.records),
+            shard.dead,
+            shard.duplicates,
+            len(shard.owner) - len(shard.tokens),
+            sum(t.count for t in shard.tokens),
+            shard.truncated,
+            now - self._last_mark,
+        )
         self._last_mark = now
         _retrying(self.ledger.record_shard, self.plan_id, result)
         self.progress.documents += shard.documents

@@ -55,8 +55,13 @@ class PlanReport:
 
 def estimate(source: Source, embedder: Embedder, run: RunConfig, *, calibrate: bool) -> PlanReport:
     info = embedder.info
-    report = PlanReport(too_long_policy=run.too_long, model=info.describe(), fingerprint=info.fingerprint,
-                        dim=info.dim, max_tokens=info.max_tokens)
+    report = PlanReport(
+        too_long_policy=run.too_long,
+        model=info.describe(),
+        fingerprint=info.fingerprint,
+        dim=info.dim,
+        max_tokens=info.max_tokens,
+    )
     seen: set[str] = set()
     lengths: list[int] = []
     rng = random.Random(0)

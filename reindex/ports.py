@@ -1,6 +1,6 @@
 """The ports. Everything in adapters/ implements one of these; the core only sees these.
 
-    Source ──Record──► Embedder (tokenize → embed) ──Rows──► Sink ──► alias
+Source ──Record──► Embedder (tokenize → embed) ──Rows──► Sink ──► alias
 """
 
 from __future__ import annotations
@@ -77,8 +77,14 @@ class EmbedderInfo:
     options: Mapping[str, Any] = field(default_factory=dict)  # revision, pooling, normalize, prompt...
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.model, "dim": self.dim, "max_tokens": self.max_tokens,
-                "fingerprint": self.fingerprint, "options": dict(self.options)}
+        return {
+            "kind": self.kind,
+            "model": self.model,
+            "dim": self.dim,
+            "max_tokens": self.max_tokens,
+            "fingerprint": self.fingerprint,
+            "options": dict(self.options),
+        }
 
 
 @dataclass(frozen=True, slots=True)

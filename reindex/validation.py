@@ -15,10 +15,21 @@ from reindex.ledger import DeadLetter
 from reindex.ports import Record, Vectors
 from reindex.vectors import batch_problems
 
-REASONS = frozenset({
-    "empty_text", "too_long", "invalid_encoding", "invalid_json", "missing_id", "missing_text",
-    "invalid_text_type", "duplicate_id_conflict", "non_finite_vector", "zero_vector", "dimension_mismatch",
-})
+REASONS = frozenset(
+    {
+        "empty_text",
+        "too_long",
+        "invalid_encoding",
+        "invalid_json",
+        "missing_id",
+        "missing_text",
+        "invalid_text_type",
+        "duplicate_id_conflict",
+        "non_finite_vector",
+        "zero_vector",
+        "dimension_mismatch",
+    }
+)
 VECTOR_REASONS = {"non_finite": "non_finite_vector", "zero": "zero_vector", "dimension": "dimension_mismatch"}
 
 
@@ -87,7 +98,9 @@ def _drop_conflicts(result: Screened, conflicted: set[str]) -> None:
     kept = [(r, h) for r, h in zip(result.records, result.hashes, strict=True) if r.id not in conflicted]
     for record, digest in zip(result.records, result.hashes, strict=True):
         if record.id in conflicted:
-            result.dead.append(DeadLetter(record.id, "duplicate_id_conflict", "same id, different text", digest))
+            result.dead.append(
+                DeadLetter(record.id, "duplicate_id_conflict", "same id, different text", digest)
+            )
     result.records = [r for r, _ in kept]
     result.hashes = [h for _, h in kept]
 

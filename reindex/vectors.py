@@ -22,6 +22,8 @@ def batch_problems(vectors: Vectors, dim: int) -> list[VectorProblem | None]:
     """Vectorised `vector_problem` over a (n, d) batch."""
     if vectors.ndim != 2 or vectors.shape[1] != dim:
         return ["dimension"] * len(vectors)
-    finite = np.isfinite(vectors).all(axis=1).tolist()
-    nonzero = vectors.any(axis=1).tolist()
-    return [None if f and z else ("non_finite" if not f else "zero") for f, z in zip(finite, nonzero, strict=True)]
+    finite = np.isfinite(vectors).all(axis=1).astype(bool).tolist()
+    nonzero = (np.abs(vectors).sum(axis=1) > 0).astype(bool).tolist()
+    return [
+        None if f and z else ("non_finite" if not f else "zero") for f, z in zip(finite, nonzero, strict=True)
+    ]

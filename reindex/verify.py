@@ -42,8 +42,12 @@ class Coverage:
 
     def problems(self) -> str:
         """One line naming every non-zero count, for refusals."""
-        counts = {"missing": self.missing, "stale": self.stale, "orphaned": self.orphaned,
-                  "invalid": self.invalid_vectors}
+        counts = {
+            "missing": self.missing,
+            "stale": self.stale,
+            "orphaned": self.orphaned,
+            "invalid": self.invalid_vectors,
+        }
         parts = [f"{v} {k}" for k, v in counts.items() if v]
         others = {fp: n for fp, n in self.fingerprints.items() if fp != self.expected_fingerprint}
         if others:
@@ -54,8 +58,15 @@ class Coverage:
         return asdict(self)
 
 
-def coverage(source: Source, sink: Sink, target: str, *, dim: int, fingerprint: str,
-             dead_letters: Mapping[str, str | None] | None = None) -> Coverage:
+def coverage(
+    source: Source,
+    sink: Sink,
+    target: str,
+    *,
+    dim: int,
+    fingerprint: str,
+    dead_letters: Mapping[str, str | None] | None = None,
+) -> Coverage:
     """Compare `source` with `target`; `dead_letters` maps excused ids to the content hash they failed on."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="reindex-verify-") as scratch:
@@ -112,12 +123,24 @@ _QUERIES = {
 def _report(db: sqlite3.Connection, target: str, fingerprint: str) -> dict[str, Any]:
     counts = {name: db.execute(f"SELECT count(*) {where}").fetchone()[0] for name, where in _QUERIES.items()}
     alias = {"missing": "s", "dead_letters": "s", "stale": "t", "orphaned": "t", "invalid_vectors": "t"}
-    examples = {name: [row[0] for row in db.execute(f"SELECT {alias[name]}.id {where} LIMIT {EXAMPLES}")]
-                for name, where in _QUERIES.items() if counts[name] and name != "dead_letters"}
-    fingerprints = dict(db.execute("SELECT coalesce(fp, 'none'), count(*) FROM tgt GROUP BY 1 ORDER BY 2 DESC"))
-    complete = (not any(counts[k] for k in ("missing", "stale", "orphaned", "invalid_vectors"))
-                and set(fingerprints) <= {fingerprint})
-    return {"target": target, "complete": complete,
-            "source_documents": db.execute("SELECT count(*) FROM src").fetchone()[0],
-            "target_vectors": db.execute("SELECT count(*) FROM tgt").fetchone()[0],
-            **counts, "fingerprints": fingerprints, "expected_fingerprint": fingerprint, "examples": examples}
+    examples = {
+        name: [row[0] for row in db.execute(f"SELECT {alias[name]}.id {where} LIMIT {EXAMPLES}")]
+        for name, where in _QUERIES.items()
+        if counts[name] and name != "dead_letters"
+    }
+    fingerprints = dict(
+        db.execute("SELECT coalesce(fp, 'none'), count(*) FROM tgt GROUP BY 1 ORDER BY 2 DESC")
+    )
+    complete = not any(counts[k] for k in ("missing", "stale", "orphaned", "invalid_vectors")) and set(
+        fingerprints
+    ) <= {fingerprint}
+    return {
+        "target": target,
+        "complete": complete,
+        "source_documents": db.execute("SELECT count(*) FROM src").fetchone()[0],
+        "target_vectors": db.execute("SELECT count(*) FROM tgt").fetchone()[0],
+        **counts,
+        "fingerprints": fingerprints,
+        "expected_fingerprint": fingerprint,
+        "examples": examples,
+    }

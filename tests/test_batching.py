@@ -8,8 +8,11 @@ from hypothesis import strategies as st
 from reindex.batching import padded_tokens, token_batches
 
 
-@given(st.lists(st.integers(min_value=0, max_value=600), max_size=400),
-       st.integers(min_value=1, max_value=5000), st.integers(min_value=1, max_value=64))
+@given(
+    st.lists(st.integers(min_value=0, max_value=600), max_size=400),
+    st.integers(min_value=1, max_value=5000),
+    st.integers(min_value=1, max_value=64),
+)
 def test_every_index_lands_in_exactly_one_batch_within_budget(lengths, budget, max_batch):
     batches = token_batches(lengths, budget, max_batch)
     flat = [i for batch in batches for i in batch]

@@ -51,11 +51,20 @@ def corpus(n: int) -> list[Record]:
 def migrate(records, sink, ledger, *, embedder=None, shard_size=100, **run):
     embedder = embedder or HashEmbedder(dim=16, max_tokens=8)
     source = MemorySource(records)
-    spec = TargetSpec("docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema())
+    spec = TargetSpec(
+        "docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema()
+    )
     sink.prepare(spec)
     ledger.begin("plan", alias="docs", target=spec.name, fingerprint=spec.fingerprint, model={})
-    Pipeline(source=source, embedder=embedder, sink=sink, ledger=ledger, spec=spec, plan_id="plan",
-             run=RunConfig(shard_size=shard_size, **run)).run()
+    Pipeline(
+        source=source,
+        embedder=embedder,
+        sink=sink,
+        ledger=ledger,
+        spec=spec,
+        plan_id="plan",
+        run=RunConfig(shard_size=shard_size, **run),
+    ).run()
     dead = {d.doc_id: d.content_hash for d in ledger.dead_letters("plan")}
     return coverage(source, sink, spec.name, dim=16, fingerprint=spec.fingerprint, dead_letters=dead)
 
@@ -94,15 +103,17 @@ def test_identical_texts_are_embedded_once_and_written_to_every_id(ledger):
 
 
 def test_poison_documents_become_dead_letters_with_reasons(ledger):
-    records = corpus(50) + [
-        Record("empty", "   "), Record("bad-utf8", "abc\udcff"), Record("nan", "nan here"),
-        Record("zero", "zero here"), Record("unreadable", "", defect="invalid_json"),
-        Record("dup", "one text"), Record("dup", "another text"), Record("same", "x y"), Record("same", "x y"),
-    ]
+    records = [*corpus(50), Record("empty", "   "), Record("bad-utf8", "abc�"), Record("nan", "nan here"), Record("zero", "zero here"), Record("unreadable", "", defect="invalid_json"), Record("dup", "one text"), Record("dup", "another text"), Record("same", "x y"), Record("same", "x y")]
     report = migrate(records, MemorySink(), ledger, embedder=BrokenEmbedder(dim=16))
     reasons = {d.doc_id: d.reason for d in ledger.dead_letters("plan")}
-    assert reasons == {"empty": "empty_text", "bad-utf8": "invalid_encoding", "nan": "non_finite_vector",
-                       "zero": "zero_vector", "unreadable": "invalid_json", "dup": "duplicate_id_conflict"}
+    assert reasons == {
+        "empty": "empty_text",
+        "bad-utf8": "invalid_encoding",
+        "nan": "non_finite_vector",
+        "zero": "zero_vector",
+        "unreadable": "invalid_json",
+        "dup": "duplicate_id_conflict",
+    }
     summary = ledger.summary("plan")
     assert summary.reconciled and summary.duplicates == 1 and summary.written == 51
     assert report.complete
@@ -122,12 +133,22 @@ def test_stop_request_releases_in_flight_work_and_raises_interrupted(ledger):
     stop.set()
     embedder = HashEmbedder(dim=16)
     source = MemorySource(corpus(500))
-    spec = TargetSpec("docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema())
+    spec = TargetSpec(
+        "docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema()
+    )
     sink = MemorySink()
     sink.prepare(spec)
     ledger.begin("plan", alias="docs", target=spec.name, fingerprint=spec.fingerprint, model={})
     with pytest.raises(Interrupted) as raised:
-        Pipeline(source=source, embedder=embedder, sink=sink, ledger=ledger, spec=spec, plan_id="plan",
-                 run=RunConfig(shard_size=100), stop=stop).run()
+        Pipeline(
+            source=source,
+            embedder=embedder,
+            sink=sink,
+            ledger=ledger,
+            spec=spec,
+            plan_id="plan",
+            run=RunConfig(shard_size=100),
+            stop=stop,
+        ).run()
     assert raised.value.exit_code == 75
     assert ledger.summary("plan").written == len(sink.targets_["docs__t"])

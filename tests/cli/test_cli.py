@@ -33,8 +33,10 @@ def write_corpus(path: Path, n: int) -> Path:
 
 
 def write_config(path: Path, *, source: str, embedder: str, target: str, state: Path) -> Path:
-    path.write_text(f"[source]\n{source}\n\n[embedder]\n{embedder}\n\n[target]\n{target}\n\n"
-                    f"[run]\nstate = \"{state}\"\nshard_size = 64\n")
+    path.write_text(
+        f"[source]\n{source}\n\n[embedder]\n{embedder}\n\n[target]\n{target}\n\n"
+        f'[run]\nstate = "{state}"\nshard_size = 64\n'
+    )
     return path
 
 
@@ -44,10 +46,16 @@ def configs(tmp_path: Path, pg_dsn: str, tiny_model: Path) -> tuple[Path, Path]:
     source = f'kind = "jsonl"\npath = "{corpus}"'
     target = f'kind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"'
     state = tmp_path / "state.db"
-    old = write_config(tmp_path / "v1.toml", source=source, embedder='kind = "hash"\ndim = 24',
-                       target=target, state=state)
-    new = write_config(tmp_path / "v2.toml", source=source,
-                       embedder=f'kind = "sentence-transformers"\nmodel = "{tiny_model}"', target=target, state=state)
+    old = write_config(
+        tmp_path / "v1.toml", source=source, embedder='kind = "hash"\ndim = 24', target=target, state=state
+    )
+    new = write_config(
+        tmp_path / "v2.toml",
+        source=source,
+        embedder=f'kind = "sentence-transformers"\nmodel = "{tiny_model}"',
+        target=target,
+        state=state,
+    )
     return old, new
 
 
@@ -113,15 +121,26 @@ def test_rerunning_a_finished_run_writes_nothing_new(configs: tuple[Path, Path])
     assert code == 0 and run is not None and run["written"] == 300 and run["seconds"] < 30
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ('[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n[target]\nkind = "pgvector"\n'
-     'dsn = "postgresql://nobody@127.0.0.1:1/x"\nalias = "docs"\naliass = "typo"\n', "unknown key 'aliass'"),
-    ('[source]\nkind = "mongo"\n[embedder]\nkind = "hash"\n[target]\nkind = "qdrant"\nalias = "a"\n',
-     "unknown source kind 'mongo'"),
-    ('[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n', "missing section [target]"),
-    ('[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n[target]\nkind = "pgvector"\n'
-     'dsn = "postgresql://nobody:secret@127.0.0.1:1/x"\nalias = "docs"\n', "check [target] dsn"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            '[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n[target]\nkind = "pgvector"\n'
+            'dsn = "postgresql://nobody@127.0.0.1:1/x"\nalias = "docs"\naliass = "typo"\n',
+            "unknown key 'aliass'",
+        ),
+        (
+            '[source]\nkind = "mongo"\n[embedder]\nkind = "hash"\n[target]\nkind = "qdrant"\nalias = "a"\n',
+            "unknown source kind 'mongo'",
+        ),
+        ('[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n', "missing section [target]"),
+        (
+            '[source]\nkind = "jsonl"\npath = "x"\n[embedder]\nkind = "hash"\n[target]\nkind = "pgvector"\n'
+            'dsn = "postgresql://nobody:secret@127.0.0.1:1/x"\nalias = "docs"\n',
+            "check [target] dsn",
+        ),
+    ],
+)
 def test_misconfiguration_is_one_line_and_exit_2(tmp_path: Path, body: str, message: str) -> None:
     (tmp_path / "x").write_text('{"id": "1", "text": "a"}\n')
     config = tmp_path / "bad.toml"

@@ -75,10 +75,15 @@ def _qdrant(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Re
     from adapters.qdrant import QdrantSource
 
     client = QdrantClient(":memory:")
-    client.create_collection("docs", vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE))
+    client.create_collection(
+        "docs", vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE)
+    )
     points = [
-        models.PointStruct(id=int(r.id), vector=[1.0, 0.0, 0.0, float(i % 7)],
-                           payload={"page_content": r.text, "metadata": {"category": r.payload.get("category")}})
+        models.PointStruct(
+            id=int(r.id),
+            vector=[1.0, 0.0, 0.0, float(i % 7)],
+            payload={"page_content": r.text, "metadata": {"category": r.payload.get("category")}},
+        )
         for i, r in enumerate(records)
     ]
     for start in range(0, len(points), 256):
@@ -92,8 +97,13 @@ def _parquet(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[R
 
     from adapters.files import ParquetSource
 
-    table = pa.table({"id": [r.id for r in records], "text": [r.text for r in records],
-                      "category": [r.payload.get("category") for r in records]})
+    table = pa.table(
+        {
+            "id": [r.id for r in records],
+            "text": [r.text for r in records],
+            "category": [r.payload.get("category") for r in records],
+        }
+    )
     path = tmp_path / "docs.parquet"
     pq.write_table(table, path, row_group_size=97)
     return ParquetSource(path, id_field="id", text_field="text")

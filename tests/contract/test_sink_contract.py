@@ -13,9 +13,14 @@ DIM = 8
 
 
 def spec(name: str, fingerprint: str = "f" * 16, dim: int = DIM, alias: str = "docs") -> TargetSpec:
-    return TargetSpec(name=name, alias=alias, dim=dim, fingerprint=fingerprint,
-                      model={"model": "test", "fingerprint": fingerprint},
-                      source=SourceSchema(id_field="id", text_field="text"))
+    return TargetSpec(
+        name=name,
+        alias=alias,
+        dim=dim,
+        fingerprint=fingerprint,
+        model={"model": "test", "fingerprint": fingerprint},
+        source=SourceSchema(id_field="id", text_field="text"),
+    )
 
 
 def rows(ids: list[str], seed: int = 0, fingerprint: str = "f" * 16) -> Rows:
@@ -48,7 +53,9 @@ def test_replaying_a_write_changes_nothing_but_the_values(sink: Sink) -> None:
     expected = rows(["b", "c", "d"], seed=2).vectors[0]
     got = sink.fetch("docs__aaaa0001", ["b"])["b"]
     # Qdrant normalises vectors of cosine collections on write: compare directions.
-    np.testing.assert_allclose(got / np.linalg.norm(got), expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        got / np.linalg.norm(got), expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_scan_index_reports_every_id_with_hash_and_fingerprint(sink: Sink) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from tests.contract.conftest import SourceFactory
-
 from reindex.ports import Record
+from tests.contract.conftest import SourceFactory
 
 
 def corpus(n: int) -> list[Record]:
-    return [Record(str(i), f"document {i} about topic {i % 13}", {"category": f"c{i % 3}"}) for i in range(1, n + 1)]
+    return [
+        Record(str(i), f"document {i} about topic {i % 13}", {"category": f"c{i % 3}"})
+        for i in range(1, n + 1)
+    ]
 
 
 def test_scan_yields_every_record_once_with_its_text(make_source: SourceFactory) -> None:
