@@ -103,7 +103,18 @@ def test_identical_texts_are_embedded_once_and_written_to_every_id(ledger):
 
 
 def test_poison_documents_become_dead_letters_with_reasons(ledger):
-    records = [*corpus(50), Record("empty", "   "), Record("bad-utf8", "abc�"), Record("nan", "nan here"), Record("zero", "zero here"), Record("unreadable", "", defect="invalid_json"), Record("dup", "one text"), Record("dup", "another text"), Record("same", "x y"), Record("same", "x y")]
+    records = [
+        *corpus(50),
+        Record("empty", "   "),
+        Record("bad-utf8", "abc\udcff"),
+        Record("nan", "nan here"),
+        Record("zero", "zero here"),
+        Record("unreadable", "", defect="invalid_json"),
+        Record("dup", "one text"),
+        Record("dup", "another text"),
+        Record("same", "x y"),
+        Record("same", "x y"),
+    ]
     report = migrate(records, MemorySink(), ledger, embedder=BrokenEmbedder(dim=16))
     reasons = {d.doc_id: d.reason for d in ledger.dead_letters("plan")}
     assert reasons == {
