@@ -155,6 +155,31 @@ def prune(
     _render(_guarded(lambda: commands.prune(cfg, keep=keep, dry_run=dry_run)), as_json, "prune")
 
 
+dlq = typer.Typer(no_args_is_help=True, help="Dead letters: documents that could not be embedded.")
+app.add_typer(dlq, name="dlq")
+
+
+@dlq.command("list")
+def dlq_list(config: ConfigOption, as_json: JsonOption = False) -> None:
+    """List dead letters with their reasons."""
+    cfg = _load(config)
+    report = _guarded(lambda: commands.dlq_list(cfg))
+    if as_json:
+        _render(report, True, "dead letters")
+        return
+    table = Table("id", "reason", "detail", title=f"{report.total} dead letters {report.reasons}")
+    for letter in report.dead_letters:
+        table.add_row(letter["doc_id"], letter["reason"], letter["detail"])
+    out.print(table)
+
+
+@dlq.command("retry")
+def dlq_retry(config: ConfigOption, as_json: JsonOption = False) -> None:
+    """Re-read dead-lettered documents from the source and try again (after a fix or a policy change)."""
+    cfg = _load(config)
+    _render(_guarded(lambda: commands.dlq_retry(cfg)), as_json, "dead-letter retry")
+
+
 @contextmanager
 def _status(message: str, quiet: bool) -> Iterator[None]:
     if quiet or not err.is_terminal:

@@ -370,3 +370,86 @@ __all__ = [
     "status",
     "verify",
 ]
+
+
+# dead letters -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeadLetterReport:
+    plan_id: str
+    total: int
+    reasons: dict[str, int]
+    dead_letters: list[dict[str, Any]]
+    retried: int = 0
+    written: int = 0
+    vanished: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def dlq_list(config: Config) -> DeadLetterReport:
+    """The documents that could not be embedded, with their reasons."""
+    with open_migration(config) as m:
+        ledger = open_ledger(config)
+        try:
+            return _dead_letter_report(ledger, m.plan_id)
+        finally:
+            ledger.close()
+
+
+def dlq_retry(config: Config) -> DeadLetterReport:
+    """Re-read dead-lettered documents from the source and try them again (after a fix or policy change)."""
+    with open_migration(config) as m:
+        ledger = open_ledger(config)
+        try:
+            with ledger.lease(m.plan_id):
+                return _retry(m, ledger)
+        finally:
+            ledger.close()
+
+
+def _retry(m: Migration, ledger: SqliteLedger) -> DeadLetterReport:
+    ids = [d.doc_id for d in ledger.dead_letters(m.plan_id)]
+    m.sink.prepare(m.spec)
+    pipeline = Pipeline(
+        source=m.source,
+        embedder=m.embedder,
+        sink=m.sink,
+        ledger=ledger,
+        spec=m.spec,
+        plan_id=m.plan_id,
+        run=m.config.run,
+    )
+    written, vanished = 0, 0
+    size = m.config.run.shard_size
+    for chunk in (ids[start : start + size] for start in range(0, len(ids), size)):
+        records = list(m.source.fetch(chunk))
+        shard = pipeline.process(records) if records else None
+        gone = sorted(set(chunk) - {r.id for r in records})
+        ledger.settle_retry(
+            m.plan_id,
+            written=[r.id for r in shard.records] if shard else [],
+            vanished=gone,
+            dead=shard.dead if shard else [],
+        )
+        written, vanished = written + (len(shard.records) if shard else 0), vanished + len(gone)
+    report = _dead_letter_report(ledger, m.plan_id)
+    return DeadLetterReport(
+        m.plan_id,
+        report.total,
+        report.reasons,
+        report.dead_letters,
+        retried=len(ids),
+        written=written,
+        vanished=vanished,
+    )
+
+
+def _dead_letter_report(ledger: SqliteLedger, plan_id: str) -> DeadLetterReport:
+    letters = ledger.dead_letters(plan_id)
+    reasons: dict[str, int] = {}
+    for letter in letters:
+        reasons[letter.reason] = reasons.get(letter.reason, 0) + 1
+    return DeadLetterReport(plan_id, len(letters), reasons, [asdict(d) for d in letters])

@@ -32,7 +32,8 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE shards (
         plan_id TEXT NOT NULL, seq INTEGER NOT NULL, after_cursor TEXT, last_cursor TEXT NOT NULL,
         documents INTEGER NOT NULL, written INTEGER NOT NULL, dead_letters INTEGER NOT NULL,
-        duplicates INTEGER NOT NULL, reused INTEGER NOT NULL, tokens INTEGER NOT NULL, truncated INTEGER NOT NULL,
+        duplicates INTEGER NOT NULL, reused INTEGER NOT NULL, vanished INTEGER NOT NULL DEFAULT 0,
+        tokens INTEGER NOT NULL, truncated INTEGER NOT NULL,
         seconds REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 1, written_at REAL NOT NULL,
         PRIMARY KEY (plan_id, seq)
     );
@@ -87,6 +88,7 @@ class RunSummary:
     written: int
     dead_letters: int
     duplicates: int
+    vanished: int  # dead-lettered documents gone from the source when retried
     reused: int
     tokens: int
     truncated: int
@@ -96,8 +98,8 @@ class RunSummary:
 
     @property
     def reconciled(self) -> bool:
-        """Documents in = vectors written + dead letters + duplicates folded into one write."""
-        return self.documents == self.written + self.dead_letters + self.duplicates
+        """Documents in = vectors written + dead letters (+ duplicate ids folded, + retried-and-vanished)."""
+        return self.documents == self.written + self.dead_letters + self.duplicates + self.vanished
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +216,30 @@ class SqliteLedger:
                 ],
             )
 
+    def settle_retry(
+        self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
+    ) -> None:
+        """Apply a dead-letter retry: written and vanished ids leave the dead letters (their shards'
+        counts move with them, so reconciliation still holds); the rest keep their newest reason."""
+        with self._transaction() as db:
+            db.execute("BEGIN IMMEDIATE")
+            for doc_id, column in [(i, "written") for i in written] + [(i, "vanished") for i in vanished]:
+                row = db.execute(
+                    "DELETE FROM dead_letters WHERE plan_id = ? AND doc_id = ? RETURNING seq",
+                    (plan_id, doc_id),
+                ).fetchone()
+                if row is not None:
+                    db.execute(
+                        f"UPDATE shards SET dead_letters = dead_letters - 1, {column} = {column} + 1"
+                        " WHERE plan_id = ? AND seq = ?",
+                        (plan_id, row[0]),
+                    )
+            db.executemany(
+                "UPDATE dead_letters SET reason = ?, detail = ?, content_hash = ?"
+                " WHERE plan_id = ? AND doc_id = ?",
+                [(d.reason, d.detail, d.content_hash, plan_id, d.doc_id) for d in dead],
+            )
+
     def finish(self, plan_id: str) -> None:
         with self._transaction() as db:
             db.execute(
@@ -227,7 +253,7 @@ class SqliteLedger:
             return None
         totals = self._query(
             "SELECT count(*), coalesce(sum(documents),0), coalesce(sum(written),0), coalesce(sum(dead_letters),0),"
-            " coalesce(sum(duplicates),0), coalesce(sum(reused),0), coalesce(sum(tokens),0), coalesce(sum(truncated),0),"
+            " coalesce(sum(duplicates),0), coalesce(sum(vanished),0), coalesce(sum(reused),0), coalesce(sum(tokens),0), coalesce(sum(truncated),0),"
             " coalesce(sum(seconds),0) FROM shards WHERE plan_id = ?",
             (plan_id,),
         )[0]
@@ -238,7 +264,7 @@ class SqliteLedger:
             )
         )
         alias, target, fingerprint, state = runs[0]
-        shards, documents, written, dead, duplicates, reused, tokens, truncated, seconds = totals
+        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds = totals
         return RunSummary(
             plan_id,
             alias,
@@ -250,6 +276,7 @@ class SqliteLedger:
             written,
             dead,
             duplicates,
+            vanished,
             reused,
             tokens,
             truncated,

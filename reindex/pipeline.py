@@ -108,6 +108,19 @@ class Pipeline:
             )
         return self.progress
 
+    def process(self, records: list[Record]) -> Shard:
+        """Screen, embed and write one batch of records synchronously, outside the shard ledger (retries)."""
+        shard = self._prepare(0, None, records)
+        self._embed(shard)
+        assert shard.vectors is not None
+        if shard.records:
+            _retrying(
+                self.sink.write,
+                self.spec.name,
+                Rows(shard.records, shard.vectors, shard.hashes, self.spec.fingerprint),
+            )
+        return shard
+
     def _guard(self, stage: Callable[..., None], *args: Any) -> None:
         try:
             stage(*args)

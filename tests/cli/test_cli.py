@@ -154,3 +154,31 @@ def test_misconfiguration_is_one_line_and_exit_2(tmp_path: Path, body: str, mess
 def test_missing_config_file_is_exit_2(tmp_path: Path) -> None:
     code, _, stderr = invoke("plan", "-c", str(tmp_path / "nope.toml"))
     assert code == 2 and "not found" in stderr
+
+
+def test_dead_letters_are_listed_and_retried_after_a_fix(tmp_path: Path, pg_dsn: str) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    lines = [{"id": f"d{i}", "text": f"plain document {i}"} for i in range(40)]
+    lines += [{"id": "long", "text": "word " * 50}, {"id": "blank", "text": ""}, {"id": "gone", "text": " "}]
+    corpus.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    body = (
+        f'[source]\nkind = "jsonl"\npath = "{corpus}"\n[embedder]\nkind = "hash"\nmax_tokens = 20\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n'
+        f'[run]\nstate = "{tmp_path / "s.db"}"\nshard_size = 16\ntoo_long = "dead-letter"\n'
+    )
+    config = tmp_path / "c.toml"
+    config.write_text(body)
+    assert invoke("run", "-c", str(config))[0] == 0
+    code, listed, _ = invoke("dlq", "list", "-c", str(config), "--json")
+    assert code == 0 and listed is not None
+    assert listed["reasons"] == {"too_long": 1, "empty_text": 2}
+
+    config.write_text(body.replace('too_long = "dead-letter"', 'too_long = "truncate"'))
+    lines[-2]["text"] = "now it has text"
+    corpus.write_text("".join(json.dumps(line) + "\n" for line in lines[:-1]))  # "gone" vanished
+    code, retried, _ = invoke("dlq", "retry", "-c", str(config), "--json")
+    assert code == 0 and retried is not None
+    assert (retried["retried"], retried["written"], retried["vanished"], retried["total"]) == (3, 2, 1, 0)
+    code, status, _ = invoke("status", "-c", str(config), "--json")
+    assert status is not None and status["reconciled"] and status["written"] == 42
+    assert invoke("verify", "-c", str(config))[0] == 0
