@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
@@ -70,10 +71,12 @@ class HashEmbedder:
         dim: int = 32
         max_tokens: int = 512
         seed: str = ""
+        latency_ms: float = 0.0  # per batch: behaves like a slow model (demos, interruption tests)
 
-    def __init__(self, dim: int = 32, max_tokens: int = 512, seed: str = "") -> None:
+    def __init__(self, dim: int = 32, max_tokens: int = 512, seed: str = "", latency_ms: float = 0.0) -> None:
         options = {"seed": seed}
         self.seed = seed
+        self.latency = latency_ms / 1000
         self.info = EmbedderInfo(
             kind="hash",
             model="sha256",
@@ -85,7 +88,7 @@ class HashEmbedder:
 
     @classmethod
     def from_config(cls, config: Config) -> HashEmbedder:
-        return cls(config.dim, config.max_tokens, config.seed)
+        return cls(config.dim, config.max_tokens, config.seed, config.latency_ms)
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
         items = []
@@ -96,6 +99,8 @@ class HashEmbedder:
         return items
 
     def embed(self, items: Sequence[Tokens]) -> Vectors:
+        if self.latency:
+            time.sleep(self.latency)
         return np.stack([self.vector(str(item.data)) for item in items]).astype(np.float32)
 
     def vector(self, text: str) -> Vectors:

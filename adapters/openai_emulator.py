@@ -1,0 +1,639 @@
+"""A local OpenAI embeddings + files + batches API that computes real embeddings, for tests and dry runs.
+
+Point the official SDK at `Emulator(embedder).base_url`; adapters.openai_faults scripts what goes wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import re
+import secrets
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from adapters.openai_faults import (
+    INVALID_INPUT,
+    ApiError,
+    FaultGate,
+    FaultPlan,
+    check_metadata,
+    line_error,
+    parse_batch_input,
+    parse_inputs,
+    shape_output,
+)
+from reindex.errors import BackendError, MissingDependency
+from reindex.ports import Embedder, Vectors
+
+if TYPE_CHECKING:
+    import uvicorn
+    from fastapi import FastAPI
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data")
+STEPPING = ("validating", "in_progress", "finalizing", "cancelling")
+UNSET_BATCH_FIELDS = (
+    "errors",
+    "output_file_id",
+    "error_file_id",
+    "model",
+    "usage",
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+)
+UNFINISHED = {
+    "batch_expired": "This request could not be executed before the completion window expired.",
+    "batch_cancelled": "This request was not executed because the batch was cancelled.",
+}
+Handler = Callable[["EmulatorState", "Request"], Any]
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+@dataclass(slots=True)
+class StoredFile:
+    id: str
+    filename: str
+    purpose: str
+    content: bytes
+    created_at: int = field(default_factory=_now)
+    is_deleted: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return dict(
+            id=self.id,
+            object="file",
+            bytes=len(self.content),
+            created_at=self.created_at,
+            filename=self.filename,
+            purpose=self.purpose,
+            status="processed",
+        )
+
+
+@dataclass(slots=True)
+class BatchJob:
+    data: dict[str, Any]  # the wire object, updated in place
+    plan: FaultPlan  # the faults in force when it was created
+    polls: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[str] | None = None
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return str(self.data["id"])
+
+
+@dataclass(slots=True)
+class Ledger:
+    """What a provider would bill and count: tokens of successful embeddings, requests served (not
+    refused by a fault), batches created with their metadata."""
+
+    billed: list[tuple[int, str | None]] = field(default_factory=list)  # (tokens, batch id or None)
+    requests: Counter[str] = field(default_factory=Counter)
+    batches: list[dict[str, Any]] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        batch_tokens = sum(tokens for tokens, batch in self.billed if batch)
+        total = sum(tokens for tokens, _ in self.billed)
+        billed = [{"tokens": t, "batch_id": b, "is_batch": b is not None} for t, b in self.billed]
+        return dict(
+            billed_tokens=total,
+            billed_tokens_online=total - batch_tokens,
+            billed_tokens_batch=batch_tokens,
+            billed=billed,
+            requests=dict(self.requests),
+            requests_served=sum(self.requests.values()),
+            batches_created=len(self.batches),
+            batches=[dict(b) for b in self.batches],
+        )
+
+
+def encode_vector(vector: Vectors, encoding_format: str) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return [float(x) for x in vector]
+
+
+def _shorten(vectors: Vectors, dimensions: Any) -> Vectors:
+    """text-embedding-3 style `dimensions`: keep the first d components and renormalise."""
+    if dimensions is None:
+        return vectors
+    if not isinstance(dimensions, int) or not 1 <= dimensions <= vectors.shape[1]:
+        message = f"Invalid value for 'dimensions' = {dimensions}. Must be between 1 and {vectors.shape[1]}."
+        raise ApiError(400, message, param="dimensions")
+    short = vectors[:, :dimensions]
+    norms = np.linalg.norm(short, axis=1, keepdims=True)
+    return (short / np.where(norms == 0, 1, norms)).astype(np.float32)
+
+
+def _result_line(request: Mapping[str, Any], status: int, body: Any) -> str:
+    response = {"status_code": status, "request_id": _new_id("req_"), "body": body}
+    line = {
+        "id": _new_id("batch_req_"),
+        "custom_id": request["custom_id"],
+        "response": response,
+        "error": None,
+    }
+    return json.dumps(line)
+
+
+def _unfinished_line(request: Mapping[str, Any], code: str) -> str:
+    error = {"code": code, "message": UNFINISHED[code]}
+    line = {"id": _new_id("batch_req_"), "custom_id": request["custom_id"], "response": None, "error": error}
+    return json.dumps(line)
+
+
+class EmulatorState:
+    """Files, batches, ledger and faults behind one lock; the web layer only parses and renders."""
+
+    def __init__(self, embedder: Embedder, faults: FaultPlan) -> None:
+        self.embedder = embedder
+        self.gate = FaultGate(faults)
+        self.ledger = Ledger()
+        self.files: dict[str, StoredFile] = {}
+        self.batches: dict[str, BatchJob] = {}
+        self.lock = threading.RLock()
+
+    def admit(self, route: str, client: str) -> None:
+        with self.lock:
+            self.gate.admit(route, client, time.monotonic())
+            self.ledger.requests[route] += 1
+
+    def set_faults(self, plan: FaultPlan) -> None:
+        with self.lock:
+            self.gate.plan = plan
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            early = dict(self.gate.early_requests)
+            refused = {str(status): count for status, count in self.gate.refused.items()}
+            return {
+                **self.ledger.describe(),
+                "early_requests": early,
+                "early_requests_total": sum(early.values()),
+                "refused": refused,
+                "faults": self.gate.plan.describe(),
+            }
+
+    def embeddings(
+        self, body: Mapping[str, Any], batch_id: str | None = None, plan: FaultPlan | None = None
+    ) -> Any:
+        """One /v1/embeddings request; bills its tokens when it succeeds."""
+        with self.lock:
+            encoding_format = body.get("encoding_format", "float")
+            if encoding_format not in ("float", "base64"):
+                raise ApiError(400, f"Invalid encoding_format {encoding_format!r}.", param="encoding_format")
+            if not body.get("model"):
+                raise ApiError(400, "You must provide a model parameter.", param="model")
+            parsed = parse_inputs(body.get("input"))
+            poison = (plan or self.gate.plan).poison_substring
+            if poison and any(poison in text for text, _ in parsed):
+                raise ApiError(400, INVALID_INPUT)
+            vectors = self.embedder.embed(self.embedder.tokenize([text for text, _ in parsed]))
+            vectors = _shorten(vectors, body.get("dimensions"))
+            tokens = sum(count for _, count in parsed)
+            self.ledger.billed.append((tokens, batch_id))
+        data = [
+            {"object": "embedding", "index": i, "embedding": encode_vector(v, encoding_format)}
+            for i, v in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return {"object": "list", "data": data, "model": body["model"], "usage": usage}
+
+    def create_file(self, filename: str, content: bytes, purpose: str) -> dict[str, Any]:
+        if purpose not in PURPOSES:
+            raise ApiError(400, f"Invalid purpose {purpose!r}.", param="purpose")
+        if purpose == "batch" and not filename.endswith(".jsonl"):
+            raise ApiError(400, "Invalid file format for Batch API. Must be .jsonl", param="file")
+        return self._store(filename, content, purpose).describe()
+
+    def _store(self, filename: str, content: bytes, purpose: str) -> StoredFile:
+        stored = StoredFile(_new_id("file-"), filename, purpose, content)
+        with self.lock:
+            self.files[stored.id] = stored
+        return stored
+
+    def file(self, file_id: str) -> StoredFile:
+        with self.lock:
+            stored = self.files.get(file_id)
+            if stored is None or stored.is_deleted:
+                raise ApiError(404, f"No such File object: {file_id}", param="id")
+            return stored
+
+    def delete_file(self, file_id: str) -> dict[str, Any]:
+        self.file(file_id).is_deleted = True
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    def create_batch(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
+        """Create the batch now; also return how long to hold back the response (a slow create)."""
+        with self.lock:
+            input_file = self._batch_input(body)
+            metadata = check_metadata(body.get("metadata"))
+            created = _now()
+            data = dict.fromkeys(UNSET_BATCH_FIELDS)
+            batch_id = _new_id("batch_")
+            data.update(
+                id=batch_id,
+                object="batch",
+                endpoint=body["endpoint"],
+                input_file_id=input_file.id,
+                completion_window="24h",
+                status="validating",
+                created_at=created,
+                expires_at=created + 86_400,
+                request_counts={"total": 0, "completed": 0, "failed": 0},
+                metadata=metadata,
+            )
+            self.batches[batch_id] = BatchJob(data, self.gate.plan)
+            self.ledger.batches.append({"id": batch_id, "metadata": metadata, "created_at": created})
+            return dict(data), self.gate.create_delay()
+
+    def _batch_input(self, body: Mapping[str, Any]) -> StoredFile:
+        if body.get("endpoint") != "/v1/embeddings":
+            raise ApiError(400, "This emulator serves only the /v1/embeddings endpoint.", param="endpoint")
+        if body.get("completion_window") != "24h":
+            raise ApiError(400, "completion_window must be '24h'.", param="completion_window")
+        input_file = self.files.get(str(body.get("input_file_id")))
+        if input_file is None or input_file.is_deleted or input_file.purpose != "batch":
+            raise ApiError(400, f"No batch input file {body.get('input_file_id')}.", param="input_file_id")
+        return input_file
+
+    def retrieve_batch(self, batch_id: str) -> dict[str, Any]:
+        """Each retrieve is one tick of the emulated clock; the batch steps every `polls_per_step` ticks."""
+        with self.lock:
+            job = self._job(batch_id)
+            job.polls += 1
+            if job.plan.polls_per_step <= 0:
+                while job.data["status"] in STEPPING:
+                    self._advance(job)
+            elif job.polls % job.plan.polls_per_step == 0:
+                self._advance(job)
+            return dict(job.data)
+
+    def list_batches(self, after: str | None, limit: int) -> dict[str, Any]:
+        """Newest first; `after` is the last id of the previous page."""
+        if not 1 <= limit <= 100:
+            raise ApiError(400, "limit must be between 1 and 100.", param="limit")
+        with self.lock:
+            ids = list(reversed(self.batches))
+            if after is not None and after not in ids:
+                raise ApiError(400, f"No such batch: {after}", param="after")
+            start = 0 if after is None else ids.index(after) + 1
+            page = [dict(self.batches[batch_id].data) for batch_id in ids[start : start + limit]]
+        first, last = (page[0]["id"], page[-1]["id"]) if page else (None, None)
+        more = start + limit < len(ids)
+        return {"object": "list", "data": page, "first_id": first, "last_id": last, "has_more": more}
+
+    def cancel_batch(self, batch_id: str) -> dict[str, Any]:
+        with self.lock:
+            job = self._job(batch_id)
+            status = job.data["status"]
+            if status in ("validating", "in_progress"):
+                job.data.update(status="cancelling", cancelling_at=_now())
+            elif status not in ("cancelling", "cancelled"):
+                raise ApiError(400, f"Cannot cancel a batch with status '{status}'.")
+            return dict(job.data)
+
+    def _job(self, batch_id: str) -> BatchJob:
+        if batch_id not in self.batches:
+            raise ApiError(404, f"No batch found with id '{batch_id}'.", param="batch_id")
+        return self.batches[batch_id]
+
+    def _advance(self, job: BatchJob) -> None:
+        status = job.data["status"]
+        if status == "validating":
+            self._validate(job)
+        elif status == "in_progress":
+            self._run(job)
+        elif status == "finalizing":
+            self._close(job, "completed")
+        elif status == "cancelling":
+            if job.outputs is None:
+                job.requests = job.requests or self._input(job)[0]
+                self._execute(job, job.plan.cancel_after or 0, "batch_cancelled")
+            self._close(job, "cancelled")
+
+    def _input(self, job: BatchJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return parse_batch_input(self.files[job.data["input_file_id"]].content, job.data["endpoint"])
+
+    def _validate(self, job: BatchJob) -> None:
+        requests, errors = self._input(job)
+        if job.plan.fail_validation and not errors:
+            errors = [line_error(1, "invalid_request", "The request on this line failed validation.")]
+        if errors:
+            job.data.update(status="failed", failed_at=_now(), errors={"object": "list", "data": errors})
+            return
+        job.requests = requests
+        job.data.update(status="in_progress", in_progress_at=_now(), model=requests[0]["body"].get("model"))
+        job.data["request_counts"] = {"total": len(requests), "completed": 0, "failed": 0}
+
+    def _run(self, job: BatchJob) -> None:
+        plan = job.plan
+        if plan.expire_after is not None:
+            self._execute(job, plan.expire_after, "batch_expired")
+            self._close(job, "expired")
+        elif plan.cancel_after is not None:
+            self._execute(job, plan.cancel_after, "batch_cancelled")
+            job.data.update(status="cancelling", cancelling_at=_now())
+        else:
+            self._execute(job, len(job.requests), "batch_expired")
+            job.data.update(status="finalizing", finalizing_at=_now())
+
+    def _execute(self, job: BatchJob, limit: int, unfinished_code: str) -> None:
+        """Run the first `limit` requests; the rest come back as unfinished lines with `unfinished_code`."""
+        outputs, failures, tokens = [], [], 0
+        for position, request in enumerate(job.requests):
+            if position >= limit:
+                failures.append(_unfinished_line(request, unfinished_code))
+                continue
+            try:
+                body = self.embeddings(request["body"], batch_id=job.id, plan=job.plan)
+            except ApiError as exc:
+                failures.append(_result_line(request, exc.status, exc.body()))
+                continue
+            outputs.append(_result_line(request, 200, body))
+            tokens += body["usage"]["prompt_tokens"]
+        job.outputs, job.failures = outputs, failures
+        job.data["request_counts"] = {
+            "total": len(job.requests),
+            "completed": len(outputs),
+            "failed": len(failures),
+        }
+        job.data["usage"] = {
+            "input_tokens": tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 0,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": tokens,
+        }
+
+    def _close(self, job: BatchJob, status: str) -> None:
+        """Write the output and error files and enter the terminal `status`."""
+        if job.outputs:
+            lines = shape_output(job.outputs, job.plan, job.id)
+            output = self._store(f"{job.id}_output.jsonl", _jsonl(lines), "batch_output")
+            output.is_deleted = job.plan.delete_output
+            job.data["output_file_id"] = output.id
+        if job.failures:
+            errors = self._store(f"{job.id}_error.jsonl", _jsonl(job.failures), "batch_output")
+            job.data["error_file_id"] = errors.id
+        job.data.update({"status": status, f"{status}_at": _now()})
+
+
+def _jsonl(lines: list[str]) -> bytes:
+    return "".join(f"{line}\n" for line in lines).encode()
+
+
+def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """Form fields as name -> (filename, bytes); enough of RFC 7578 for the SDK's uploads."""
+    boundary = _header_param(content_type, "boundary")
+    if not content_type.startswith("multipart/form-data") or not boundary:
+        raise ApiError(400, "Expected a multipart/form-data body.")
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in body.split(b"--" + boundary.encode())[1:-1]:
+        head, _, content = part.removeprefix(b"\r\n").partition(b"\r\n\r\n")
+        lines = head.decode("utf-8", errors="replace").split("\r\n")
+        disposition = next((line for line in lines if line.lower().startswith("content-disposition")), "")
+        name = _header_param(disposition, "name")
+        if name:
+            fields[name] = (_header_param(disposition, "filename"), content.removesuffix(b"\r\n"))
+    return fields
+
+
+def _header_param(header: str, name: str) -> str | None:
+    match = re.search(rf'(?:^|;)\s*{name}="?([^";]*)"?', header)
+    return match.group(1) if match else None
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    try:
+        body = json.loads(await request.body())
+    except json.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
+        raise ApiError(400, "We could not parse the JSON body of your request.")
+    return body
+
+
+async def _threaded(function: Callable[..., Any], *args: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(function, *args)
+
+
+async def _embeddings(state: EmulatorState, request: Request) -> Any:
+    return await _threaded(state.embeddings, await _json(request))
+
+
+async def _create_file(state: EmulatorState, request: Request) -> Any:
+    fields = parse_multipart(request.headers.get("content-type", ""), await request.body())
+    filename, content = fields.get("file", (None, b""))
+    return state.create_file(filename or "upload", content, fields.get("purpose", (None, b""))[1].decode())
+
+
+async def _create_batch(state: EmulatorState, request: Request) -> Any:
+    batch, delay = state.create_batch(await _json(request))
+    await asyncio.sleep(delay)
+    return batch
+
+
+async def _list_batches(state: EmulatorState, request: Request) -> Any:
+    limit = request.query_params.get("limit", "20")
+    if not limit.isdigit():
+        raise ApiError(400, "limit must be an integer.", param="limit")
+    return state.list_batches(request.query_params.get("after"), int(limit))
+
+
+async def _set_faults(state: EmulatorState, request: Request) -> Any:
+    plan = FaultPlan.from_mapping(await _json(request))
+    state.set_faults(plan)
+    return plan.describe()
+
+
+def _file_id(request: Request) -> str:
+    return str(request.path_params["file_id"])
+
+
+def _batch_id(request: Request) -> str:
+    return str(request.path_params["batch_id"])
+
+
+# method, path, route name for the fault gate (None: never refused), handler (sync or async)
+ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
+    ("POST", "/v1/embeddings", "embeddings", _embeddings),
+    ("POST", "/v1/files", "files", _create_file),
+    ("GET", "/v1/files/{file_id}", "files", lambda state, r: state.file(_file_id(r)).describe()),
+    ("GET", "/v1/files/{file_id}/content", "files", lambda state, r: state.file(_file_id(r)).content),
+    ("DELETE", "/v1/files/{file_id}", "files", lambda state, r: state.delete_file(_file_id(r))),
+    ("POST", "/v1/batches", "batch_create", _create_batch),
+    ("GET", "/v1/batches", "batch_list", _list_batches),
+    (
+        "GET",
+        "/v1/batches/{batch_id}",
+        "batch_retrieve",
+        lambda s, r: _threaded(s.retrieve_batch, _batch_id(r)),
+    ),
+    ("POST", "/v1/batches/{batch_id}/cancel", "batch_cancel", lambda s, r: s.cancel_batch(_batch_id(r))),
+    ("POST", "/_emulator/faults", None, _set_faults),
+    ("GET", "/_emulator/stats", None, lambda state, r: state.stats()),
+]
+
+
+def create_app(embedder: Embedder, faults: FaultPlan | None = None) -> FastAPI:
+    """The emulator as an ASGI app; its state is at `app.state.emulator`."""
+    return _build_app(EmulatorState(embedder, faults or FaultPlan()))
+
+
+def _build_app(state: EmulatorState) -> FastAPI:
+    try:
+        from fastapi import FastAPI
+    except ImportError as exc:
+        raise MissingDependency("fastapi", extra="emulator") from exc
+    app = FastAPI(title="OpenAI API emulator", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.emulator = state
+    for method, path, route, handler in ROUTE_TABLE:
+        app.add_route(path, _endpoint(state, route, handler), methods=[method])
+    return app
+
+
+def _endpoint(
+    state: EmulatorState, route: str | None, handler: Handler
+) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        from starlette.responses import JSONResponse, Response
+
+        try:
+            if route is not None:
+                state.admit(route, _client(request))
+            result = handler(state, request)
+            result = await result if asyncio.iscoroutine(result) else result
+        except ApiError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        if isinstance(result, bytes):
+            return Response(result, media_type="application/octet-stream")
+        return JSONResponse(result)
+
+    return endpoint
+
+
+def _client(request: Request) -> str:
+    """Clients are told apart by their API key, as the real rate limits are."""
+    return request.headers.get("authorization", "").removeprefix("Bearer ").strip() or "anonymous"
+
+
+class Emulator:
+    """The emulator served by uvicorn on a free local port, in a background thread.
+
+    with Emulator(HashEmbedder()) as emu:
+        client = OpenAI(base_url=emu.base_url, api_key="test", max_retries=0)
+    """
+
+    def __init__(
+        self, embedder: Embedder, faults: FaultPlan | None = None, *, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        self.state = EmulatorState(embedder, faults or FaultPlan())
+        self.app = _build_app(self.state)
+        self.host = host
+        self.port = port  # 0: a free port, known once started
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def __enter__(self) -> Emulator:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 10.0) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", ws="none", timeout_graceful_shutdown=1
+        )
+        listener = socket.create_server((self.host, self.port))
+        self.port = int(listener.getsockname()[1])
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._serve, args=(self._server, listener), name="openai-emulator", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise BackendError(f"the OpenAI emulator did not start on {self.base_url}")
+            time.sleep(0.01)
+
+    @staticmethod
+    def _serve(server: uvicorn.Server, listener: socket.socket) -> None:
+        with listener:
+            server.run(sockets=[listener])
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+    def stats(self) -> dict[str, Any]:
+        return self.state.stats()
+
+    def set_faults(self, plan: FaultPlan) -> None:
+        self.state.set_faults(plan)
+
+
+def _load_embedder(model: str, dim: int) -> Embedder:
+    if model == "hash":
+        from adapters.memory import HashEmbedder
+
+        return HashEmbedder(dim=dim)
+    from reindex.registry import build
+
+    embedder: Embedder = build("embedder", {"kind": "sentence-transformers", "model": model})
+    return embedder
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the emulator until interrupted: `python -m adapters.openai_emulator --port 8089 --model hash`."""
+    parser = argparse.ArgumentParser(prog="python -m adapters.openai_emulator", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--model", default="hash", help='a sentence-transformers model path, or "hash"')
+    parser.add_argument("--dim", type=int, default=1536, help="vector size of the hash model")
+    parser.add_argument("--polls-per-step", type=int, default=1, help="batch retrieves per status step")
+    args = parser.parse_args(argv)
+    import uvicorn
+
+    app = create_app(_load_embedder(args.model, args.dim), FaultPlan(polls_per_step=args.polls_per_step))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()
