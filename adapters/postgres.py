@@ -1,0 +1,1052 @@
+"""Postgres source (keyset scan of a table or view) and pgvector sink (target = table, alias = view).
+
+Cutover is one transaction: DROP VIEW + CREATE VIEW under `SET LOCAL lock_timeout`, retried with backoff.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import re
+import struct
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from reindex.errors import BackendError, ConfigError, CutoverRefused, MissingDependency, TransientError
+from reindex.ports import (
+    AliasInfo,
+    Column,
+    Distance,
+    IndexEntry,
+    Record,
+    Rows,
+    SourceSchema,
+    TargetInfo,
+    TargetSpec,
+    Vectors,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg import sql
+
+    Connection = psycopg.Connection[tuple[Any, ...]]
+
+MAX_IDENTIFIER_BYTES = 63  # Postgres truncates longer names silently: refuse them instead
+_OPCLASSES: dict[Distance, str] = {
+    "cosine": "vector_cosine_ops",
+    "dot": "vector_ip_ops",
+    "euclid": "vector_l2_ops",
+}
+_DISTANCES: dict[str, Distance] = {"_cosine_ops": "cosine", "_ip_ops": "dot", "_l2_ops": "euclid"}
+_PRIVILEGES = frozenset(
+    {"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER", "MAINTAIN"}
+)
+_RESERVED = ("reindex_fingerprint", "reindex_content_hash")
+_TEXT_OID = 25
+_cursor_names = itertools.count()
+
+
+class _DsnConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dsn: str | None = None
+    dsn_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_dsn(self) -> Self:
+        if (self.dsn is None) == (self.dsn_env is None):
+            raise ValueError("set exactly one of dsn and dsn_env")
+        return self
+
+    def resolved_dsn(self, section: str) -> str:
+        if self.dsn is not None:
+            return self.dsn
+        value = os.environ.get(str(self.dsn_env))
+        if not value:
+            raise ConfigError(
+                f"environment variable {self.dsn_env} is not set",
+                hint=f"export {self.dsn_env}=postgresql://... or set [{section}] dsn",
+            )
+        return value
+
+
+class PostgresSource:
+    """Reads a table or view page by page (`WHERE id > cursor ORDER BY id LIMIT n`): memory stays flat."""
+
+    class Config(_DsnConfig):
+        kind: Literal["postgres"]
+        table: str
+        id_column: str = "id"
+        text_column: str = "body"
+        vector_column: str | None = None
+        page_size: int = Field(default=1000, ge=1)
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        table: str,
+        id_column: str = "id",
+        text_column: str = "body",
+        vector_column: str | None = None,
+        page_size: int = 1000,
+    ) -> None:
+        self._db = _Database(dsn, "source", vectors=False)
+        self.table = table
+        self.page_size = page_size
+        with self._db.setup() as conn:
+            self._shape = _read_source_shape(conn, table, id_column, text_column, vector_column)
+
+    @classmethod
+    def from_config(cls, config: Config) -> PostgresSource:
+        return cls(
+            config.resolved_dsn("source"),
+            table=config.table,
+            id_column=config.id_column,
+            text_column=config.text_column,
+            vector_column=config.vector_column,
+            page_size=config.page_size,
+        )
+
+    def schema(self) -> SourceSchema:
+        shape = self._shape
+        return SourceSchema(
+            id_field=shape.key.name,
+            text_field=shape.text.name,
+            vector_field=shape.vector.name if shape.vector else None,
+            columns=tuple(Column(a.name, a.type) for a in shape.columns),
+            distance=shape.distance,
+        )
+
+    def count(self) -> int | None:
+        from psycopg import sql
+
+        with self._db.errors():
+            row = self._db.connection().execute(
+                sql.SQL("SELECT count(*) FROM {}").format(_identifier(self.table))
+            )
+            return int(_one(row.fetchone()))
+
+    def scan(self, after: str | None = None) -> Iterator[Record]:
+        while True:
+            page = self._page(after)
+            yield from page
+            if len(page) < self.page_size:
+                return
+            after = page[-1].id
+
+    def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
+        from psycopg import sql
+
+        key = self._shape.key
+        where = sql.SQL("WHERE {} = ANY(%s::{}[]) ORDER BY {}").format(key.ident, key.cast, key.ident)
+        with self._db.errors():
+            rows = self._db.connection().execute(self._select() + where, [list(ids)]).fetchall()
+        return iter([self._record(row) for row in rows])
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _page(self, after: str | None) -> list[Record]:
+        from psycopg import sql
+
+        key = self._shape.key
+        where = (
+            sql.SQL("WHERE {} > %s::{} ").format(key.ident, key.cast) if after is not None else sql.SQL("")
+        )
+        order = sql.SQL("ORDER BY {} LIMIT %s").format(key.ident)
+        params = [after, self.page_size] if after is not None else [self.page_size]
+        with self._db.errors():
+            rows = self._db.connection().execute(self._select() + where + order, params).fetchall()
+        return [self._record(row) for row in rows]
+
+    def _select(self) -> sql.Composed:
+        from psycopg import sql
+
+        names = sql.SQL(", ").join(a.ident for a in self._shape.columns)
+        return sql.SQL("SELECT {} FROM {} ").format(names, _identifier(self.table))
+
+    def _record(self, row: tuple[Any, ...]) -> Record:
+        payload = {a.name: value for a, value in zip(self._shape.columns, row, strict=True)}
+        text = payload[self._shape.text.name]
+        return Record(
+            id=str(payload[self._shape.key.name]), text="" if text is None else str(text), payload=payload
+        )
+
+
+class PgvectorSink:
+    """Targets are tables `<alias>__<fingerprint8>`; the alias is a view `SELECT * FROM <target>`."""
+
+    class Config(_DsnConfig):
+        kind: Literal["pgvector"]
+        alias: str
+        name: str | None = None
+        lock_timeout_ms: int = Field(default=2000, ge=1)
+        swap_attempts: int = Field(default=5, ge=1)
+        index: Literal["hnsw", "none"] = "hnsw"
+        maintenance_work_mem: str = "1GB"
+        hnsw_m: int = Field(default=16, ge=2)
+        hnsw_ef_construction: int = Field(default=64, ge=4)
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        lock_timeout_ms: int = 2000,
+        swap_attempts: int = 5,
+        build_index: bool = True,
+        maintenance_work_mem: str = "1GB",
+        hnsw_m: int = 16,
+        hnsw_ef_construction: int = 64,
+    ) -> None:
+        self._db = _Database(dsn, "target", vectors=True)
+        self.lock_timeout_ms = lock_timeout_ms
+        self.swap_attempts = swap_attempts
+        self.build_index = build_index
+        self.maintenance_work_mem = maintenance_work_mem
+        self.hnsw = (hnsw_m, hnsw_ef_construction)
+        self._layouts: dict[str, _Layout] = {}
+
+    @classmethod
+    def from_config(cls, config: Config) -> PgvectorSink:
+        return cls(
+            config.resolved_dsn("target"),
+            lock_timeout_ms=config.lock_timeout_ms,
+            swap_attempts=config.swap_attempts,
+            build_index=config.index == "hnsw",
+            maintenance_work_mem=config.maintenance_work_mem,
+            hnsw_m=config.hnsw_m,
+            hnsw_ef_construction=config.hnsw_ef_construction,
+        )
+
+    def prepare(self, spec: TargetSpec) -> None:
+        _identifier(spec.name)
+        self._layouts.pop(spec.name, None)
+        with self._db.transaction() as conn:
+            layout = _read_layout(conn, spec.name)
+            if layout is None:
+                _create_target(conn, spec)
+            else:
+                _check_same_target(spec, layout)
+
+    def write(self, target: str, rows: Rows) -> None:
+        """Upsert by id: binary COPY into a temporary stage, then one INSERT ... ON CONFLICT."""
+        from psycopg import sql
+
+        layout = self._layout(target)
+        if not rows.records:
+            return
+        with self._db.transaction() as conn:
+            binary, types = _copy_format(conn, layout)
+            copy = sql.SQL("COPY reindex_stage ({}) FROM STDIN (FORMAT {})").format(
+                sql.SQL(", ").join(a.ident for a in layout.columns), sql.SQL("BINARY" if binary else "TEXT")
+            )
+            conn.execute(
+                sql.SQL("CREATE TEMP TABLE reindex_stage (LIKE {}) ON COMMIT DROP").format(layout.ident)
+            )
+            with conn.cursor().copy(copy) as stream:
+                stream.set_types(types)
+                for values in _row_values(layout, rows):
+                    stream.write_row(values)
+            conn.execute(_upsert(layout))
+
+    def delete(self, target: str, ids: Sequence[str]) -> None:
+        from psycopg import sql
+
+        layout = self._layout(target)
+        statement = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::{}[])").format(
+            layout.ident, layout.key.ident, layout.key.cast
+        )
+        with self._db.errors():
+            self._db.connection().execute(statement, [list(ids)])
+
+    def finalize(self, spec: TargetSpec) -> None:
+        """Build the HNSW index after the load, ANALYZE, and carry the live table's grants over."""
+        from psycopg import sql
+
+        layout = self._layout(spec.name)
+        if self.build_index and layout.vector is not None:
+            self._build_index(layout, spec.source.distance)
+        with self._db.errors():
+            conn = self._db.connection()
+            conn.execute(sql.SQL("ANALYZE {}").format(layout.ident))
+            live = self._live_table(conn, spec.alias)
+            if live is not None and live != layout.oid:
+                _grant(conn, layout.ident, _grants_of(conn, live))
+
+    def describe(self, target: str) -> TargetInfo | None:
+        from psycopg import sql
+
+        _identifier(target)
+        with self._db.errors():
+            conn = self._db.connection()
+            layout = _read_layout(conn, target)
+            if layout is None:
+                return None
+            count = int(
+                _one(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(layout.ident)).fetchone())
+            )
+        dim = layout.vector.typmod if layout.vector is not None and layout.vector.typmod > 0 else None
+        return TargetInfo(target, count, dim, layout.meta.get("fingerprint"), layout.meta.get("model"))
+
+    def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
+        layout = self._layout(target)
+        name = f"reindex_scan_{next(_cursor_names)}"
+        with self._db.transaction() as conn, conn.cursor(name=name) as cursor:
+            cursor.itersize = 5000
+            cursor.execute(*_index_query(layout, dim))
+            for key, digest, fingerprint, problem in cursor:
+                yield IndexEntry(key, digest, fingerprint, problem)
+
+    def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
+        from psycopg import sql
+
+        layout = self._layout(target)
+        if layout.vector is None:
+            return {}
+        query = sql.SQL("SELECT {}::text, {} FROM {} WHERE {} = ANY(%s::{}[])").format(
+            layout.key.ident, layout.vector.ident, layout.ident, layout.key.ident, layout.key.cast
+        )
+        with self._db.errors():
+            rows = self._db.connection().execute(query, [list(ids)]).fetchall()
+        return {key: _as_vector(value) for key, value in rows if value is not None}
+
+    def alias(self, alias: str) -> AliasInfo:
+        _identifier(alias)
+        with self._db.errors():
+            return _resolve_alias(self._db.connection(), alias).info
+
+    def move_alias(
+        self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
+    ) -> str | None:
+        """Swap the view in one short transaction; a busy lock is retried, then refused (old target stays)."""
+        import psycopg
+
+        _identifier(alias)
+        _identifier(target)
+        with self._db.errors():
+            for attempt in range(1, self.swap_attempts + 1):
+                try:
+                    previous = self._swap(alias, target, expected, meta)
+                except psycopg.errors.LockNotAvailable:
+                    if attempt < self.swap_attempts:
+                        time.sleep(min(1.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.5))
+                    continue
+                self._read_back(alias, target)
+                return previous
+        raise CutoverRefused(
+            f"could not lock alias {alias!r} within {self.swap_attempts} x {self.lock_timeout_ms} ms",
+            hint="a long-running reader holds it; the old target is still live, retry the cutover later",
+        )
+
+    def targets(self, alias: str) -> list[str]:
+        parts = _split(alias)
+        schema = parts[0] if len(parts) == 2 else None
+        pattern = re.sub(r"([\\%_])", r"\\\1", parts[-1]) + r"\_\_%"
+        with self._db.errors():
+            rows = self._db.connection().execute(_TARGETS_SQL, [pattern, schema, schema]).fetchall()
+        ordered = sorted(rows, key=lambda row: (str(_json_object(row[3]).get("created_at", "")), row[0]))
+        return [f"{schema}.{relname}" if schema else relname for _, _, relname, _ in ordered]
+
+    def drop(self, target: str) -> None:
+        from psycopg import sql
+
+        _identifier(target)
+        self._layouts.pop(target, None)
+        with self._db.transaction() as conn:
+            oid = _regclass(conn, target)
+            if oid is None:
+                return
+            views = [row[0] for row in conn.execute(_DEPENDENT_VIEWS_SQL, [oid, oid]).fetchall()]
+            if views:
+                raise CutoverRefused(
+                    f"target {target!r} is still served by {', '.join(views)}",
+                    hint="move the alias to another target before pruning this one",
+                )
+            conn.execute(sql.SQL("DROP TABLE {}").format(_identifier(target)))
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _layout(self, target: str) -> _Layout:
+        if target not in self._layouts:
+            _identifier(target)
+            with self._db.errors():
+                layout = _read_layout(self._db.connection(), target)
+            if layout is None:
+                raise BackendError(f"target table {target!r} does not exist", hint="run prepare first")
+            self._layouts[target] = layout
+        return self._layouts[target]
+
+    def _build_index(self, layout: _Layout, distance: Distance) -> None:
+        from psycopg import sql
+
+        assert layout.vector is not None
+        statement = sql.SQL(
+            "CREATE INDEX ON {} USING hnsw ({} {}) WITH (m = {}, ef_construction = {})"
+        ).format(
+            layout.ident,
+            layout.vector.ident,
+            sql.SQL(_OPCLASSES[distance]),
+            sql.Literal(self.hnsw[0]),
+            sql.Literal(self.hnsw[1]),
+        )
+        with self._db.transaction() as conn:
+            if conn.execute(_HNSW_SQL, [layout.oid]).fetchone() is None:
+                conn.execute(
+                    "SELECT set_config('maintenance_work_mem', %s, true)", [self.maintenance_work_mem]
+                )
+                conn.execute(statement)
+
+    def _live_table(self, conn: Connection, alias: str) -> int | None:
+        resolved = _resolve_alias(conn, alias)
+        return resolved.oid if resolved.info.is_physical else resolved.target_oid
+
+    def _swap(self, alias: str, target: str, expected: str | None, meta: Mapping[str, Any]) -> str | None:
+        conn = self._db.connection()
+        with conn.transaction():
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"reindex alias {alias}"])
+            if _regclass(conn, target) is None:
+                raise CutoverRefused(f"target {target!r} does not exist")
+            resolved = _resolve_alias(conn, alias)
+            if resolved.info.is_physical:
+                return _adopt(conn, resolved, target, expected, meta)
+            if not _serves(conn, resolved, expected):
+                raise CutoverRefused(
+                    f"alias {alias!r} serves {resolved.info.target!r}, expected {expected!r}",
+                    hint="another cutover moved it meanwhile; check `reindex status`",
+                )
+            grants = _grants_of(conn, resolved.oid) if resolved.oid is not None else []
+            _replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)
+            return expected
+
+    def _read_back(self, alias: str, target: str) -> None:
+        conn = self._db.connection()
+        if _resolve_alias(conn, alias).target_oid != _regclass(conn, target):
+            raise BackendError(f"alias {alias!r} does not serve {target!r} after the swap")
+
+
+class _Database:
+    """One autocommit connection, reopened after a drop, and the adapter's only error translator."""
+
+    def __init__(self, dsn: str, section: str, *, vectors: bool) -> None:
+        self.dsn = dsn
+        self.section = section
+        self.vectors = vectors
+        self._conn: Connection | None = None
+        self._has_connected = False
+        self.connection()
+
+    def connection(self) -> Connection:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._open()
+        return self._conn
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        psycopg = _psycopg()
+        try:
+            yield
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise TransientError(
+                f"Postgres: {_first_line(exc)}",
+                hint="retry; a dropped connection is reopened on the next call",
+            ) from exc
+        except psycopg.Error as exc:
+            raise BackendError(f"Postgres: {_first_line(exc)}") from exc
+
+    @contextmanager
+    def setup(self) -> Iterator[Connection]:
+        """Translate errors, and close the connection when the adapter cannot be built."""
+        try:
+            with self.errors():
+                yield self.connection()
+        except BaseException:
+            self.close()
+            raise
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        with self.errors():
+            conn = self.connection()
+            with conn.transaction():
+                yield conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    def _open(self) -> Connection:
+        psycopg = _psycopg()
+        try:
+            conn: Connection = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            message = f"cannot connect to Postgres at {mask_dsn(self.dsn)}: {mask_dsn(_first_line(exc))}"
+            if self._has_connected:
+                raise TransientError(message) from None
+            raise ConfigError(message, hint=f"check [{self.section}] dsn") from None
+        self._has_connected = True
+        if self.vectors:
+            self._register_vector(conn)
+        return conn
+
+    def _register_vector(self, conn: Connection) -> None:
+        from pgvector.psycopg import register_vector
+
+        try:
+            register_vector(conn)
+        except _psycopg().ProgrammingError:
+            conn.close()
+            raise ConfigError(
+                "the vector extension is missing in the target database",
+                hint="run CREATE EXTENSION vector there",
+            ) from None
+        _register_packed_vectors(conn)
+
+
+@dataclass(frozen=True, slots=True)
+class _Attribute:
+    """One column as the catalog shows it."""
+
+    name: str
+    type: str  # format_type(): 'bigint', 'vector(8)'
+    type_name: tuple[str, str]  # (schema, name) of the type, for casts
+    oid: int
+    typmod: int
+
+    @property
+    def ident(self) -> sql.Identifier:
+        from psycopg import sql
+
+        return sql.Identifier(self.name)
+
+    @property
+    def cast(self) -> sql.Identifier:
+        from psycopg import sql
+
+        return sql.Identifier(*self.type_name)
+
+    @property
+    def is_vector(self) -> bool:
+        return self.type_name[1] == "vector"
+
+
+@dataclass(frozen=True, slots=True)
+class _SourceShape:
+    columns: tuple[_Attribute, ...]  # every non-vector column, in attnum order
+    key: _Attribute
+    text: _Attribute
+    vector: _Attribute | None
+    distance: Distance
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """A target table: its columns, key, vector column and the JSON comment prepare() wrote."""
+
+    name: str
+    oid: int
+    columns: tuple[_Attribute, ...]
+    key: _Attribute
+    vector: _Attribute | None
+    meta: dict[str, Any]
+
+    @property
+    def ident(self) -> sql.Identifier:
+        return _identifier(self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class _ResolvedAlias:
+    info: AliasInfo
+    oid: int | None  # the alias relation itself
+    relkind: str | None
+    target_oid: int | None
+
+
+_COLUMNS_SQL = """
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), n.nspname, t.typname, a.atttypid::int8, a.atttypmod
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace n ON n.oid = t.typnamespace
+WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum"""
+_BASE_TABLES_SQL = """
+SELECT DISTINCT d.refobjid::int8 FROM pg_rewrite r
+JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+WHERE r.ev_class = %s::oid AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> r.ev_class"""
+_DEPENDENT_VIEWS_SQL = """
+SELECT DISTINCT r.ev_class::regclass::text FROM pg_depend d
+JOIN pg_rewrite r ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = %s::oid AND r.ev_class <> %s::oid"""
+_OPCLASS_SQL = """
+SELECT o.opcname FROM pg_index i
+CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indclass::oid[]) AS k(attnum, opclass)
+JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+JOIN pg_opclass o ON o.oid = k.opclass
+WHERE i.indrelid = ANY(%s::oid[]) AND a.attname = %s"""
+_PRIMARY_KEY_SQL = """
+SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+WHERE i.indrelid = %s::oid AND i.indisprimary"""
+_HNSW_SQL = """
+SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
+WHERE i.indrelid = %s::oid AND am.amname = 'hnsw'"""
+_GRANTS_SQL = """
+SELECT CASE WHEN g.grantee = 0 THEN NULL ELSE pg_get_userbyid(g.grantee)::text END,
+       g.privilege_type, g.is_grantable
+FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) g
+WHERE c.oid = %s::oid AND g.grantee <> c.relowner"""
+_TARGETS_SQL = r"""
+SELECT c.oid::int8, n.nspname, c.relname, obj_description(c.oid, 'pg_class')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind IN ('r', 'p') AND c.relname LIKE %s ESCAPE '\'
+  AND ((%s::text IS NULL AND pg_table_is_visible(c.oid)) OR n.nspname = %s::text)"""
+
+
+def mask_dsn(text: str) -> str:
+    """Hide passwords in URI (`user:secret@`) and key/value (`password=secret`) DSNs."""
+    text = re.sub(r"(://[^:/@\s]*):[^@\s]*@", r"\1:***@", text)
+    return re.sub(r"(password\s*=\s*)[^\s&]+", r"\1***", text, flags=re.IGNORECASE)
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise MissingDependency("psycopg", extra="pgvector") from None
+    return psycopg
+
+
+def _split(name: str) -> tuple[str, ...]:
+    parts = tuple(name.split("."))
+    if len(parts) > 2 or not all(parts):
+        raise ConfigError(f"invalid name {name!r}", hint="use name or schema.name")
+    for part in parts:
+        if len(part.encode()) > MAX_IDENTIFIER_BYTES:
+            raise ConfigError(
+                f"name {part!r} is longer than {MAX_IDENTIFIER_BYTES} bytes",
+                hint="Postgres would truncate it; choose a shorter [target] name or alias",
+            )
+    return parts
+
+
+def _identifier(name: str) -> sql.Identifier:
+    from psycopg import sql
+
+    return sql.Identifier(*_split(name))
+
+
+def _one(row: tuple[Any, ...] | None) -> Any:
+    assert row is not None
+    return row[0]
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _regclass(conn: Connection, name: str) -> int | None:
+    quoted = _identifier(name).as_string(conn)
+    row = conn.execute("SELECT to_regclass(%s)::oid::int8", [quoted]).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _attributes(conn: Connection, oid: int) -> tuple[_Attribute, ...]:
+    rows = conn.execute(_COLUMNS_SQL, [oid]).fetchall()
+    return tuple(
+        _Attribute(name, kind, (nsp, typ), int(toid), int(mod)) for name, kind, nsp, typ, toid, mod in rows
+    )
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _comment(conn: Connection, oid: int) -> dict[str, Any]:
+    return _json_object(_one(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", [oid]).fetchone()))
+
+
+def _base_tables(conn: Connection, oid: int) -> list[int]:
+    return [int(row[0]) for row in conn.execute(_BASE_TABLES_SQL, [oid]).fetchall()]
+
+
+def _read_source_shape(
+    conn: Connection, table: str, id_column: str, text_column: str, vector_column: str | None
+) -> _SourceShape:
+    oid = _regclass(conn, table)
+    if oid is None:
+        raise ConfigError(
+            f"table or view {table!r} not found", hint="check [source] table and dsn (schema.table)"
+        )
+    attributes = {a.name: a for a in _attributes(conn, oid)}
+    for option, column in (
+        ("id_column", id_column),
+        ("text_column", text_column),
+        ("vector_column", vector_column),
+    ):
+        if column is not None and column not in attributes:
+            raise ConfigError(
+                f"column {column!r} not found in {table!r}",
+                hint=f"check [source] {option}; columns: {', '.join(attributes)}",
+            )
+    vector = _pick_vector(table, attributes, vector_column)
+    distance = _detect_distance(conn, oid, vector.name) if vector else "cosine"
+    columns = tuple(a for a in attributes.values() if not a.is_vector)
+    return _SourceShape(columns, attributes[id_column], attributes[text_column], vector, distance)
+
+
+def _pick_vector(table: str, attributes: dict[str, _Attribute], name: str | None) -> _Attribute | None:
+    if name is not None:
+        if not attributes[name].is_vector:
+            raise ConfigError(
+                f"column {name!r} of {table!r} is not a vector", hint="check [source] vector_column"
+            )
+        return attributes[name]
+    vectors = [a for a in attributes.values() if a.is_vector]
+    if len(vectors) > 1:
+        raise ConfigError(f"{table!r} has several vector columns", hint="set [source] vector_column")
+    return vectors[0] if vectors else None
+
+
+def _detect_distance(conn: Connection, oid: int, column: str) -> Distance:
+    """Read the metric from the ANN index opclass (the table's, or the base table's for a view)."""
+    relations = [oid, *_base_tables(conn, oid)]
+    for (opclass,) in conn.execute(_OPCLASS_SQL, [relations, column]).fetchall():
+        for suffix, distance in _DISTANCES.items():
+            if str(opclass).endswith(suffix):
+                return distance
+    return "cosine"
+
+
+def _read_layout(conn: Connection, name: str) -> _Layout | None:
+    oid = _regclass(conn, name)
+    if oid is None:
+        return None
+    columns = _attributes(conn, oid)
+    by_name = {a.name: a for a in columns}
+    primary = [row[0] for row in conn.execute(_PRIMARY_KEY_SQL, [oid]).fetchall()]
+    key = by_name[primary[0]] if len(primary) == 1 else by_name.get("id", columns[0])
+    vector = next((a for a in columns if a.is_vector), None)
+    return _Layout(name, oid, columns, key, vector, _comment(conn, oid))
+
+
+def _check_same_target(spec: TargetSpec, layout: _Layout) -> None:
+    found = (layout.meta.get("fingerprint"), layout.meta.get("dim"))
+    if found != (spec.fingerprint, spec.dim):
+        raise ConfigError(
+            f"target {spec.name!r} exists with fingerprint {found[0]} and dim {found[1]}",
+            hint="choose another [target] name",
+        )
+
+
+def _create_target(conn: Connection, spec: TargetSpec) -> None:
+    from psycopg import sql
+
+    ident = _identifier(spec.name)
+    definitions = _schema_columns(conn, spec) if spec.source.columns else _schemaless_columns(spec)
+    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, sql.SQL(", ").join(definitions)))
+    meta = {
+        "fingerprint": spec.fingerprint,
+        "dim": spec.dim,
+        "alias": spec.alias,
+        "model": dict(spec.model),
+        "distance": spec.source.distance,
+        "created_at": datetime.now(UTC).isoformat(),
+        "schemaless": not spec.source.columns,
+        "id_field": spec.source.id_field,
+        "text_field": spec.source.text_field,
+    }
+    conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(ident, sql.Literal(json.dumps(meta))))
+
+
+def _schema_columns(conn: Connection, spec: TargetSpec) -> list[sql.Composable]:
+    """The source's columns with the same names and types, so the alias stays a drop-in replacement."""
+    from psycopg import sql
+
+    names = [c.name for c in spec.source.columns]
+    vector = spec.source.vector_field or "embedding"
+    if spec.source.id_field not in names:
+        raise ConfigError(f"id column {spec.source.id_field!r} is not among the source columns")
+    if vector in names or set(_RESERVED) & set(names):
+        raise ConfigError(f"source columns clash with {vector!r} or {', '.join(_RESERVED)}")
+    definitions: list[sql.Composable] = []
+    for column in spec.source.columns:
+        key = sql.SQL(" PRIMARY KEY" if column.name == spec.source.id_field else "")
+        definitions.append(
+            sql.SQL("{} {}{}").format(sql.Identifier(column.name), _checked_type(conn, column.type), key)
+        )
+    return [*definitions, _vector_column(vector, spec.dim), *_reindex_columns()]
+
+
+def _schemaless_columns(spec: TargetSpec) -> list[sql.Composable]:
+    from psycopg import sql
+
+    text = sql.SQL("{} text").format(sql.Identifier(spec.source.text_field))
+    return [
+        sql.SQL("id text PRIMARY KEY"),
+        text,
+        sql.SQL("payload jsonb"),
+        _vector_column("embedding", spec.dim),
+        *_reindex_columns(),
+    ]
+
+
+def _vector_column(name: str, dim: int) -> sql.Composable:
+    from psycopg import sql
+
+    return sql.SQL("{} vector({})").format(sql.Identifier(name), sql.Literal(int(dim)))
+
+
+def _reindex_columns() -> list[sql.Composable]:
+    from psycopg import sql
+
+    return [sql.SQL("{} text NOT NULL").format(sql.Identifier(name)) for name in _RESERVED]
+
+
+def _checked_type(conn: Connection, type_text: str) -> sql.Composable:
+    """Accept a type name only if this server parses it as a type (it is then safe to splice)."""
+    from psycopg import sql
+
+    psycopg = _psycopg()
+    try:
+        with conn.transaction():
+            found = _one(conn.execute("SELECT to_regtype(%s)", [type_text]).fetchone())
+    except psycopg.Error:
+        found = None
+    if found is None:
+        raise ConfigError(
+            f"type {type_text!r} does not exist in the target database",
+            hint="create the type there (or install its extension) first",
+        )
+    return sql.SQL(type_text)
+
+
+def _copy_format(conn: Connection, layout: _Layout) -> tuple[bool, list[int]]:
+    """Binary COPY when every column type has a binary dumper; else text, unknown types passed as text."""
+    binary = all(_has_dumper(conn, a.oid, binary=True) for a in layout.columns)
+    return binary, [a.oid if _has_dumper(conn, a.oid, binary=binary) else _TEXT_OID for a in layout.columns]
+
+
+def _has_dumper(conn: Connection, oid: int, *, binary: bool) -> bool:
+    from psycopg.pq import Format
+
+    try:
+        conn.adapters.get_dumper_by_oid(oid, Format.BINARY if binary else Format.TEXT)
+    except _psycopg().ProgrammingError:
+        return False
+    return True
+
+
+def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
+    from psycopg.types.json import Jsonb
+
+    is_schemaless = bool(layout.meta.get("schemaless"))
+    text_field = str(layout.meta.get("text_field", ""))
+    vector_name = layout.vector.name if layout.vector else ""
+    vectors = np.ascontiguousarray(rows.vectors, dtype=np.float32)
+    for i, record in enumerate(rows.records):
+        fixed = {
+            "reindex_fingerprint": rows.fingerprint,
+            "reindex_content_hash": rows.content_hashes[i],
+            vector_name: vectors[i],
+        }
+        if is_schemaless:
+            fixed |= {
+                layout.key.name: record.id,
+                text_field: record.text,
+                "payload": Jsonb(dict(record.payload), dumps=_json_dumps),
+            }
+        else:
+            fixed |= {
+                layout.key.name: record.payload.get(layout.key.name, record.id),
+                text_field: record.payload.get(text_field, record.text),
+            }
+        yield tuple(fixed[a.name] if a.name in fixed else record.payload.get(a.name) for a in layout.columns)
+
+
+def _json_dumps(value: Any) -> str:
+    try:
+        return json.dumps(value, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_json_safe(value), default=str)
+
+
+def _json_safe(value: Any) -> Any:
+    """jsonb rejects NaN and infinity: store them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _upsert(layout: _Layout) -> sql.Composed:
+    from psycopg import sql
+
+    names = sql.SQL(", ").join(a.ident for a in layout.columns)
+    updates = sql.SQL(", ").join(
+        sql.SQL("{} = EXCLUDED.{}").format(a.ident, a.ident) for a in layout.columns if a != layout.key
+    )
+    return sql.SQL(
+        "INSERT INTO {} ({}) SELECT {} FROM reindex_stage ON CONFLICT ({}) DO UPDATE SET {}"
+    ).format(layout.ident, names, names, layout.key.ident, updates)
+
+
+def _index_query(layout: _Layout, dim: int) -> tuple[sql.Composed, list[int]]:
+    """Vector sanity computed by the server: pgvector stores no NaN, so wrong dims and zeros remain."""
+    from psycopg import sql
+
+    present = {a.name for a in layout.columns}
+    digest, fingerprint = (sql.Identifier(n) if n in present else sql.NULL for n in _RESERVED[::-1])
+    problem: sql.Composable = sql.SQL("'dimension'")
+    if layout.vector is not None:
+        problem = sql.SQL(
+            "CASE WHEN {v} IS NULL OR vector_dims({v}) <> %s THEN 'dimension'"
+            " WHEN vector_norm({v}) = 0 THEN 'zero' END"
+        ).format(v=layout.vector.ident)
+    query = sql.SQL("SELECT {}::text, {}, {}, {} FROM {}").format(
+        layout.key.ident, digest, fingerprint, problem, layout.ident
+    )
+    return query, [dim] if layout.vector is not None else []
+
+
+def _register_packed_vectors(conn: Connection) -> None:
+    """Dump numpy rows straight to pgvector's binary format (4-byte header, big-endian float32)."""
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class PackedVectorDumper(Dumper):
+        format = Format.BINARY
+        oid = conn.adapters.types["vector"].oid
+
+        def dump(self, obj: Any) -> bytes:
+            vector = np.asarray(obj, dtype=">f4")
+            return struct.pack(">HH", vector.shape[0], 0) + vector.tobytes()
+
+    conn.adapters.register_dumper(np.ndarray, PackedVectorDumper)
+
+
+def _as_vector(value: Any) -> Vectors:
+    array = value.to_numpy() if hasattr(value, "to_numpy") else value
+    return np.asarray(array, dtype=np.float32).copy()
+
+
+def _resolve_alias(conn: Connection, alias: str) -> _ResolvedAlias:
+    oid = _regclass(conn, alias)
+    if oid is None:
+        return _ResolvedAlias(AliasInfo(alias, None), None, None, None)
+    relkind = str(
+        _one(conn.execute("SELECT relkind::text FROM pg_class WHERE oid = %s::oid", [oid]).fetchone())
+    )
+    if relkind != "v":
+        return _ResolvedAlias(AliasInfo(alias, None, is_physical=True), oid, relkind, None)
+    bases = _base_tables(conn, oid)
+    if len(bases) != 1:
+        raise BackendError(
+            f"view {alias!r} reads {len(bases)} tables, not one target",
+            hint="point [target] alias at a view this tool manages",
+        )
+    meta = _comment(conn, oid)
+    info = AliasInfo(
+        alias,
+        _display_name(conn, bases[0], qualified="." in alias),
+        fingerprint=meta.get("fingerprint"),
+        model=meta.get("model"),
+    )
+    return _ResolvedAlias(info, oid, relkind, bases[0])
+
+
+def _serves(conn: Connection, resolved: _ResolvedAlias, expected: str | None) -> bool:
+    if expected is None or resolved.target_oid is None:
+        return expected is None and resolved.target_oid is None
+    return resolved.target_oid == _regclass(conn, expected)
+
+
+def _display_name(conn: Connection, oid: int, *, qualified: bool) -> str:
+    row = conn.execute(
+        "SELECT n.nspname, c.relname, pg_table_is_visible(c.oid) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s::oid",
+        [oid],
+    ).fetchone()
+    assert row is not None
+    schema, relname, is_visible = row
+    return f"{schema}.{relname}" if qualified or not is_visible else str(relname)
+
+
+def _adopt(
+    conn: Connection, resolved: _ResolvedAlias, target: str, expected: str | None, meta: Mapping[str, Any]
+) -> str:
+    """First cutover onto a real table: rename it `<alias>__adopted` and put the view in its place."""
+    from psycopg import sql
+
+    alias = resolved.info.alias
+    adopted = f"{alias}__adopted"
+    _split(adopted)
+    if resolved.relkind not in ("r", "p") or expected not in (None, alias):
+        raise CutoverRefused(
+            f"alias {alias!r} is a physical relation, expected {expected!r}",
+            hint="only a plain table can be adopted, once, with no expected target",
+        )
+    if _regclass(conn, adopted) is not None:
+        raise CutoverRefused(f"cannot adopt {alias!r}: {adopted!r} already exists")
+    assert resolved.oid is not None
+    grants = _grants_of(conn, resolved.oid)
+    conn.execute(
+        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_identifier(alias), sql.Identifier(_split(adopted)[-1]))
+    )
+    _replace_view(conn, alias, target, meta, grants, drop=False)
+    return adopted
+
+
+def _replace_view(
+    conn: Connection,
+    alias: str,
+    target: str,
+    meta: Mapping[str, Any],
+    grants: list[tuple[str | None, str, bool]],
+    *,
+    drop: bool,
+) -> None:
+    """DROP + CREATE, not CREATE OR REPLACE: that refuses a vector(1536) → vector(384) change."""
+    from psycopg import sql
+
+    view = _identifier(alias)
+    if drop:
+        conn.execute(sql.SQL("DROP VIEW {}").format(view))
+    conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(view, _identifier(target)))
+    _grant(conn, view, grants)
+    conn.execute(
+        sql.SQL("COMMENT ON VIEW {} IS {}").format(view, sql.Literal(json.dumps(dict(meta), default=str)))
+    )
+
+
+def _grants_of(conn: Connection, oid: int) -> list[tuple[str | None, str, bool]]:
+    return [
+        (role, str(privilege), bool(grantable))
+        for role, privilege, grantable in conn.execute(_GRANTS_SQL, [oid]).fetchall()
+    ]
+
+
+def _grant(conn: Connection, relation: sql.Identifier, grants: list[tuple[str | None, str, bool]]) -> None:
+    from psycopg import sql
+
+    for role, privilege, grantable in grants:
+        if privilege not in _PRIVILEGES:
+            continue
+        grantee = sql.SQL("PUBLIC") if role is None else sql.Identifier(role)
+        option = sql.SQL(" WITH GRANT OPTION" if grantable else "")
+        conn.execute(sql.SQL("GRANT {} ON {} TO {}{}").format(sql.SQL(privilege), relation, grantee, option))
