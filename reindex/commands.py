@@ -131,13 +131,19 @@ def run(
     on_progress: Callable[[Progress], None] | None = None,
 ) -> RunReport:
     """Backfill the target from the source; rerunning resumes after the last written shard."""
-    with open_migration(config) as m:
-        ledger = open_ledger(config)
-        try:
-            with ledger.lease(m.plan_id):
-                return _run(m, ledger, stop, on_start, on_progress)
-        finally:
-            ledger.close()
+    with _leased(config) as ledger, open_migration(config) as m:
+        return _run(m, ledger, stop, on_start, on_progress)
+
+
+@contextmanager
+def _leased(config: Config) -> Iterator[SqliteLedger]:
+    """Open the ledger and hold the migration's lease before any backend is opened (one writer at a time)."""
+    ledger = open_ledger(config)
+    try:
+        with ledger.lease(config.identity()):
+            yield ledger
+    finally:
+        ledger.close()
 
 
 def _run(
@@ -401,13 +407,8 @@ def dlq_list(config: Config) -> DeadLetterReport:
 
 def dlq_retry(config: Config) -> DeadLetterReport:
     """Re-read dead-lettered documents from the source and try them again (after a fix or policy change)."""
-    with open_migration(config) as m:
-        ledger = open_ledger(config)
-        try:
-            with ledger.lease(m.plan_id):
-                return _retry(m, ledger)
-        finally:
-            ledger.close()
+    with _leased(config) as ledger, open_migration(config) as m:
+        return _retry(m, ledger)
 
 
 def _retry(m: Migration, ledger: SqliteLedger) -> DeadLetterReport:
