@@ -14,7 +14,7 @@ from reindex import registry
 from reindex.config import Config
 from reindex.errors import ConfigError, CutoverRefused, ReindexError, VerificationFailed
 from reindex.fingerprint import target_name
-from reindex.ledger import RunSummary, SqliteLedger
+from reindex.ledger import Ledger, RunSummary, SqliteLedger
 from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate
 from reindex.ports import Embedder, Sink, Source, TargetSpec
@@ -67,10 +67,13 @@ def _open(opened: list[Any], role: registry.Role, section: dict[str, Any]) -> An
     return adapter
 
 
-def open_ledger(config: Config) -> SqliteLedger:
-    if config.run.state.startswith(("postgres://", "postgresql://")):
-        raise ConfigError("a Postgres ledger is not available in this version", hint="use a SQLite path")
-    return SqliteLedger(config.run.state)
+def open_ledger(config: Config) -> Ledger:
+    """SQLite by default; a postgresql:// URL shares one ledger between machines."""
+    state = config.run.state
+    if state.startswith(("postgres://", "postgresql://")):
+        ledger: Ledger = registry.resolve_ledger("postgres")(state)
+        return ledger
+    return SqliteLedger(state)
 
 
 # plan ---------------------------------------------------------------------------------------------------
@@ -136,7 +139,7 @@ def run(
 
 
 @contextmanager
-def _leased(config: Config) -> Iterator[SqliteLedger]:
+def _leased(config: Config) -> Iterator[Ledger]:
     """Open the ledger and hold the migration's lease before any backend is opened (one writer at a time)."""
     ledger = open_ledger(config)
     try:
@@ -148,7 +151,7 @@ def _leased(config: Config) -> Iterator[SqliteLedger]:
 
 def _run(
     m: Migration,
-    ledger: SqliteLedger,
+    ledger: Ledger,
     stop: threading.Event | None,
     on_start: Callable[[int | None, int], None] | None,
     on_progress: Callable[[Progress], None] | None,
@@ -411,7 +414,7 @@ def dlq_retry(config: Config) -> DeadLetterReport:
         return _retry(m, ledger)
 
 
-def _retry(m: Migration, ledger: SqliteLedger) -> DeadLetterReport:
+def _retry(m: Migration, ledger: Ledger) -> DeadLetterReport:
     ids = [d.doc_id for d in ledger.dead_letters(m.plan_id)]
     m.sink.prepare(m.spec)
     pipeline = Pipeline(
@@ -448,7 +451,7 @@ def _retry(m: Migration, ledger: SqliteLedger) -> DeadLetterReport:
     )
 
 
-def _dead_letter_report(ledger: SqliteLedger, plan_id: str) -> DeadLetterReport:
+def _dead_letter_report(ledger: Ledger, plan_id: str) -> DeadLetterReport:
     letters = ledger.dead_letters(plan_id)
     reasons: dict[str, int] = {}
     for letter in letters:

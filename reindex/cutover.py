@@ -8,7 +8,7 @@ from typing import Any
 
 from reindex import crashpoints
 from reindex.errors import CutoverRefused
-from reindex.ledger import Cutover, SqliteLedger
+from reindex.ledger import Cutover, Ledger
 from reindex.ports import Sink
 
 
@@ -25,7 +25,7 @@ class AliasMove:
         return asdict(self)
 
 
-def settle_pending(sink: Sink, ledger: SqliteLedger, alias: str) -> None:
+def settle_pending(sink: Sink, ledger: Ledger, alias: str) -> None:
     """Resolve a move interrupted between intent and record by looking at where the alias points."""
     for move in ledger.cutovers(alias):
         if move.state == "pending":
@@ -35,7 +35,7 @@ def settle_pending(sink: Sink, ledger: SqliteLedger, alias: str) -> None:
 
 def move(
     sink: Sink,
-    ledger: SqliteLedger,
+    ledger: Ledger,
     *,
     alias: str,
     target: str,
@@ -72,12 +72,12 @@ def move(
     return AliasMove(alias, target, previous, changed=True, forced=forced, action=action)
 
 
-def last_move(ledger: SqliteLedger, alias: str) -> Cutover | None:
+def last_move(ledger: Ledger, alias: str) -> Cutover | None:
     done = [m for m in ledger.cutovers(alias) if m.state == "done"]
     return done[-1] if done else None
 
 
-def rollback(sink: Sink, ledger: SqliteLedger, alias: str) -> AliasMove:
+def rollback(sink: Sink, ledger: Ledger, alias: str) -> AliasMove:
     """Undo the last alias move: back to the target it replaced, if that still exists."""
     settle_pending(sink, ledger, alias)
     last = last_move(ledger, alias)

@@ -14,10 +14,10 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from reindex.errors import AlreadyRunning, ConfigError
 
@@ -113,6 +113,38 @@ class Cutover:
     forced: bool
     state: str  # pending | done | aborted
     at: float
+
+
+class Ledger(Protocol):
+    """The durable record of a migration. SqliteLedger here; PostgresLedger in adapters/ for shared runs."""
+
+    def begin(
+        self, plan_id: str, *, alias: str, target: str, fingerprint: str, model: dict[str, Any]
+    ) -> None: ...
+    def resume_point(self, plan_id: str) -> tuple[str | None, int]: ...
+    def record_shard(self, plan_id: str, shard: ShardResult) -> None: ...
+    def settle_retry(
+        self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
+    ) -> None: ...
+    def finish(self, plan_id: str) -> None: ...
+    def summary(self, plan_id: str) -> RunSummary | None: ...
+    def dead_letters(self, plan_id: str) -> list[DeadLetter]: ...
+    def record_verification(self, plan_id: str, complete: bool, report: dict[str, Any]) -> None: ...
+    def cutover_intent(
+        self,
+        alias: str,
+        old: str | None,
+        new: str,
+        *,
+        fingerprint: str | None,
+        action: str,
+        forced: bool,
+        report: dict[str, Any] | None = None,
+    ) -> int: ...
+    def settle_cutover(self, cutover_id: int, state: str, *, old: str | None = None) -> None: ...
+    def cutovers(self, alias: str) -> list[Cutover]: ...
+    def lease(self, key: str) -> AbstractContextManager[None]: ...
+    def close(self) -> None: ...
 
 
 class SqliteLedger:

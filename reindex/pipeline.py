@@ -23,7 +23,7 @@ from reindex import crashpoints
 from reindex.batching import padded_tokens, token_batches
 from reindex.config import RunConfig
 from reindex.errors import Interrupted, TransientError
-from reindex.ledger import DeadLetter, ShardResult, SqliteLedger
+from reindex.ledger import DeadLetter, Ledger, ShardResult
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Tokens, Vectors
 from reindex.validation import screen, vector_dead_letters
 
@@ -70,7 +70,7 @@ class Pipeline:
         source: Source,
         embedder: Embedder,
         sink: Sink,
-        ledger: SqliteLedger,
+        ledger: Ledger,
         spec: TargetSpec,
         plan_id: str,
         run: RunConfig,

@@ -33,6 +33,9 @@ SINKS: dict[str, str] = {
     "qdrant": "adapters.qdrant:QdrantSink",
     "memory": "adapters.memory:MemorySink",
 }
+LEDGERS: dict[str, str] = {
+    "postgres": "adapters.postgres_ledger:PostgresLedger",
+}
 _TABLES: dict[Role, tuple[dict[str, str], str]] = {
     "source": (SOURCES, "reindex.sources"),
     "embedder": (EMBEDDERS, "reindex.embedders"),
@@ -52,6 +55,11 @@ def resolve(role: Role, kind: str) -> Any:
     if kind not in known:
         raise ConfigError(f"unknown {role} kind {kind!r}", hint=f"use one of: {', '.join(sorted(known))}")
     module_name, _, class_name = known[kind].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def resolve_ledger(kind: str) -> Any:
+    module_name, _, class_name = LEDGERS[kind].partition(":")
     return getattr(importlib.import_module(module_name), class_name)
 
 
