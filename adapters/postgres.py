@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from reindex import crashpoints
 from reindex.errors import BackendError, ConfigError, CutoverRefused, MissingDependency, TransientError
 from reindex.ports import (
     AliasInfo,
@@ -421,7 +422,9 @@ class PgvectorSink:
                 raise CutoverRefused(f"target {target!r} does not exist")
             resolved = _resolve_alias(conn, alias)
             if resolved.info.is_physical:
-                return _adopt(conn, resolved, target, expected, meta)
+                previous = _adopt(conn, resolved, target, expected, meta)
+                crashpoints.crash_if_armed("cutover_before_commit")
+                return previous
             if not _serves(conn, resolved, expected):
                 raise CutoverRefused(
                     f"alias {alias!r} serves {resolved.info.target!r}, expected {expected!r}",
@@ -429,6 +432,7 @@ class PgvectorSink:
                 )
             grants = _grants_of(conn, resolved.oid) if resolved.oid is not None else []
             _replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)
+            crashpoints.crash_if_armed("cutover_before_commit")
             return expected
 
     def _read_back(self, alias: str, target: str) -> None:

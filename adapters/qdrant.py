@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from reindex import crashpoints
 from reindex.errors import (
     BackendError,
     ConfigError,
@@ -364,6 +365,7 @@ class QdrantSink:
             )
         if target not in collections:
             raise CutoverRefused(f"target collection {target!r} does not exist")
+        crashpoints.crash_if_armed("cutover_before_commit")
         with _translated():
             self._client.update_collection_aliases(change_aliases_operations=_swap(alias, target, current))
         if self._aliases().get(alias) != target:

@@ -8,7 +8,14 @@ from __future__ import annotations
 import os
 import signal
 
-POINTS = ("after_embed", "mid_write", "after_write", "cutover_before_commit", "cutover_after_move")
+POINTS = (
+    "after_embed",  # vectors computed, nothing written
+    "mid_write",  # half of a shard's rows written
+    "after_write",  # rows durable, shard not yet marked in the ledger
+    "cutover_after_intent",  # intent recorded, alias untouched
+    "cutover_before_commit",  # inside the sink's swap, before it commits (adapters call it)
+    "cutover_after_move",  # alias moved, history not yet settled
+)
 _hits: dict[str, int] = {}
 
 

@@ -60,7 +60,7 @@ def move(
     intent = ledger.cutover_intent(
         alias, current, target, fingerprint=fingerprint, action=action, forced=forced, report=report
     )
-    crashpoints.crash_if_armed("cutover_before_commit")
+    crashpoints.crash_if_armed("cutover_after_intent")
     meta = {"target": target, "fingerprint": fingerprint, "model": model, "moved_at": time.time()}
     try:
         previous = sink.move_alias(alias, target, expected=current, meta=meta)

@@ -148,7 +148,7 @@ def test_named_crash_points_in_a_run_resume_to_a_verified_end(tmp_path: Path, ba
     assert_exact_coverage(tool, read, texts)
 
 
-@pytest.mark.parametrize("point", ["cutover_before_commit", "cutover_after_move"])
+@pytest.mark.parametrize("point", ["cutover_after_intent", "cutover_before_commit", "cutover_after_move"])
 def test_crash_during_cutover_is_resolved_by_rerunning_it(tmp_path: Path, backend, point: str) -> None:
     target, _ = backend
     tool, _ = make_tool(tmp_path, target, n=200, latency_ms=0)
