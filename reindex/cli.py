@@ -109,11 +109,16 @@ def status(config: ConfigOption, as_json: JsonOption = False) -> None:
     _render(_guarded(lambda: commands.status(cfg)), as_json, "status")
 
 
+SampleOption = Annotated[
+    int, typer.Option(min=0, help="also re-embed N random documents; require cosine >= 0.999 with stored")
+]
+
+
 @app.command()
-def verify(config: ConfigOption, as_json: JsonOption = False) -> None:
+def verify(config: ConfigOption, as_json: JsonOption = False, sample: SampleOption = 0) -> None:
     """Compare source and target by exact ids and content hashes. Exit 0 complete, 3 not."""
     cfg = _load(config)
-    report = _guarded(lambda: commands.verify(cfg))
+    report = _guarded(lambda: commands.verify(cfg, sample=sample))
     _render(report, as_json, "verify")
     if not report.complete:
         err.print(f"[bold red]incomplete:[/] {escape(report.problems())}", highlight=False)
@@ -125,6 +130,10 @@ def cutover(
     config: ConfigOption,
     as_json: JsonOption = False,
     force: Annotated[bool, typer.Option(help="promote even if verify fails (recorded)")] = False,
+    catch_up: Annotated[
+        bool, typer.Option("--sync", help="catch up with source changes right before the flip")
+    ] = False,
+    sample: SampleOption = 0,
 ) -> None:
     """Verify, then flip the alias to this target atomically. Refuses (exit 3) unless complete."""
     cfg = _load(config)
@@ -133,7 +142,9 @@ def cutover(
             "[bold yellow]warning:[/] --force: the alias may serve an incomplete or mixed target; "
             "this is recorded in the history"
         )
-    _render(_guarded(lambda: commands.cutover(cfg, force=force)), as_json, "cutover")
+    _render(
+        _guarded(lambda: commands.cutover(cfg, force=force, sync=catch_up, sample=sample)), as_json, "cutover"
+    )
 
 
 @app.command()
@@ -153,6 +164,35 @@ def prune(
     """Drop old targets of this alias that no alias serves, keeping the newest N."""
     cfg = _load(config)
     _render(_guarded(lambda: commands.prune(cfg, keep=keep, dry_run=dry_run)), as_json, "prune")
+
+
+@app.command()
+def inspect(
+    config: ConfigOption,
+    as_json: JsonOption = False,
+    target: Annotated[str | None, typer.Option(help="a target to inspect instead of the alias")] = None,
+) -> None:
+    """Coverage of what the alias serves now (or --target), even for an index this tool did not build."""
+    cfg = _load(config)
+    _render(_guarded(lambda: commands.inspect(cfg, target=target)), as_json, "inspect")
+
+
+@app.command()
+def resolve(
+    config: ConfigOption,
+    alias: Annotated[str | None, typer.Argument(help="default: [target] alias")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Which target and embedding model serve the alias: choose the query encoder from this."""
+    cfg = _load(config)
+    _render(_guarded(lambda: commands.resolve(cfg, alias)), as_json, "resolve")
+
+
+@app.command()
+def sync(config: ConfigOption, as_json: JsonOption = False) -> None:
+    """Re-embed what changed in the source since the run and delete what vanished (repeatable)."""
+    cfg = _load(config)
+    _render(_guarded(lambda: commands.sync(cfg)), as_json, "sync")
 
 
 dlq = typer.Typer(no_args_is_help=True, help="Dead letters: documents that could not be embedded.")

@@ -18,6 +18,7 @@ from reindex.ledger import Ledger, RunSummary, SqliteLedger
 from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate
 from reindex.ports import Embedder, Sink, Source, TargetSpec
+from reindex.sync import SyncReport, catch_up
 from reindex.verify import Coverage, coverage
 
 
@@ -34,13 +35,22 @@ class Migration:
 
 
 @contextmanager
-def open_migration(config: Config) -> Iterator[Migration]:
-    """Build source, embedder and sink (closing whatever was opened, whatever happens)."""
+def open_backends(config: Config) -> Iterator[tuple[Source, Sink]]:
+    """Build source and sink only (no model): enough to inspect and resolve."""
     opened: list[Any] = []
     try:
-        source: Source = _open(opened, "source", config.source)
+        yield _open(opened, "source", config.source), _open(opened, "target", config.target)
+    finally:
+        for adapter in reversed(opened):
+            with suppress(ReindexError):
+                adapter.close()
+
+
+@contextmanager
+def open_migration(config: Config) -> Iterator[Migration]:
+    """Build source, embedder and sink (closing whatever was opened, whatever happens)."""
+    with open_backends(config) as (source, sink):
         embedder: Embedder = registry.build("embedder", config.embedder)
-        sink: Sink = _open(opened, "target", config.target)
         info = embedder.info
         name = str(config.target.get("name") or target_name(config.alias, info.fingerprint))
         if name == config.alias:
@@ -55,10 +65,6 @@ def open_migration(config: Config) -> Iterator[Migration]:
         )
         plan_id = hashlib.sha256(f"{config.identity()}:{name}:{info.fingerprint}".encode()).hexdigest()[:16]
         yield Migration(config, source, embedder, sink, spec, plan_id)
-    finally:
-        for adapter in reversed(opened):
-            with suppress(ReindexError):
-                adapter.close()
 
 
 def _open(opened: list[Any], role: registry.Role, section: dict[str, Any]) -> Any:
@@ -271,19 +277,36 @@ def status(config: Config) -> StatusReport:
 # verify -------------------------------------------------------------------------------------------------
 
 
-def verify(config: Config) -> Coverage:
-    """Compare source and target directly (exact ids, content hashes, fingerprints, vector sanity)."""
+def verify(config: Config, *, sample: int = 0) -> Coverage:
+    """Compare source and target directly (exact ids, content hashes, fingerprints, vector sanity).
+
+    Args:
+        sample: also re-embed this many random documents and require cosine >= 0.999 with the stored vectors.
+    """
     with open_migration(config) as m:
-        if m.sink.describe(m.spec.name) is None:
-            raise VerificationFailed(f"target {m.spec.name!r} does not exist", hint="run `reindex run` first")
         ledger = open_ledger(config)
         try:
-            dead = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id)}
-            report = _coverage(m, dead_letters=dead)
-            ledger.record_verification(m.plan_id, report.complete, report.to_json())
+            return _verify(m, ledger, sample=sample)
         finally:
             ledger.close()
-        return report
+
+
+def _verify(m: Migration, ledger: Ledger, *, sample: int = 0) -> Coverage:
+    if m.sink.describe(m.spec.name) is None:
+        raise VerificationFailed(f"target {m.spec.name!r} does not exist", hint="run `reindex run` first")
+    dead = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id)}
+    report = coverage(
+        m.source,
+        m.sink,
+        m.spec.name,
+        dim=m.spec.dim,
+        fingerprint=m.spec.fingerprint,
+        dead_letters=dead,
+        embedder=m.embedder,
+        sample=sample,
+    )
+    ledger.record_verification(m.plan_id, report.complete, report.to_json())
+    return report
 
 
 def _coverage(m: Migration, dead_letters: dict[str, str | None] | None) -> Coverage:
@@ -300,17 +323,28 @@ def _coverage(m: Migration, dead_letters: dict[str, str | None] | None) -> Cover
 # cutover, rollback, prune -------------------------------------------------------------------------------
 
 
-def cutover(config: Config, *, force: bool = False) -> alias_moves.AliasMove:
-    """Verify, then point the alias at this target atomically. Refuses (exit 3) unless complete."""
-    report = verify(config)
-    if not report.complete and not force:
-        raise VerificationFailed(
-            f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
-            hint=f"see `reindex verify -c {config.path} --json`",
-        )
-    with open_migration(config) as m:
-        ledger = open_ledger(config)
-        try:
+def cutover(
+    config: Config, *, force: bool = False, sync: bool = False, sample: int = 0
+) -> alias_moves.AliasMove:
+    """Verify, then point the alias at this target atomically. Refuses (exit 3) unless complete.
+
+    Args:
+        force: promote even when verification fails; loud, and recorded in the history.
+        sync: first re-embed what changed in the source since the run and delete what vanished.
+        sample: also re-embed this many documents as part of the verification.
+    """
+    ledger = open_ledger(config)
+    try:
+        with open_migration(config) as m:
+            if sync:
+                with ledger.lease(config.identity()):
+                    catch_up(m, ledger)
+            report = _verify(m, ledger, sample=sample)
+            if not report.complete and not force:
+                raise VerificationFailed(
+                    f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
+                    hint=f"see `reindex verify -c {config.path} --json`",
+                )
             return alias_moves.move(
                 m.sink,
                 ledger,
@@ -321,8 +355,8 @@ def cutover(config: Config, *, force: bool = False) -> alias_moves.AliasMove:
                 forced=force and not report.complete,
                 report=report.to_json(),
             )
-        finally:
-            ledger.close()
+    finally:
+        ledger.close()
 
 
 def rollback(config: Config) -> alias_moves.AliasMove:
@@ -457,3 +491,81 @@ def _dead_letter_report(ledger: Ledger, plan_id: str) -> DeadLetterReport:
     for letter in letters:
         reasons[letter.reason] = reasons.get(letter.reason, 0) + 1
     return DeadLetterReport(plan_id, len(letters), reasons, [asdict(d) for d in letters])
+
+
+# inspect, resolve, sync ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InspectReport:
+    alias: str
+    alias_target: str | None
+    alias_is_physical: bool
+    inspected: str
+    built_by_reindex: bool  # False: no fingerprint or content hashes were recorded on it
+    model: dict[str, Any] | None
+    coverage: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def inspect(config: Config, *, target: str | None = None) -> InspectReport:
+    """Coverage of any existing target or of what the alias serves now; needs no ledger and no model."""
+    with open_backends(config) as (source, sink):
+        alias = sink.alias(config.alias)
+        name = target or alias.target or (config.alias if alias.is_physical else None)
+        if name is None:
+            raise ConfigError(
+                f"alias {config.alias!r} does not exist", hint="pass --target <name> to inspect one"
+            )
+        info = sink.describe(name)
+        if info is None or info.dim is None:
+            raise ConfigError(
+                f"{name!r} does not exist or holds no vectors", hint="check [target] and --target"
+            )
+        report = coverage(source, sink, name, dim=info.dim, fingerprint=info.fingerprint)
+        return InspectReport(
+            config.alias,
+            alias.target,
+            alias.is_physical,
+            name,
+            info.fingerprint is not None,
+            dict(info.model) if info.model else None,
+            report.to_json(),
+        )
+
+
+@dataclass(frozen=True)
+class ResolveReport:
+    alias: str
+    target: str | None
+    fingerprint: str | None
+    model: dict[str, Any] | None  # kind, model, dim, options: what queries must be embedded with
+    is_physical: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve(config: Config, alias: str | None = None) -> ResolveReport:
+    """Which target and which embedding model serve `alias`, so queries are embedded to match."""
+    with open_backends(config) as (_, sink):
+        info = sink.alias(alias or config.alias)
+        if info.target is None and not info.is_physical:
+            raise ConfigError(f"alias {info.alias!r} does not exist", hint="run `reindex cutover` first")
+        return ResolveReport(
+            info.alias,
+            info.target,
+            info.fingerprint,
+            dict(info.model) if info.model else None,
+            info.is_physical,
+        )
+
+
+def sync(config: Config) -> SyncReport:
+    """Re-embed documents added or changed since the run, delete vectors whose documents vanished."""
+    with _leased(config) as ledger, open_migration(config) as m:
+        if m.sink.describe(m.spec.name) is None:
+            raise ConfigError(f"target {m.spec.name!r} does not exist", hint="run `reindex run` first")
+        return catch_up(m, ledger)

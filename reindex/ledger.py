@@ -53,6 +53,13 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
+_UPSERT_DEAD_LETTER = (
+    "INSERT INTO dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
+    " VALUES (?,?,?,?,?,?,?) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
+    " detail = excluded.detail, content_hash = excluded.content_hash, seq = coalesce(excluded.seq, dead_letters.seq)"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     doc_id: str
@@ -126,6 +133,7 @@ class Ledger(Protocol):
     def settle_retry(
         self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
     ) -> None: ...
+    def record_dead_letters(self, plan_id: str, letters: Sequence[DeadLetter]) -> None: ...
     def finish(self, plan_id: str) -> None: ...
     def summary(self, plan_id: str) -> RunSummary | None: ...
     def dead_letters(self, plan_id: str) -> list[DeadLetter]: ...
@@ -239,9 +247,7 @@ class SqliteLedger:
                 ),
             )
             db.executemany(
-                "INSERT INTO dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
-                " VALUES (?,?,?,?,?,?,?) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
-                " detail = excluded.detail, content_hash = excluded.content_hash, seq = excluded.seq",
+                _UPSERT_DEAD_LETTER,
                 [
                     (plan_id, d.doc_id, d.reason, d.detail, d.content_hash, shard.seq, now)
                     for d in shard.dead_letters
@@ -270,6 +276,15 @@ class SqliteLedger:
                 "UPDATE dead_letters SET reason = ?, detail = ?, content_hash = ?"
                 " WHERE plan_id = ? AND doc_id = ?",
                 [(d.reason, d.detail, d.content_hash, plan_id, d.doc_id) for d in dead],
+            )
+
+    def record_dead_letters(self, plan_id: str, letters: Sequence[DeadLetter]) -> None:
+        """Upsert dead letters found outside a shard (sync): listed by `dlq`, not in shard totals."""
+        with self._transaction() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(
+                _UPSERT_DEAD_LETTER,
+                [(plan_id, d.doc_id, d.reason, d.detail, d.content_hash, None, time.time()) for d in letters],
             )
 
     def finish(self, plan_id: str) -> None:

@@ -10,17 +10,22 @@ from __future__ import annotations
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from reindex.ports import IndexEntry, Record, Sink, Source
+import numpy as np
+
+from reindex.ports import Embedder, IndexEntry, Record, Sink, Source
 from reindex.validation import text_hash
 
 CHUNK = 20_000
 EXAMPLES = 5
+SAMPLE_COSINE = 0.999
+Category = Literal["missing", "stale", "orphaned", "invalid_vectors", "dead_letters", "unhashed"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +39,13 @@ class Coverage:
     orphaned: int  # vectors whose document is no longer in the source
     dead_letters: int  # source documents excused by a dead letter for the same text
     invalid_vectors: int  # non-finite, zero or wrong dimension
+    unhashed: int  # vectors without a content hash (an index this tool did not build): staleness unknown
     fingerprints: dict[str, int]  # fingerprint ("none" when absent) -> vectors
-    expected_fingerprint: str
+    expected_fingerprint: str | None
     examples: dict[str, list[str]] = field(default_factory=dict)
     seconds: float = 0.0
     ids_per_second: float = 0.0
+    sample: dict[str, Any] | None = None  # re-embedding check, when asked for
 
     def problems(self) -> str:
         """One line naming every non-zero count, for refusals."""
@@ -47,15 +54,104 @@ class Coverage:
             "stale": self.stale,
             "orphaned": self.orphaned,
             "invalid": self.invalid_vectors,
+            "without content hash": self.unhashed,
         }
         parts = [f"{v} {k}" for k, v in counts.items() if v]
         others = {fp: n for fp, n in self.fingerprints.items() if fp != self.expected_fingerprint}
         if others:
             parts.append(f"{sum(others.values())} vectors of other fingerprints {sorted(others)}")
+        if self.sample and not self.sample["passed"]:
+            parts.append(f"{self.sample['failures']} sampled vectors differ from a fresh embedding")
         return ", ".join(parts) or "none"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_EXCUSED = "EXISTS (SELECT 1 FROM dead d WHERE d.id = s.id AND (d.hash IS s.hash OR d.hash IS NULL))"
+_WHERE: dict[Category, tuple[str, str]] = {  # category -> (id column, FROM ... WHERE ...)
+    "missing": ("s.id", f"FROM src s LEFT JOIN tgt t ON t.id = s.id WHERE t.id IS NULL AND NOT {_EXCUSED}"),
+    "dead_letters": ("s.id", f"FROM src s LEFT JOIN tgt t ON t.id = s.id WHERE t.id IS NULL AND {_EXCUSED}"),
+    "stale": (
+        "t.id",
+        "FROM src s JOIN tgt t ON t.id = s.id WHERE t.hash IS NOT NULL AND t.hash IS NOT s.hash",
+    ),
+    "orphaned": ("t.id", "FROM tgt t LEFT JOIN src s ON s.id = t.id WHERE s.id IS NULL"),
+    "invalid_vectors": ("t.id", "FROM tgt t WHERE t.problem IS NOT NULL"),
+    "unhashed": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE t.hash IS NULL"),
+}
+
+
+class Comparison:
+    """Source and target loaded side by side in a scratch database; ask for counts or id streams."""
+
+    def __init__(self, db: sqlite3.Connection, target: str, seconds: float) -> None:
+        self.db, self.target, self.seconds = db, target, seconds
+
+    def count(self, category: Category) -> int:
+        return int(self.db.execute(f"SELECT count(*) {_WHERE[category][1]}").fetchone()[0])
+
+    def ids(self, category: Category, limit: int | None = None) -> Iterator[str]:
+        column, where = _WHERE[category]
+        suffix = f" LIMIT {int(limit)}" if limit is not None else ""
+        for (doc_id,) in self.db.execute(f"SELECT {column} {where} ORDER BY 1{suffix}"):
+            yield doc_id
+
+    def sample_ids(self, n: int) -> list[str]:
+        """Up to `n` random ids present on both sides with sane vectors, for the re-embedding check."""
+        rows = self.db.execute(
+            "SELECT t.id FROM tgt t JOIN src s ON s.id = t.id WHERE t.problem IS NULL"
+            " AND t.hash IS s.hash ORDER BY random() LIMIT ?",
+            (n,),
+        )
+        return [row[0] for row in rows]
+
+    def report(self, expected_fingerprint: str | None) -> Coverage:
+        counts: dict[str, Any] = {name: self.count(name) for name in _WHERE}
+        examples: dict[str, list[str]] = {
+            name: list(self.ids(name, EXAMPLES)) for name in _WHERE if counts[name] and name != "dead_letters"
+        }
+        fingerprints = dict(
+            self.db.execute("SELECT coalesce(fp, 'none'), count(*) FROM tgt GROUP BY 1 ORDER BY 2 DESC")
+        )
+        problems = ("missing", "stale", "orphaned", "invalid_vectors", "unhashed")
+        complete = not any(counts[k] for k in problems) and set(fingerprints) <= {
+            expected_fingerprint or "none"
+        }
+        source_documents = self.db.execute("SELECT count(*) FROM src").fetchone()[0]
+        target_vectors = self.db.execute("SELECT count(*) FROM tgt").fetchone()[0]
+        rate = (source_documents + target_vectors) / max(self.seconds, 1e-9)
+        return Coverage(
+            self.target,
+            complete,
+            source_documents,
+            target_vectors,
+            fingerprints=fingerprints,
+            expected_fingerprint=expected_fingerprint,
+            examples=examples,
+            seconds=round(self.seconds, 3),
+            ids_per_second=round(rate),
+            **counts,
+        )
+
+
+@contextmanager
+def compare(
+    source: Source, sink: Sink, target: str, *, dim: int, dead_letters: Mapping[str, str | None] | None = None
+) -> Iterator[Comparison]:
+    """Stream both sides into a scratch database; `dead_letters` maps excused ids to their failed hash."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="reindex-verify-") as scratch:
+        db = _scratch_db(Path(scratch) / "coverage.db")
+        try:
+            _load(db, "INSERT OR IGNORE INTO src VALUES (?,?)", _source_rows(source.scan()))
+            _load(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
+            _load(
+                db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?)", _target_rows(sink.scan_index(target, dim))
+            )
+            yield Comparison(db, target, time.monotonic() - started)
+        finally:
+            db.close()
 
 
 def coverage(
@@ -64,21 +160,45 @@ def coverage(
     target: str,
     *,
     dim: int,
-    fingerprint: str,
+    fingerprint: str | None,
     dead_letters: Mapping[str, str | None] | None = None,
+    embedder: Embedder | None = None,
+    sample: int = 0,
 ) -> Coverage:
-    """Compare `source` with `target`; `dead_letters` maps excused ids to the content hash they failed on."""
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="reindex-verify-") as scratch:
-        db = _scratch_db(Path(scratch) / "coverage.db")
-        _load(db, "INSERT OR IGNORE INTO src VALUES (?,?)", _source_rows(source.scan()))
-        _load(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
-        _load(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?)", _target_rows(sink.scan_index(target, dim)))
-        report = _report(db, target, fingerprint)
-        db.close()
-    seconds = time.monotonic() - started
-    compared = report["source_documents"] + report["target_vectors"]
-    return Coverage(**report, seconds=round(seconds, 3), ids_per_second=round(compared / max(seconds, 1e-9)))
+    """Compare `source` with `target` and count every way they differ; optionally re-embed a sample."""
+    with compare(source, sink, target, dim=dim, dead_letters=dead_letters) as comparison:
+        report = comparison.report(fingerprint)
+        if sample and embedder is not None:
+            checked = sample_check(source, sink, embedder, target, comparison.sample_ids(sample))
+            report = replace(report, sample=checked, complete=report.complete and checked["passed"])
+        return report
+
+
+def sample_check(
+    source: Source,
+    sink: Sink,
+    embedder: Embedder,
+    target: str,
+    ids: Sequence[str],
+    threshold: float = SAMPLE_COSINE,
+) -> dict[str, Any]:
+    """Re-embed documents and require cosine >= `threshold` with what the target stores."""
+    records = list(source.fetch(ids))
+    stored = sink.fetch(target, [r.id for r in records])
+    records = [r for r in records if r.id in stored]
+    if not records:
+        return {"checked": 0, "min_cosine": None, "failures": 0, "threshold": threshold, "passed": True}
+    fresh = embedder.embed(embedder.tokenize([r.text for r in records]))
+    kept = np.stack([stored[r.id] for r in records])
+    cosines = (fresh * kept).sum(axis=1) / (np.linalg.norm(fresh, axis=1) * np.linalg.norm(kept, axis=1))
+    failures = int((cosines < threshold).sum())
+    return {
+        "checked": len(records),
+        "min_cosine": round(float(cosines.min()), 6),
+        "failures": failures,
+        "threshold": threshold,
+        "passed": failures == 0,
+    }
 
 
 def _scratch_db(path: Path) -> sqlite3.Connection:
@@ -108,39 +228,3 @@ def _load(db: sqlite3.Connection, sql: str, rows: Iterable[tuple[Any, ...]]) -> 
         db.execute("BEGIN")
         db.executemany(sql, chunk)
         db.execute("COMMIT")
-
-
-_EXCUSED = "EXISTS (SELECT 1 FROM dead d WHERE d.id = s.id AND (d.hash IS s.hash OR d.hash IS NULL))"
-_QUERIES = {
-    "missing": f"FROM src s LEFT JOIN tgt t ON t.id = s.id WHERE t.id IS NULL AND NOT {_EXCUSED}",
-    "dead_letters": f"FROM src s LEFT JOIN tgt t ON t.id = s.id WHERE t.id IS NULL AND {_EXCUSED}",
-    "stale": "FROM src s JOIN tgt t ON t.id = s.id WHERE t.hash IS NOT s.hash",
-    "orphaned": "FROM tgt t LEFT JOIN src s ON s.id = t.id WHERE s.id IS NULL",
-    "invalid_vectors": "FROM tgt t WHERE t.problem IS NOT NULL",
-}
-
-
-def _report(db: sqlite3.Connection, target: str, fingerprint: str) -> dict[str, Any]:
-    counts = {name: db.execute(f"SELECT count(*) {where}").fetchone()[0] for name, where in _QUERIES.items()}
-    alias = {"missing": "s", "dead_letters": "s", "stale": "t", "orphaned": "t", "invalid_vectors": "t"}
-    examples = {
-        name: [row[0] for row in db.execute(f"SELECT {alias[name]}.id {where} LIMIT {EXAMPLES}")]
-        for name, where in _QUERIES.items()
-        if counts[name] and name != "dead_letters"
-    }
-    fingerprints = dict(
-        db.execute("SELECT coalesce(fp, 'none'), count(*) FROM tgt GROUP BY 1 ORDER BY 2 DESC")
-    )
-    complete = not any(counts[k] for k in ("missing", "stale", "orphaned", "invalid_vectors")) and set(
-        fingerprints
-    ) <= {fingerprint}
-    return {
-        "target": target,
-        "complete": complete,
-        "source_documents": db.execute("SELECT count(*) FROM src").fetchone()[0],
-        "target_vectors": db.execute("SELECT count(*) FROM tgt").fetchone()[0],
-        **counts,
-        "fingerprints": fingerprints,
-        "expected_fingerprint": fingerprint,
-        "examples": examples,
-    }
