@@ -1,0 +1,450 @@
+"""The ledger in a shared Postgres database (`[run] state = "postgresql://..."`), for runs across machines.
+
+Same tables and results as reindex.ledger.SqliteLedger, in schema `reindex`; the lease is an advisory lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any, Literal, LiteralString
+
+from pydantic import BaseModel, ConfigDict
+
+from adapters.postgres import mask_dsn
+from reindex.errors import AlreadyRunning, BackendError, ConfigError, MissingDependency, TransientError
+from reindex.ledger import Cutover, DeadLetter, RunSummary, ShardResult
+
+if TYPE_CHECKING:
+    import psycopg
+
+    Connection = psycopg.Connection[tuple[Any, ...]]
+
+# Numbered, append-only: reindex.schema_version holds one row per applied migration (alembic, in miniature).
+MIGRATIONS: tuple[LiteralString, ...] = (
+    """
+    CREATE TABLE reindex.runs (
+        plan_id text PRIMARY KEY, alias text NOT NULL, target text NOT NULL, fingerprint text NOT NULL,
+        model text NOT NULL, state text NOT NULL DEFAULT 'running', created_at double precision NOT NULL,
+        finished_at double precision
+    );
+    CREATE TABLE reindex.shards (
+        plan_id text NOT NULL, seq integer NOT NULL, after_cursor text, last_cursor text NOT NULL,
+        documents integer NOT NULL, written integer NOT NULL, dead_letters integer NOT NULL,
+        duplicates integer NOT NULL, reused integer NOT NULL, vanished integer NOT NULL DEFAULT 0,
+        tokens bigint NOT NULL, truncated integer NOT NULL, seconds double precision NOT NULL,
+        attempts integer NOT NULL DEFAULT 1, written_at double precision NOT NULL,
+        PRIMARY KEY (plan_id, seq)
+    );
+    CREATE TABLE reindex.dead_letters (
+        plan_id text NOT NULL, doc_id text NOT NULL, reason text NOT NULL, detail text,
+        content_hash text, seq integer, created_at double precision NOT NULL, PRIMARY KEY (plan_id, doc_id)
+    );
+    CREATE TABLE reindex.cutovers (
+        id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, alias text NOT NULL, old_target text,
+        new_target text NOT NULL, fingerprint text, action text NOT NULL, forced boolean NOT NULL,
+        state text NOT NULL, report text, at double precision NOT NULL
+    );
+    CREATE INDEX ON reindex.cutovers (alias, id);
+    CREATE TABLE reindex.verifications (
+        plan_id text NOT NULL, at double precision NOT NULL, complete boolean NOT NULL, report text NOT NULL
+    );
+    CREATE TABLE reindex.leases (
+        key text PRIMARY KEY, host text NOT NULL, pid integer NOT NULL, since double precision NOT NULL
+    );
+    """,
+)
+_SETTLE: dict[str, LiteralString] = {
+    "written": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, written = written + 1"
+    " WHERE plan_id = %s AND seq = %s",
+    "vanished": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, vanished = vanished + 1"
+    " WHERE plan_id = %s AND seq = %s",
+}
+_UPSERT_DEAD_LETTER = (
+    "INSERT INTO reindex.dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
+    " VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
+    " detail = excluded.detail, content_hash = excluded.content_hash,"
+    " seq = coalesce(excluded.seq, dead_letters.seq)"
+)
+_TOTALS = (
+    "SELECT count(*), coalesce(sum(documents),0), coalesce(sum(written),0), coalesce(sum(dead_letters),0),"
+    " coalesce(sum(duplicates),0), coalesce(sum(vanished),0), coalesce(sum(reused),0), coalesce(sum(tokens),0),"
+    " coalesce(sum(truncated),0), coalesce(sum(seconds),0) FROM reindex.shards WHERE plan_id = %s"
+)
+_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+
+class PostgresLedger:
+    """One autocommit connection shared by the pipeline's threads under a lock; reopened after a drop."""
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+        kind: Literal["postgres"] = "postgres"
+        url: str
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._has_connected = False
+        with self._lock:
+            self._connection()
+        try:
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(cls, config: Config) -> PostgresLedger:
+        return cls(config.url)
+
+    def begin(
+        self, plan_id: str, *, alias: str, target: str, fingerprint: str, model: dict[str, Any]
+    ) -> None:
+        self._execute(
+            "INSERT INTO reindex.runs (plan_id, alias, target, fingerprint, model, created_at)"
+            " VALUES (%s,%s,%s,%s,%s,%s)"
+            " ON CONFLICT (plan_id) DO UPDATE SET state = 'running', finished_at = NULL",
+            (plan_id, alias, target, fingerprint, json.dumps(model), time.time()),
+        )
+
+    def resume_point(self, plan_id: str) -> tuple[str | None, int]:
+        """The cursor after the last written shard and the next shard number."""
+        rows = self._query(
+            "SELECT seq, last_cursor FROM reindex.shards WHERE plan_id = %s ORDER BY seq DESC LIMIT 1",
+            (plan_id,),
+        )
+        return (None, 0) if not rows else (rows[0][1], rows[0][0] + 1)
+
+    def record_shard(self, plan_id: str, shard: ShardResult) -> None:
+        """Mark a shard written, with its dead letters, atomically. Replaying it (a commit whose
+        acknowledgement was lost, then retried) changes nothing."""
+        now = time.time()
+        with self._transaction() as conn:
+            if not _insert_shard(conn, plan_id, shard, now):
+                return
+            conn.cursor().executemany(
+                _UPSERT_DEAD_LETTER,
+                [
+                    (plan_id, d.doc_id, d.reason, d.detail, d.content_hash, shard.seq, now)
+                    for d in shard.dead_letters
+                ],
+            )
+
+    def settle_retry(
+        self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
+    ) -> None:
+        """Apply a dead-letter retry: written and vanished ids leave the dead letters (their shards'
+        counts move with them, so reconciliation still holds); the rest keep their newest reason."""
+        moves = [(i, "written") for i in written] + [(i, "vanished") for i in vanished]
+        with self._transaction() as conn:
+            for doc_id, column in moves:
+                row = conn.execute(
+                    "DELETE FROM reindex.dead_letters WHERE plan_id = %s AND doc_id = %s RETURNING seq",
+                    (plan_id, doc_id),
+                ).fetchone()
+                if row is not None:
+                    conn.execute(_SETTLE[column], (plan_id, row[0]))
+            conn.cursor().executemany(
+                "UPDATE reindex.dead_letters SET reason = %s, detail = %s, content_hash = %s"
+                " WHERE plan_id = %s AND doc_id = %s",
+                [(d.reason, d.detail, d.content_hash, plan_id, d.doc_id) for d in dead],
+            )
+
+    def record_dead_letters(self, plan_id: str, letters: Sequence[DeadLetter]) -> None:
+        """Upsert dead letters found outside a shard (sync): listed by `dlq`, not in shard totals."""
+        with self._transaction() as conn:
+            conn.cursor().executemany(
+                _UPSERT_DEAD_LETTER,
+                [(plan_id, d.doc_id, d.reason, d.detail, d.content_hash, None, time.time()) for d in letters],
+            )
+
+    def finish(self, plan_id: str) -> None:
+        self._execute(
+            "UPDATE reindex.runs SET state = 'complete', finished_at = %s WHERE plan_id = %s",
+            (time.time(), plan_id),
+        )
+
+    def summary(self, plan_id: str) -> RunSummary | None:
+        runs = self._query(
+            "SELECT alias, target, fingerprint, state FROM reindex.runs WHERE plan_id = %s", (plan_id,)
+        )
+        if not runs:
+            return None
+        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds = (
+            self._query(_TOTALS, (plan_id,))[0]
+        )
+        reasons = self._query(
+            "SELECT reason, count(*) FROM reindex.dead_letters WHERE plan_id = %s GROUP BY reason", (plan_id,)
+        )
+        alias, target, fingerprint, state = runs[0]
+        return RunSummary(
+            plan_id,
+            alias,
+            target,
+            fingerprint,
+            state,
+            int(shards),
+            int(documents),
+            int(written),
+            int(dead),
+            int(duplicates),
+            int(vanished),
+            int(reused),
+            int(tokens),
+            int(truncated),
+            float(seconds),
+            self.resume_point(plan_id)[0],
+            {reason: int(count) for reason, count in reasons},
+        )
+
+    def dead_letters(self, plan_id: str) -> list[DeadLetter]:
+        rows = self._query(
+            "SELECT doc_id, reason, detail, content_hash FROM reindex.dead_letters WHERE plan_id = %s"
+            ' ORDER BY seq NULLS FIRST, doc_id COLLATE "C"',
+            (plan_id,),
+        )
+        return [DeadLetter(*row) for row in rows]
+
+    def record_verification(self, plan_id: str, complete: bool, report: dict[str, Any]) -> None:
+        self._execute(
+            "INSERT INTO reindex.verifications (plan_id, at, complete, report) VALUES (%s,%s,%s,%s)",
+            (plan_id, time.time(), complete, json.dumps(report)),
+        )
+
+    def cutover_intent(
+        self,
+        alias: str,
+        old: str | None,
+        new: str,
+        *,
+        fingerprint: str | None,
+        action: str,
+        forced: bool,
+        report: dict[str, Any] | None = None,
+    ) -> int:
+        """Write what is about to happen before it happens, so a crash mid-swap is resolvable."""
+        rows = self._query(
+            "INSERT INTO reindex.cutovers (alias, old_target, new_target, fingerprint, action, forced, state,"
+            " report, at) VALUES (%s,%s,%s,%s,%s,%s,'pending',%s,%s) RETURNING id",
+            (alias, old, new, fingerprint, action, forced, json.dumps(report), time.time()),
+        )
+        return int(rows[0][0])
+
+    def settle_cutover(self, cutover_id: int, state: str, *, old: str | None = None) -> None:
+        self._execute(
+            "UPDATE reindex.cutovers SET state = %s, old_target = coalesce(%s, old_target) WHERE id = %s",
+            (state, old, cutover_id),
+        )
+
+    def cutovers(self, alias: str) -> list[Cutover]:
+        rows = self._query(
+            "SELECT id, alias, old_target, new_target, fingerprint, action, forced, state, at"
+            " FROM reindex.cutovers WHERE alias = %s ORDER BY id",
+            (alias,),
+        )
+        return [Cutover(int(r[0]), r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], float(r[8])) for r in rows]
+
+    @contextmanager
+    def lease(self, key: str) -> Iterator[None]:
+        """Hold the one-run-at-a-time lock of a migration: a session advisory lock on a connection of its
+        own. The server drops it when that connection dies, so a run after kill -9 takes over."""
+        conn = self._open(**_KEEPALIVES)
+        try:
+            with _translated():
+                _acquire(conn, key)
+            try:
+                yield
+            finally:
+                _release(conn, key)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+
+    def _migrate(self) -> None:
+        """Apply missing migrations under a transaction-scoped advisory lock: concurrent starts queue."""
+        with self._transaction() as conn:
+            if self._applied(conn) == len(MIGRATIONS):
+                return
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key("reindex:migrate"),))
+            conn.execute("CREATE SCHEMA IF NOT EXISTS reindex")
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS reindex.schema_version"
+                " (version integer PRIMARY KEY, applied_at double precision NOT NULL)"
+            )
+            for number in range(self._applied(conn), len(MIGRATIONS)):
+                conn.execute(MIGRATIONS[number])
+                conn.execute("INSERT INTO reindex.schema_version VALUES (%s, %s)", (number + 1, time.time()))
+
+    def _applied(self, conn: Connection) -> int:
+        """How many migrations the database holds; refuse one written by a newer reindex."""
+        if _one(conn.execute("SELECT to_regclass('reindex.schema_version') IS NULL")):
+            return 0
+        applied = int(_one(conn.execute("SELECT coalesce(max(version), 0) FROM reindex.schema_version")))
+        if applied > len(MIGRATIONS):
+            raise ConfigError(
+                f"the ledger at {mask_dsn(self.url)} was written by a newer reindex (schema {applied})",
+                hint="upgrade reindex-embeddings",
+            )
+        return applied
+
+    @contextmanager
+    def _transaction(self) -> Iterator[Connection]:
+        with self._lock, _translated():
+            conn = self._connection()
+            with conn.transaction():
+                yield conn
+
+    def _query(self, statement: LiteralString, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock, _translated():
+            return self._connection().execute(statement, params).fetchall()
+
+    def _execute(self, statement: LiteralString, params: Sequence[Any] = ()) -> None:
+        with self._lock, _translated():
+            self._connection().execute(statement, params)
+
+    def _connection(self) -> Connection:
+        """The shared connection, reopened if it was closed or broken (call with self._lock held)."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = self._open()
+        return self._conn
+
+    def _open(self, **options: Any) -> Connection:
+        psycopg = _psycopg()
+        try:
+            conn: Connection = psycopg.connect(
+                self.url, autocommit=True, connect_timeout=10, application_name="reindex-ledger", **options
+            )
+        except psycopg.Error as exc:
+            message = f"cannot connect to the ledger at {mask_dsn(self.url)}: {mask_dsn(_first_line(exc))}"
+            if self._has_connected:
+                raise TransientError(message, hint="rerun to resume; the ledger is reopened") from None
+            raise ConfigError(message, hint="check [run] state") from None
+        self._has_connected = True
+        return conn
+
+
+def _acquire(conn: Connection, key: str) -> None:
+    """Take the lock or name its holder; keepalives let the server free it when the holder's machine vanishes."""
+    if not _one(conn.execute("SELECT pg_try_advisory_lock(%s)", (_lock_key(f"reindex:lease:{key}"),))):
+        row = conn.execute("SELECT host, pid, since FROM reindex.leases WHERE key = %s", (key,)).fetchone()
+        holder = "another process" if row is None else f"pid {row[1]} on {row[0]} since {_clock(row[2])}"
+        raise AlreadyRunning(
+            f"another `reindex run` of this migration is running ({holder})",
+            hint="wait for it, or stop it; a killed run releases the lock",
+        )
+    conn.execute(
+        "SELECT set_config('tcp_keepalives_idle', '30', false), set_config('tcp_keepalives_interval', '10', false),"
+        " set_config('tcp_keepalives_count', '3', false)"
+    )
+    conn.execute(
+        "INSERT INTO reindex.leases (key, host, pid, since) VALUES (%s,%s,%s,%s)"
+        " ON CONFLICT (key) DO UPDATE SET host = excluded.host, pid = excluded.pid, since = excluded.since",
+        (key, socket.gethostname(), os.getpid(), time.time()),
+    )
+
+
+def _release(conn: Connection, key: str) -> None:
+    """Forget the holder and unlock. A dropped connection has released the lock already: nothing to undo."""
+    psycopg = _psycopg()
+    with suppress(psycopg.OperationalError, psycopg.InterfaceError):
+        conn.execute("DELETE FROM reindex.leases WHERE key = %s AND pid = %s", (key, os.getpid()))
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(f"reindex:lease:{key}"),))
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """The ledger's one error translator: dropped connections and timeouts are worth a retry."""
+    psycopg = _psycopg()
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise TransientError(
+            f"ledger: {_first_line(exc)}", hint="retry; a dropped connection is reopened on the next call"
+        ) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise ConfigError(
+            f"ledger: {_first_line(exc)}",
+            hint="grant the [run] state user CREATE and USAGE on schema reindex",
+        ) from exc
+    except psycopg.Error as exc:
+        raise BackendError(f"ledger: {_first_line(exc)}") from exc
+
+
+def _insert_shard(conn: Connection, plan_id: str, shard: ShardResult, now: float) -> bool:
+    """Insert the shard row; False when this very shard is already recorded (a replayed commit)."""
+    inserted = conn.execute(
+        "INSERT INTO reindex.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
+        " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at)"
+        " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, seq) DO NOTHING RETURNING seq",
+        _shard_row(plan_id, shard, now),
+    ).fetchone()
+    if inserted is not None:
+        return True
+    kept = _one(
+        conn.execute(
+            "SELECT last_cursor FROM reindex.shards WHERE plan_id = %s AND seq = %s", (plan_id, shard.seq)
+        )
+    )
+    if kept != shard.last_cursor:
+        raise BackendError(
+            f"shard {shard.seq} of plan {plan_id} is already recorded, up to {kept!r}",
+            hint="two runs wrote this migration; check who holds its lease",
+        )
+    return False
+
+
+def _shard_row(plan_id: str, shard: ShardResult, now: float) -> tuple[Any, ...]:
+    return (
+        plan_id,
+        shard.seq,
+        shard.after_cursor,
+        shard.last_cursor,
+        shard.documents,
+        shard.written,
+        len(shard.dead_letters),
+        shard.duplicates,
+        shard.reused,
+        shard.tokens,
+        shard.truncated,
+        shard.seconds,
+        now,
+    )
+
+
+def _lock_key(key: str) -> int:
+    """A signed 64-bit advisory-lock key: advisory locks are per database, so keys only meet their own."""
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def _one(cursor: Any) -> Any:
+    row = cursor.fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise MissingDependency("psycopg", extra="pgvector") from None
+    return psycopg
