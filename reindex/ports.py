@@ -110,22 +110,48 @@ class Embedder(Protocol):
     def embed(self, items: Sequence[Tokens]) -> Vectors: ...
 
 
-JobState = Literal["pending", "done", "failed"]
+@dataclass(frozen=True, slots=True)
+class JobItem:
+    """One input of a provider job. `custom_id` is short (< 64 chars) and unique within the job."""
+
+    custom_id: str
+    tokens: Tokens
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """What a provider job has produced so far; `is_terminal` once nothing more will come."""
+
+    status: str  # the provider's own word: validating, in_progress, completed, expired, cancelled, failed...
+    is_terminal: bool
+    vectors: Mapping[str, Vectors] = field(default_factory=dict)  # custom_id -> vector, successes only
+    failed: Mapping[str, str] = field(default_factory=dict)  # custom_id -> error code (e.g. batch_expired)
+    billed_tokens: int = 0  # from the provider's usage fields
 
 
 @runtime_checkable
 class DeferredEmbedder(Protocol):
-    """Submit now, collect later (provider batch APIs). The job id lives in the ledger."""
+    """Submit now, collect later (provider batch APIs, about half the online price).
+
+    `submit` must never create two provider jobs for one key: it records the key on the job
+    (batch metadata) and, before creating anything, looks for a job already carrying it.
+    """
 
     info: EmbedderInfo
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]: ...
 
-    def submit(self, key: str, items: Sequence[Tokens]) -> str: ...
+    def submit(self, key: str, items: Sequence[JobItem]) -> str:
+        """Create, or adopt if one exists with this key, the provider job for `items`; return its id."""
+        ...
 
-    def poll(self, job_id: str) -> JobState: ...
+    def poll(self, job_id: str) -> JobResult:
+        """Check a job; when terminal, download its output and error files and return every line."""
+        ...
 
-    def collect(self, job_id: str) -> Vectors: ...
+    def release(self, job_id: str) -> None:
+        """Delete the job's provider files once its results are durable in the target."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
