@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from adapters.postgres import mask_dsn
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, MissingDependency, TransientError
-from reindex.ledger import Cutover, DeadLetter, RunSummary, ShardResult
+from reindex.ledger import Cutover, DeadLetter, Job, RunSummary, ShardResult, job_from_row, job_row
 
 if TYPE_CHECKING:
     import psycopg
@@ -59,6 +59,16 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         key text PRIMARY KEY, host text NOT NULL, pid integer NOT NULL, since double precision NOT NULL
     );
     """,
+    """
+    ALTER TABLE reindex.shards ADD COLUMN billed_tokens bigint NOT NULL DEFAULT 0;
+    CREATE TABLE reindex.jobs (
+        plan_id text NOT NULL, key text NOT NULL, seq integer NOT NULL, attempt integer NOT NULL,
+        state text NOT NULL, job_id text, after_cursor text, last_cursor text NOT NULL,
+        documents integer NOT NULL, duplicates integer NOT NULL, truncated integer NOT NULL,
+        written integer NOT NULL, billed_tokens bigint NOT NULL, items text NOT NULL, dead text NOT NULL,
+        updated_at double precision NOT NULL, PRIMARY KEY (plan_id, key)
+    );
+    """,
 )
 _SETTLE: dict[str, LiteralString] = {
     "written": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, written = written + 1"
@@ -75,7 +85,8 @@ _UPSERT_DEAD_LETTER = (
 _TOTALS = (
     "SELECT count(*), coalesce(sum(documents),0), coalesce(sum(written),0), coalesce(sum(dead_letters),0),"
     " coalesce(sum(duplicates),0), coalesce(sum(vanished),0), coalesce(sum(reused),0), coalesce(sum(tokens),0),"
-    " coalesce(sum(truncated),0), coalesce(sum(seconds),0) FROM reindex.shards WHERE plan_id = %s"
+    " coalesce(sum(truncated),0), coalesce(sum(seconds),0), coalesce(sum(billed_tokens),0)"
+    " FROM reindex.shards WHERE plan_id = %s"
 )
 _KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 
@@ -178,7 +189,7 @@ class PostgresLedger:
         )
         if not runs:
             return None
-        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds = (
+        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds, billed = (
             self._query(_TOTALS, (plan_id,))[0]
         )
         reasons = self._query(
@@ -203,6 +214,7 @@ class PostgresLedger:
             float(seconds),
             self.resume_point(plan_id)[0],
             {reason: int(count) for reason, count in reasons},
+            int(billed),
         )
 
     def dead_letters(self, plan_id: str) -> list[DeadLetter]:
@@ -251,6 +263,20 @@ class PostgresLedger:
             (alias,),
         )
         return [Cutover(int(r[0]), r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], float(r[8])) for r in rows]
+
+    def record_job(self, plan_id: str, job: Job) -> None:
+        """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
+        self._execute(
+            "INSERT INTO reindex.jobs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+            " ON CONFLICT (plan_id, key) DO UPDATE SET state = excluded.state, job_id = excluded.job_id,"
+            " written = excluded.written, billed_tokens = excluded.billed_tokens, items = excluded.items,"
+            " dead = excluded.dead, updated_at = excluded.updated_at",
+            job_row(plan_id, job),
+        )
+
+    def jobs(self, plan_id: str) -> list[Job]:
+        rows = self._query("SELECT * FROM reindex.jobs WHERE plan_id = %s ORDER BY seq, attempt", (plan_id,))
+        return [job_from_row(row) for row in rows]
 
     @contextmanager
     def lease(self, key: str) -> Iterator[None]:
@@ -386,8 +412,8 @@ def _insert_shard(conn: Connection, plan_id: str, shard: ShardResult, now: float
     """Insert the shard row; False when this very shard is already recorded (a replayed commit)."""
     inserted = conn.execute(
         "INSERT INTO reindex.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
-        " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at)"
-        " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, seq) DO NOTHING RETURNING seq",
+        " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens)"
+        " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, seq) DO NOTHING RETURNING seq",
         _shard_row(plan_id, shard, now),
     ).fetchone()
     if inserted is not None:
@@ -420,6 +446,7 @@ def _shard_row(plan_id: str, shard: ShardResult, now: float) -> tuple[Any, ...]:
         shard.truncated,
         shard.seconds,
         now,
+        shard.billed_tokens,
     )
 
 

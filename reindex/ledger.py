@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,6 +50,16 @@ MIGRATIONS: tuple[str, ...] = (
         plan_id TEXT NOT NULL, at REAL NOT NULL, complete INTEGER NOT NULL, report TEXT NOT NULL
     );
     """,
+    """
+    ALTER TABLE shards ADD COLUMN billed_tokens INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE jobs (
+        plan_id TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL, attempt INTEGER NOT NULL,
+        state TEXT NOT NULL, job_id TEXT, after_cursor TEXT, last_cursor TEXT NOT NULL,
+        documents INTEGER NOT NULL, duplicates INTEGER NOT NULL, truncated INTEGER NOT NULL,
+        written INTEGER NOT NULL, billed_tokens INTEGER NOT NULL, items TEXT NOT NULL, dead TEXT NOT NULL,
+        updated_at REAL NOT NULL, PRIMARY KEY (plan_id, key)
+    );
+    """,
 )
 
 
@@ -81,6 +91,47 @@ class ShardResult:
     tokens: int
     truncated: int
     seconds: float
+    billed_tokens: int = 0  # what the provider charged for (online or batch usage fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A provider job (deferred embedder) for one shard's texts, or for the lines a previous attempt lost.
+
+    States: intent (key durable, nothing created) → submitted (provider job id known) → applied (vectors
+    durable in the target) → released (provider files deleted). The key is deterministic, so recovery
+    adopts a job the provider created even if its id never reached the ledger.
+    """
+
+    key: str
+    seq: int
+    attempt: int
+    state: str
+    job_id: str | None
+    after_cursor: str | None
+    last_cursor: str
+    items: tuple[tuple[str, str, str, int], ...]  # (custom_id, doc_id, content_hash, tokens)
+    documents: int = 0  # shard documents, on attempt 0 only
+    duplicates: int = 0
+    truncated: int = 0
+    dead: tuple[DeadLetter, ...] = ()  # screening dead letters (attempt 0) or final provider rejections
+    written: int = 0
+    billed_tokens: int = 0
+
+
+def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
+    """The column values of a job, in table order (shared by both ledgers)."""
+    return (plan_id, job.key, job.seq, job.attempt, job.state, job.job_id, job.after_cursor, job.last_cursor,
+            job.documents, job.duplicates, job.truncated, job.written, job.billed_tokens,
+            json.dumps(job.items), json.dumps([asdict(d) for d in job.dead]), time.time())
+
+
+def job_from_row(row: Sequence[Any]) -> Job:
+    items = tuple(tuple(item) for item in json.loads(row[13]))
+    dead = tuple(DeadLetter(**d) for d in json.loads(row[14]))
+    return Job(key=row[1], seq=row[2], attempt=row[3], state=row[4], job_id=row[5], after_cursor=row[6],
+               last_cursor=row[7], documents=row[8], duplicates=row[9], truncated=row[10], written=row[11],
+               billed_tokens=row[12], items=items, dead=dead)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +153,7 @@ class RunSummary:
     seconds: float
     last_cursor: str | None
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    billed_tokens: int = 0
 
     @property
     def reconciled(self) -> bool:
@@ -152,6 +204,8 @@ class Ledger(Protocol):
     def settle_cutover(self, cutover_id: int, state: str, *, old: str | None = None) -> None: ...
     def cutovers(self, alias: str) -> list[Cutover]: ...
     def lease(self, key: str) -> AbstractContextManager[None]: ...
+    def record_job(self, plan_id: str, job: Job) -> None: ...
+    def jobs(self, plan_id: str) -> list[Job]: ...
     def close(self) -> None: ...
 
 
@@ -229,7 +283,8 @@ class SqliteLedger:
             db.execute("BEGIN IMMEDIATE")
             db.execute(
                 "INSERT INTO shards (plan_id, seq, after_cursor, last_cursor, documents, written, dead_letters,"
-                " duplicates, reused, tokens, truncated, seconds, written_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     plan_id,
                     shard.seq,
@@ -244,6 +299,7 @@ class SqliteLedger:
                     shard.truncated,
                     shard.seconds,
                     now,
+                    shard.billed_tokens,
                 ),
             )
             db.executemany(
@@ -301,7 +357,7 @@ class SqliteLedger:
         totals = self._query(
             "SELECT count(*), coalesce(sum(documents),0), coalesce(sum(written),0), coalesce(sum(dead_letters),0),"
             " coalesce(sum(duplicates),0), coalesce(sum(vanished),0), coalesce(sum(reused),0), coalesce(sum(tokens),0), coalesce(sum(truncated),0),"
-            " coalesce(sum(seconds),0) FROM shards WHERE plan_id = ?",
+            " coalesce(sum(seconds),0), coalesce(sum(billed_tokens),0) FROM shards WHERE plan_id = ?",
             (plan_id,),
         )[0]
         last_cursor, _ = self.resume_point(plan_id)
@@ -311,7 +367,7 @@ class SqliteLedger:
             )
         )
         alias, target, fingerprint, state = runs[0]
-        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds = totals
+        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds, billed = totals
         return RunSummary(
             plan_id,
             alias,
@@ -330,6 +386,7 @@ class SqliteLedger:
             seconds,
             last_cursor,
             reasons,
+            billed,
         )
 
     def dead_letters(self, plan_id: str) -> list[DeadLetter]:
@@ -381,6 +438,15 @@ class SqliteLedger:
             (alias,),
         )
         return [Cutover(r[0], r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], r[8]) for r in rows]
+
+    def record_job(self, plan_id: str, job: Job) -> None:
+        """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
+        with self._transaction() as db:
+            db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", job_row(plan_id, job))
+
+    def jobs(self, plan_id: str) -> list[Job]:
+        return [job_from_row(row) for row in self._query("SELECT * FROM jobs WHERE plan_id = ? ORDER BY seq, attempt",
+                                                         (plan_id,))]
 
     @contextmanager
     def lease(self, plan_id: str) -> Iterator[None]:

@@ -24,7 +24,7 @@ from reindex.batching import padded_tokens, token_batches
 from reindex.config import RunConfig
 from reindex.errors import Interrupted, TransientError
 from reindex.ledger import DeadLetter, Ledger, ShardResult
-from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Tokens, Vectors
+from reindex.ports import DeferredEmbedder, Embedder, Record, Rows, Sink, Source, TargetSpec, Tokens, Vectors
 from reindex.validation import screen, vector_dead_letters
 
 T = TypeVar("T")
@@ -161,38 +161,7 @@ class Pipeline:
         self._put(out, _DONE)
 
     def _prepare(self, seq: int, after: str | None, records: list[Record]) -> Shard:
-        screened = screen(records)
-        unique: dict[str, int] = {}
-        owner = [unique.setdefault(digest, len(unique)) for digest in screened.hashes]
-        texts = [""] * len(unique)
-        for record, index in zip(screened.records, owner, strict=True):
-            texts[index] = record.text
-        shard = Shard(
-            seq,
-            after,
-            records[-1].position,
-            len(records),
-            screened.records,
-            screened.hashes,
-            owner,
-            self.embedder.tokenize(texts),
-            screened.dead,
-            screened.duplicates,
-        )
-        self._apply_length_policy(shard)
-        return shard
-
-    def _apply_length_policy(self, shard: Shard) -> None:
-        over = {i for i, tokens in enumerate(shard.tokens) if tokens.is_truncated}
-        if self.config.too_long == "truncate" or not over:
-            shard.truncated = sum(1 for i in shard.owner if i in over)
-            return
-        limit = self.embedder.info.max_tokens
-        for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
-            if index in over:
-                detail = f"{shard.tokens[index].original_count} tokens > {limit}"
-                shard.dead.append(DeadLetter(record.id, "too_long", detail, digest))
-        _keep(shard, [index not in over for index in shard.owner])
+        return prepare_shard(self.embedder, self.config, seq, after, records)
 
     # model stage --------------------------------------------------------------------------------------
 
@@ -266,6 +235,44 @@ class Pipeline:
         self.progress.written += len(shard.records)
         self.progress.dead_letters += len(shard.dead)
         self.on_progress(self.progress)
+
+
+def prepare_shard(
+    embedder: Embedder | DeferredEmbedder, run: RunConfig, seq: int, after: str | None, records: list[Record]
+) -> Shard:
+    """Screen, fold duplicate ids, tokenize each distinct text once, and apply the over-length policy."""
+    screened = screen(records)
+    unique: dict[str, int] = {}
+    owner = [unique.setdefault(digest, len(unique)) for digest in screened.hashes]
+    texts = [""] * len(unique)
+    for record, index in zip(screened.records, owner, strict=True):
+        texts[index] = record.text
+    shard = Shard(
+        seq,
+        after,
+        records[-1].position,
+        len(records),
+        screened.records,
+        screened.hashes,
+        owner,
+        embedder.tokenize(texts),
+        screened.dead,
+        screened.duplicates,
+    )
+    _apply_length_policy(shard, run.too_long, embedder.info.max_tokens)
+    return shard
+
+
+def _apply_length_policy(shard: Shard, policy: str, limit: int) -> None:
+    over = {i for i, tokens in enumerate(shard.tokens) if tokens.is_truncated}
+    if policy == "truncate" or not over:
+        shard.truncated = sum(1 for i in shard.owner if i in over)
+        return
+    for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
+        if index in over:
+            detail = f"{shard.tokens[index].original_count} tokens > {limit}"
+            shard.dead.append(DeadLetter(record.id, "too_long", detail, digest))
+    _keep(shard, [index not in over for index in shard.owner])
 
 
 def _retrying(function: Callable[..., T], *args: Any) -> T:
