@@ -191,3 +191,80 @@ class MemorySink:
 
     def close(self) -> None:
         pass
+
+
+class MemoryBatchEmbedder:
+    """A provider batch API in memory: jobs advance one state per poll, vectors come from HashEmbedder.
+
+    Scriptable like the real service: `expire_after` lines complete before a job expires, texts
+    containing `reject` fail with `invalid_request`. `created` counts jobs per key (no double cost).
+    """
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+        kind: Literal["memory-batch"]
+        dim: int = 32
+        price_per_million: float = 0.01
+
+    def __init__(
+        self,
+        dim: int = 32,
+        *,
+        expire_after: int | None = None,
+        reject: str | None = None,
+        polls_to_finish: int = 2,
+        price_per_million: float | None = 0.01,
+    ) -> None:
+        self.inline = HashEmbedder(dim)
+        self.info = EmbedderInfo(
+            kind="memory-batch",
+            model="sha256",
+            dim=dim,
+            max_tokens=512,
+            fingerprint=self.inline.info.fingerprint,
+            options={},
+        )
+        self.expire_after, self.reject, self.polls_to_finish = expire_after, reject, polls_to_finish
+        self.price_per_million = price_per_million
+        self.jobs: dict[str, tuple[str, list[tuple[str, str]], int]] = {}  # id -> key, lines, polls
+        self.created: dict[str, int] = {}
+        self.released: set[str] = set()
+
+    @classmethod
+    def from_config(cls, config: Config) -> MemoryBatchEmbedder:
+        return cls(config.dim, price_per_million=config.price_per_million)
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
+        return self.inline.tokenize(texts)
+
+    def submit(self, key: str, items: Sequence[Any]) -> str:
+        for job_id, (existing, _, _) in self.jobs.items():
+            if existing == key:
+                return job_id
+        job_id = f"batch_{len(self.jobs)}"
+        self.jobs[job_id] = (key, [(item.custom_id, str(item.tokens.data)) for item in items], 0)
+        self.created[key] = self.created.get(key, 0) + 1
+        return job_id
+
+    def poll(self, job_id: str) -> Any:
+        from reindex.ports import JobResult
+
+        key, lines, polls = self.jobs[job_id]
+        self.jobs[job_id] = (key, lines, polls + 1)
+        if polls + 1 < self.polls_to_finish:
+            return JobResult("in_progress", is_terminal=False)
+        done = lines if self.expire_after is None else lines[: self.expire_after]
+        vectors, failed = {}, {}
+        for custom_id, text in lines:
+            if self.reject and self.reject in text:
+                failed[custom_id] = "invalid_request"
+            elif (custom_id, text) in done:
+                vectors[custom_id] = self.inline.vector(text)
+            else:
+                failed[custom_id] = "batch_expired"
+        billed = sum(len(text.split()) for cid, text in lines if cid in vectors)
+        status = "completed" if self.expire_after is None else "expired"
+        return JobResult(status, is_terminal=True, vectors=vectors, failed=failed, billed_tokens=billed)
+
+    def release(self, job_id: str) -> None:
+        self.released.add(job_id)

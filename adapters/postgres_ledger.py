@@ -66,7 +66,7 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         state text NOT NULL, job_id text, after_cursor text, last_cursor text NOT NULL,
         documents integer NOT NULL, duplicates integer NOT NULL, truncated integer NOT NULL,
         written integer NOT NULL, billed_tokens bigint NOT NULL, items text NOT NULL, dead text NOT NULL,
-        updated_at double precision NOT NULL, PRIMARY KEY (plan_id, key)
+        updated_at double precision NOT NULL, vanished integer NOT NULL, PRIMARY KEY (plan_id, key)
     );
     """,
 )
@@ -267,10 +267,10 @@ class PostgresLedger:
     def record_job(self, plan_id: str, job: Job) -> None:
         """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
         self._execute(
-            "INSERT INTO reindex.jobs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+            "INSERT INTO reindex.jobs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
             " ON CONFLICT (plan_id, key) DO UPDATE SET state = excluded.state, job_id = excluded.job_id,"
             " written = excluded.written, billed_tokens = excluded.billed_tokens, items = excluded.items,"
-            " dead = excluded.dead, updated_at = excluded.updated_at",
+            " dead = excluded.dead, updated_at = excluded.updated_at, vanished = excluded.vanished",
             job_row(plan_id, job),
         )
 
@@ -412,8 +412,8 @@ def _insert_shard(conn: Connection, plan_id: str, shard: ShardResult, now: float
     """Insert the shard row; False when this very shard is already recorded (a replayed commit)."""
     inserted = conn.execute(
         "INSERT INTO reindex.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
-        " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens)"
-        " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, seq) DO NOTHING RETURNING seq",
+        " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens, vanished)"
+        " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, seq) DO NOTHING RETURNING seq",
         _shard_row(plan_id, shard, now),
     ).fetchone()
     if inserted is not None:
@@ -447,6 +447,7 @@ def _shard_row(plan_id: str, shard: ShardResult, now: float) -> tuple[Any, ...]:
         shard.seconds,
         now,
         shard.billed_tokens,
+        shard.vanished,
     )
 
 

@@ -12,12 +12,14 @@ from typing import Any
 from reindex import cutover as alias_moves
 from reindex import registry
 from reindex.config import Config
+from reindex.cost import Budget
+from reindex.deferred import DeferredRun
 from reindex.errors import ConfigError, CutoverRefused, ReindexError, VerificationFailed
 from reindex.fingerprint import target_name
 from reindex.ledger import Ledger, RunSummary, SqliteLedger
 from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate
-from reindex.ports import Embedder, Sink, Source, TargetSpec
+from reindex.ports import DeferredEmbedder, Embedder, Sink, Source, TargetSpec
 from reindex.sync import SyncReport, catch_up
 from reindex.verify import Coverage, coverage
 
@@ -127,6 +129,8 @@ class RunReport:
     model_busy_fraction: float
     reconciled: bool
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    billed_tokens: int = 0  # from the provider's usage fields
+    cost_usd: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,28 +174,40 @@ def _run(
         fingerprint=m.spec.fingerprint,
         model=dict(m.spec.model),
     )
+    before = ledger.summary(m.plan_id)
     if on_start:
-        before = ledger.summary(m.plan_id)
         on_start(m.source.count(), before.documents if before else 0)
-    progress = Pipeline(
-        source=m.source,
-        embedder=m.embedder,
-        sink=m.sink,
-        ledger=ledger,
-        spec=m.spec,
-        plan_id=m.plan_id,
-        run=m.config.run,
-        stop=stop,
-        on_progress=on_progress,
-    ).run()
+    budget = Budget(m.config.run.max_cost_usd, price_of(m.embedder), before.billed_tokens if before else 0)
+    common: dict[str, Any] = {
+        "source": m.source,
+        "sink": m.sink,
+        "ledger": ledger,
+        "spec": m.spec,
+        "plan_id": m.plan_id,
+        "run": m.config.run,
+        "stop": stop,
+        "on_progress": on_progress,
+        "budget": budget,
+    }
+    embedder = m.embedder
+    if isinstance(embedder, DeferredEmbedder):
+        progress = DeferredRun(embedder=embedder, **common).run()
+    else:
+        progress = Pipeline(embedder=embedder, **common).run()
     m.sink.finalize(m.spec)
     ledger.finish(m.plan_id)
     summary = ledger.summary(m.plan_id)
     assert summary is not None
-    return _run_report(summary, progress)
+    return _run_report(summary, progress, price_of(m.embedder))
 
 
-def _run_report(summary: RunSummary, progress: Progress) -> RunReport:
+def price_of(embedder: Any) -> float | None:
+    """USD per 1M tokens for this embedder and tier, if it is a paid provider."""
+    price = getattr(embedder, "price_per_million", None)
+    return float(price) if price is not None else None
+
+
+def _run_report(summary: RunSummary, progress: Progress, price: float | None = None) -> RunReport:
     seconds = max(progress.seconds, 1e-9)
     return RunReport(
         plan_id=summary.plan_id,
@@ -212,6 +228,8 @@ def _run_report(summary: RunSummary, progress: Progress) -> RunReport:
         model_busy_fraction=round(progress.model_seconds / seconds, 3),
         reconciled=summary.reconciled,
         dead_letter_reasons=summary.dead_letter_reasons,
+        billed_tokens=summary.billed_tokens,
+        cost_usd=round(summary.billed_tokens * price / 1_000_000, 6) if price is not None else None,
     )
 
 

@@ -28,6 +28,11 @@ class RunConfig(BaseModel):
     max_batch: int = Field(256, ge=1)
     too_long: Literal["truncate", "dead-letter"] = "truncate"
     queue_depth: int = Field(2, ge=1, le=64)  # shards buffered between stages: the memory bound
+    max_cost_usd: float | None = Field(None, ge=0)  # stop (exit 75, resumable) before spending more
+    max_open_jobs: int = Field(8, ge=1)  # provider batch jobs in flight at once (deferred embedders)
+    poll_seconds: float = Field(5.0, gt=0)  # first poll interval for provider jobs; doubles while idle
+    poll_max_seconds: float = Field(60.0, gt=0)
+    provider_attempts: int = Field(3, ge=1)  # submissions of a line before it becomes a dead letter
 
 
 @dataclass(frozen=True)

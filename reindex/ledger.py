@@ -57,7 +57,7 @@ MIGRATIONS: tuple[str, ...] = (
         state TEXT NOT NULL, job_id TEXT, after_cursor TEXT, last_cursor TEXT NOT NULL,
         documents INTEGER NOT NULL, duplicates INTEGER NOT NULL, truncated INTEGER NOT NULL,
         written INTEGER NOT NULL, billed_tokens INTEGER NOT NULL, items TEXT NOT NULL, dead TEXT NOT NULL,
-        updated_at REAL NOT NULL, PRIMARY KEY (plan_id, key)
+        updated_at REAL NOT NULL, vanished INTEGER NOT NULL, PRIMARY KEY (plan_id, key)
     );
     """,
 )
@@ -92,6 +92,7 @@ class ShardResult:
     truncated: int
     seconds: float
     billed_tokens: int = 0  # what the provider charged for (online or batch usage fields)
+    vanished: int = 0  # documents deleted from the source before their vectors could be written
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,28 +111,59 @@ class Job:
     job_id: str | None
     after_cursor: str | None
     last_cursor: str
-    items: tuple[tuple[str, str, str, int], ...]  # (custom_id, doc_id, content_hash, tokens)
+    items: tuple[tuple[str, str, str, int, str], ...]  # (custom_id, doc_id, content_hash, tokens, text)
     documents: int = 0  # shard documents, on attempt 0 only
     duplicates: int = 0
     truncated: int = 0
     dead: tuple[DeadLetter, ...] = ()  # screening dead letters (attempt 0) or final provider rejections
     written: int = 0
     billed_tokens: int = 0
+    vanished: int = 0  # finished lines whose documents had left the source
 
 
 def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
     """The column values of a job, in table order (shared by both ledgers)."""
-    return (plan_id, job.key, job.seq, job.attempt, job.state, job.job_id, job.after_cursor, job.last_cursor,
-            job.documents, job.duplicates, job.truncated, job.written, job.billed_tokens,
-            json.dumps(job.items), json.dumps([asdict(d) for d in job.dead]), time.time())
+    return (
+        plan_id,
+        job.key,
+        job.seq,
+        job.attempt,
+        job.state,
+        job.job_id,
+        job.after_cursor,
+        job.last_cursor,
+        job.documents,
+        job.duplicates,
+        job.truncated,
+        job.written,
+        job.billed_tokens,
+        json.dumps(job.items),
+        json.dumps([asdict(d) for d in job.dead]),
+        time.time(),
+        job.vanished,
+    )
 
 
 def job_from_row(row: Sequence[Any]) -> Job:
     items = tuple(tuple(item) for item in json.loads(row[13]))
     dead = tuple(DeadLetter(**d) for d in json.loads(row[14]))
-    return Job(key=row[1], seq=row[2], attempt=row[3], state=row[4], job_id=row[5], after_cursor=row[6],
-               last_cursor=row[7], documents=row[8], duplicates=row[9], truncated=row[10], written=row[11],
-               billed_tokens=row[12], items=items, dead=dead)
+    return Job(
+        key=row[1],
+        seq=row[2],
+        attempt=row[3],
+        state=row[4],
+        job_id=row[5],
+        after_cursor=row[6],
+        last_cursor=row[7],
+        documents=row[8],
+        duplicates=row[9],
+        truncated=row[10],
+        written=row[11],
+        billed_tokens=row[12],
+        items=items,
+        dead=dead,
+        vanished=row[16],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,8 +315,8 @@ class SqliteLedger:
             db.execute("BEGIN IMMEDIATE")
             db.execute(
                 "INSERT INTO shards (plan_id, seq, after_cursor, last_cursor, documents, written, dead_letters,"
-                " duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens, vanished)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (plan_id, seq) DO NOTHING",
                 (
                     plan_id,
                     shard.seq,
@@ -300,6 +332,7 @@ class SqliteLedger:
                     shard.seconds,
                     now,
                     shard.billed_tokens,
+                    shard.vanished,
                 ),
             )
             db.executemany(
@@ -367,7 +400,9 @@ class SqliteLedger:
             )
         )
         alias, target, fingerprint, state = runs[0]
-        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds, billed = totals
+        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds, billed = (
+            totals
+        )
         return RunSummary(
             plan_id,
             alias,
@@ -442,11 +477,16 @@ class SqliteLedger:
     def record_job(self, plan_id: str, job: Job) -> None:
         """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
         with self._transaction() as db:
-            db.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", job_row(plan_id, job))
+            db.execute(
+                "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                job_row(plan_id, job),
+            )
 
     def jobs(self, plan_id: str) -> list[Job]:
-        return [job_from_row(row) for row in self._query("SELECT * FROM jobs WHERE plan_id = ? ORDER BY seq, attempt",
-                                                         (plan_id,))]
+        return [
+            job_from_row(row)
+            for row in self._query("SELECT * FROM jobs WHERE plan_id = ? ORDER BY seq, attempt", (plan_id,))
+        ]
 
     @contextmanager
     def lease(self, plan_id: str) -> Iterator[None]:

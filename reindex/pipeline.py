@@ -22,6 +22,7 @@ import stamina
 from reindex import crashpoints
 from reindex.batching import padded_tokens, token_batches
 from reindex.config import RunConfig
+from reindex.cost import Budget
 from reindex.errors import Interrupted, TransientError
 from reindex.ledger import DeadLetter, Ledger, ShardResult
 from reindex.ports import DeferredEmbedder, Embedder, Record, Rows, Sink, Source, TargetSpec, Tokens, Vectors
@@ -45,6 +46,7 @@ class Shard:
     duplicates: int
     truncated: int = 0
     vectors: Vectors | None = None
+    billed_tokens: int = 0
 
 
 @dataclass
@@ -76,12 +78,14 @@ class Pipeline:
         run: RunConfig,
         stop: threading.Event | None = None,
         on_progress: Callable[[Progress], None] | None = None,
+        budget: Budget | None = None,
     ) -> None:
         self.source, self.embedder, self.sink, self.ledger = source, embedder, sink, ledger
         self.spec, self.plan_id, self.config = spec, plan_id, run
         self.stop = stop or threading.Event()
         self.on_progress = on_progress or (lambda progress: None)
         self.progress = Progress()
+        self.budget = budget or Budget(None, None)
         self._failed = threading.Event()
         self._failure: BaseException | None = None
         self._last_mark = time.monotonic()
@@ -153,7 +157,10 @@ class Pipeline:
 
     def _read(self, after: str | None, seq: int, out: queue.Queue[Any]) -> None:
         for records in _chunks(self.source.scan(after), self.config.shard_size):
-            if self._failed.is_set() or not self._put(out, self._prepare(seq, after, records)):
+            shard = self._prepare(seq, after, records)
+            if not self.budget.allows(sum(t.count for t in shard.tokens)):
+                break  # over budget: claim nothing more; what is in flight still lands
+            if self._failed.is_set() or not self._put(out, shard):
                 return
             after, seq = records[-1].position, seq + 1
             if self.stop.is_set():
@@ -181,12 +188,14 @@ class Pipeline:
         batches = token_batches(lengths, self.config.batch_tokens, self.config.max_batch)
         unique = np.empty((len(lengths), dim), dtype=np.float32)
         started = time.monotonic()
+        billed_before = getattr(self.embedder, "billed_tokens", 0)
         for batch in batches:
             if self.stop.is_set():
                 return False
             vectors = _retrying(self.embedder.embed, [shard.tokens[i] for i in batch])
             unique[batch] = vectors if vectors.shape == (len(batch), dim) else np.nan
         self.progress.model_seconds += time.monotonic() - started
+        shard.billed_tokens = getattr(self.embedder, "billed_tokens", 0) - billed_before
         self.progress.padded_tokens += padded_tokens(lengths, batches)
         self.progress.tokens += sum(lengths)
         self.progress.reused += len(shard.owner) - len(lengths)
@@ -228,7 +237,9 @@ class Pipeline:
             sum(t.count for t in shard.tokens),
             shard.truncated,
             now - self._last_mark,
+            billed_tokens=shard.billed_tokens,
         )
+        self.budget.charge(shard.billed_tokens, reserved=sum(t.count for t in shard.tokens))
         self._last_mark = now
         _retrying(self.ledger.record_shard, self.plan_id, result)
         self.progress.documents += shard.documents

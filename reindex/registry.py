@@ -27,6 +27,10 @@ SOURCES: dict[str, str] = {
 EMBEDDERS: dict[str, str] = {
     "sentence-transformers": "adapters.sentence_transformers:SentenceTransformerEmbedder",
     "hash": "adapters.memory:HashEmbedder",
+    "memory-batch": "adapters.memory:MemoryBatchEmbedder",
+    "openai": "adapters.openai:OpenAIEmbedder",
+    "openai-batch": "adapters.openai:OpenAIBatchEmbedder",
+    "vllm": "adapters.vllm:VllmEmbedder",
 }
 SINKS: dict[str, str] = {
     "pgvector": "adapters.postgres:PgvectorSink",
