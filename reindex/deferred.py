@@ -10,6 +10,7 @@ ledger learning its id, is recovered by submitting the same key again: the embed
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -17,6 +18,7 @@ from itertools import islice
 
 import numpy as np
 
+from reindex import crashpoints
 from reindex.config import RunConfig
 from reindex.cost import Budget
 from reindex.errors import Interrupted
@@ -124,6 +126,7 @@ class DeferredRun:
             dead=tuple(shard.dead),
         )
         self._save(job)
+        crashpoints.crash_if_armed("job_after_intent")
         if items:
             self._submit(job, {f"{seq}-{i}": tokens for i, tokens in enumerate(shard.tokens)})
         else:
@@ -136,7 +139,8 @@ class DeferredRun:
         if tokens is None:  # recovering an intent: the texts travel in the ledger, tokenize them again
             tokens = dict(zip(texts, self.embedder.tokenize(list(texts.values())), strict=True))
         payload = [JobItem(custom_id, tokens[custom_id]) for custom_id in texts]
-        job_id = _retrying(self.embedder.submit, job.key, payload)
+        job_id = _retrying(functools.partial(self.embedder.submit, isolate=job.attempt > 0), job.key, payload)
+        crashpoints.crash_if_armed("job_after_create")
         self._save(replace(job, state="submitted", job_id=job_id))
 
     # collecting --------------------------------------------------------------------------------------
@@ -155,6 +159,7 @@ class DeferredRun:
     def _apply(self, job: Job, result: JobResult) -> None:
         """Write what finished, resubmit only the lines that did not (bounded), dead-letter the rest."""
         written, dead, vanished = self._write(job, result.vectors)
+        crashpoints.crash_if_armed("job_after_write")
         lost = [item for item in job.items if item[0] not in result.vectors]
         if job.attempt + 1 < self.config.provider_attempts:
             if lost:
@@ -185,6 +190,7 @@ class DeferredRun:
             vanished=vanished,
         )
         self._save(applied)
+        crashpoints.crash_if_armed("job_after_apply")
         self._release(applied)
 
     def _write(self, job: Job, vectors: Mapping[str, Vectors]) -> tuple[int, list[DeadLetter], int]:

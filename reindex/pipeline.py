@@ -189,17 +189,22 @@ class Pipeline:
         unique = np.empty((len(lengths), dim), dtype=np.float32)
         started = time.monotonic()
         billed_before = getattr(self.embedder, "billed_tokens", 0)
+        rejected: dict[int, str] = {}
         for batch in batches:
             if self.stop.is_set():
                 return False
             vectors = _retrying(self.embedder.embed, [shard.tokens[i] for i in batch])
             unique[batch] = vectors if vectors.shape == (len(batch), dim) else np.nan
+            for row, reason in _rejections(self.embedder).items():
+                rejected[batch[row]] = reason
         self.progress.model_seconds += time.monotonic() - started
         shard.billed_tokens = getattr(self.embedder, "billed_tokens", 0) - billed_before
         self.progress.padded_tokens += padded_tokens(lengths, batches)
         self.progress.tokens += sum(lengths)
         self.progress.reused += len(shard.owner) - len(lengths)
-        reasons = vector_dead_letters(unique, dim) if len(lengths) else []
+        reasons: list[str | None] = vector_dead_letters(unique, dim) if len(lengths) else []
+        for index, reason in rejected.items():
+            reasons[index] = reason
         for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
             if reasons[index]:
                 shard.dead.append(DeadLetter(record.id, str(reasons[index]), "embedder output", digest))
@@ -284,6 +289,12 @@ def _apply_length_policy(shard: Shard, policy: str, limit: int) -> None:
             detail = f"{shard.tokens[index].original_count} tokens > {limit}"
             shard.dead.append(DeadLetter(record.id, "too_long", detail, digest))
     _keep(shard, [index not in over for index in shard.owner])
+
+
+def _rejections(embedder: Any) -> dict[int, str]:
+    """Rows of the last `embed` call a provider refused ({row: "provider_rejected:<code>"}), if it says."""
+    last = getattr(embedder, "last_rejections", None)
+    return dict(last()) if callable(last) else {}
 
 
 def _retrying(function: Callable[..., T], *args: Any) -> T:

@@ -48,6 +48,10 @@ class PlanReport:
     alias_fingerprint: str | None = None
     alias_is_physical: bool = False
     coverage: dict[str, Any] | None = None
+    cost_online_usd: float | None = None  # paid embedders: unique-text tokens x the online list price
+    cost_batch_usd: float | None = None  # the provider batch tier (about half), finished within its window
+    batch_window: str | None = None
+    backends: dict[str, Any] | None = None  # what this machine can run (CUDA, vLLM, CPU precision flags)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,7 +81,9 @@ def estimate(source: Source, embedder: Embedder, run: RunConfig, *, calibrate: b
             if len(calibration) < CALIBRATION_DOCS:
                 calibration.append(tokens)
     _summarise(report, lengths)
-    if calibrate and calibration:
+    _price(report, getattr(embedder, "prices", None))
+    paid = bool(getattr(embedder, "prices", None))
+    if calibrate and calibration and not paid and hasattr(embedder, "embed"):  # a dry run never spends money
         _calibrate(report, embedder, calibration, run)
     return report
 
@@ -109,6 +115,17 @@ def _summarise(report: PlanReport, lengths: list[int]) -> None:
         report.tokens_p90 = sorted(lengths)[int(0.9 * (len(lengths) - 1))]
     report.vector_bytes = report.embeddable * report.dim * 4
     report.index_bytes_estimate = report.vector_bytes + report.embeddable * HNSW_M * 2 * 8
+
+
+def _price(report: PlanReport, prices: dict[str, float | None] | None) -> None:
+    """Exact cost from exact tokens: what each tier would bill for the unique texts."""
+    if not prices:
+        return
+    for tier in ("online", "batch"):
+        price = prices.get(tier)
+        if price is not None:
+            setattr(report, f"cost_{tier}_usd", round(report.tokens * price / 1_000_000, 6))
+    report.batch_window = "24h" if prices.get("batch") is not None else None
 
 
 def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: RunConfig) -> None:

@@ -141,8 +141,11 @@ class DeferredEmbedder(Protocol):
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]: ...
 
-    def submit(self, key: str, items: Sequence[JobItem]) -> str:
-        """Create, or adopt if one exists with this key, the provider job for `items`; return its id."""
+    def submit(self, key: str, items: Sequence[JobItem], *, isolate: bool = False) -> str:
+        """Create, or adopt if one exists with this key, the provider job for `items`; return its id.
+
+        `isolate` asks for one input per provider request (retries: a rejected request fails them all).
+        """
         ...
 
     def poll(self, job_id: str) -> JobResult:

@@ -16,7 +16,38 @@ import numpy as np
 
 from adapters.memory import HashEmbedder
 
-WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega", "vector", "index", "alias", "shard", "ledger", "cursor"]
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "chi",
+    "psi",
+    "omega",
+    "vector",
+    "index",
+    "alias",
+    "shard",
+    "ledger",
+    "cursor",
+]
 
 
 def write_corpus(path: Path, n: int, *, poison: bool = False, seed: int = 7) -> dict[str, str]:

