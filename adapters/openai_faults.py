@@ -81,8 +81,16 @@ class FaultPlan:
         """The plan a new batch runs under: clean of batch faults once `faulty_batches` have had them."""
         if self.faulty_batches is None or created_before < self.faulty_batches:
             return self
-        return replace(self, fail_validation=False, expire_after=None, cancel_after=None, shuffle_output=False,
-                       duplicate_output_line=False, malformed_output_line=False, delete_output=False)
+        return replace(
+            self,
+            fail_validation=False,
+            expire_after=None,
+            cancel_after=None,
+            shuffle_output=False,
+            duplicate_output_line=False,
+            malformed_output_line=False,
+            delete_output=False,
+        )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> FaultPlan:

@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal, LiteralString
 
@@ -69,6 +69,13 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         updated_at double precision NOT NULL, vanished integer NOT NULL, PRIMARY KEY (plan_id, key)
     );
     """,
+    """
+    CREATE TABLE reindex.texts (
+        plan_id text NOT NULL, content_hash text NOT NULL, owner text NOT NULL, state text NOT NULL,
+        PRIMARY KEY (plan_id, content_hash)
+    );
+    ALTER TABLE reindex.jobs ADD COLUMN copies text NOT NULL DEFAULT '[]';
+    """,
 )
 _SETTLE: dict[str, LiteralString] = {
     "written": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, written = written + 1"
@@ -76,6 +83,7 @@ _SETTLE: dict[str, LiteralString] = {
     "vanished": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, vanished = vanished + 1"
     " WHERE plan_id = %s AND seq = %s",
 }
+_SETTLE_TEXT: LiteralString = "UPDATE reindex.texts SET state = %s WHERE plan_id = %s AND content_hash = %s"
 _UPSERT_DEAD_LETTER = (
     "INSERT INTO reindex.dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
     " VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
@@ -147,6 +155,9 @@ class PostgresLedger:
                     (plan_id, d.doc_id, d.reason, d.detail, d.content_hash, shard.seq, now)
                     for d in shard.dead_letters
                 ],
+            )
+            conn.cursor().executemany(
+                _SETTLE_TEXT, [(state, plan_id, digest) for digest, state in shard.texts]
             )
 
     def settle_retry(
@@ -267,16 +278,48 @@ class PostgresLedger:
     def record_job(self, plan_id: str, job: Job) -> None:
         """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
         self._execute(
-            "INSERT INTO reindex.jobs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+            "INSERT INTO reindex.jobs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
             " ON CONFLICT (plan_id, key) DO UPDATE SET state = excluded.state, job_id = excluded.job_id,"
             " written = excluded.written, billed_tokens = excluded.billed_tokens, items = excluded.items,"
-            " dead = excluded.dead, updated_at = excluded.updated_at, vanished = excluded.vanished",
+            " dead = excluded.dead, updated_at = excluded.updated_at, vanished = excluded.vanished,"
+            " copies = excluded.copies",
             job_row(plan_id, job),
         )
 
     def jobs(self, plan_id: str) -> list[Job]:
         rows = self._query("SELECT * FROM reindex.jobs WHERE plan_id = %s ORDER BY seq, attempt", (plan_id,))
         return [job_from_row(row) for row in rows]
+
+    def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+        """Claim each text unless another document already did; return {hash: (owner, state)} of those."""
+        with self._transaction() as conn:
+            conn.cursor().executemany(
+                "INSERT INTO reindex.texts VALUES (%s,%s,%s,'claimed') ON CONFLICT DO NOTHING",
+                [(plan_id, digest, doc_id) for digest, doc_id in owners.items()],
+            )
+            rows = conn.execute(
+                "SELECT content_hash, owner, state FROM reindex.texts WHERE plan_id = %s AND content_hash = ANY(%s)",
+                (plan_id, list(owners)),
+            ).fetchall()
+        return {row[0]: (row[1], row[2]) for row in rows if row[1] != owners[row[0]]}
+
+    def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
+        rows = self._query(
+            "SELECT content_hash, owner, state FROM reindex.texts WHERE plan_id = %s AND content_hash = ANY(%s)",
+            (plan_id, list(hashes)),
+        )
+        return {row[0]: (row[1], row[2]) for row in rows}
+
+    def settle_texts(self, plan_id: str, states: Sequence[tuple[str, str]]) -> None:
+        with self._transaction() as conn:
+            conn.cursor().executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in states])
+
+    def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None:
+        """Forget claims that no durable work will fulfil (their shard died in flight)."""
+        self._execute(
+            "DELETE FROM reindex.texts WHERE plan_id = %s AND state = 'claimed' AND NOT (owner = ANY(%s))",
+            (plan_id, list(keep_owners)),
+        )
 
     @contextmanager
     def lease(self, key: str) -> Iterator[None]:

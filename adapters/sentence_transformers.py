@@ -149,7 +149,7 @@ def _load(model: str, device: str) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as transformers_logging
 
-    transformers_logging.disable_progress_bar()  # our own progress goes to stderr; theirs would interleave
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # our own progress goes to stderr; theirs would interleave
     with _loading_errors(model):
         return SentenceTransformer(model, device=device, local_files_only=_offline() or Path(model).exists())
 

@@ -31,7 +31,7 @@ Pooling = Literal["mean", "cls", "last"]
 Step = Literal["load", "start", "embed"]
 APPLIED_MODULES = {"Transformer", "Pooling", "Normalize"}  # vLLM runs these; any other module changes vectors
 ST_POOLING = {"mean": "mean", "mean_tokens": "mean", "cls": "cls", "cls_token": "cls", "lasttoken": "last"}
-NORMALIZE_FIELDS = ("normalize", "use_activation")  # the name moved between releases
+NORMALIZE_FIELDS = ("normalize", "use_activation")  # the switch's name moved between releases
 POOLING_FIELDS = ("pooling_type", "seq_pooling_type")
 
 
@@ -69,7 +69,7 @@ class VllmEmbedder:
 
     def __init__(self, llm: Any, spec: VllmSpec) -> None:
         self._llm, self.spec, self.info = llm, spec, spec.info
-        self._call, self._call_options = embed_call(llm, pooling_params_class(), spec.normalize)
+        self._call, self._call_options = embed_call(llm, pooling_params_class())
 
     @classmethod
     def from_config(cls, config: Config) -> VllmEmbedder:
@@ -346,21 +346,25 @@ def _pooler_argument(fields: set[str], pooler_class: type | None, spec: VllmSpec
             "this vLLM release's PoolerConfig has no pooling type", hint="pin a vLLM release >= 0.7"
         )
     values: dict[str, Any] = {pooling: spec.pooling.upper()}
-    values |= {name: False for name in NORMALIZE_FIELDS if name in accepted}  # raw vectors: normalized here
-    if not values.keys() & set(NORMALIZE_FIELDS) and not spec.normalize:
+    raw = _raw_switch(accepted)  # raw vectors from vLLM: normalized here, in fp32, whatever the release
+    if not raw and not spec.normalize:
         raise ConfigError("this vLLM release cannot return unnormalized vectors", hint="set normalize = true")
+    values |= raw
     return {keyword: pooler_class(**values) if pooler_class is not None else values}
 
 
-def embed_call(
-    llm: Any, pooling_params: type | None, normalize: bool
-) -> tuple[Callable[..., Any], dict[str, Any]]:
+def _raw_switch(accepted: set[str]) -> dict[str, bool]:
+    """One switch that turns vLLM's normalization off: setting two aliases of it may be refused."""
+    name = next((name for name in NORMALIZE_FIELDS if name in accepted), None)
+    return {} if name is None else {name: False}
+
+
+def embed_call(llm: Any, pooling_params: type | None) -> tuple[Callable[..., Any], dict[str, Any]]:
     """`llm.embed` (or `llm.encode` on old releases) and the keywords it accepts here."""
     call = getattr(llm, "embed", None) or llm.encode
     accepted = set(_parameters(call))
     options: dict[str, Any] = {"use_tqdm": False} if "use_tqdm" in accepted else {}
-    params = set(_parameters(pooling_params)) if pooling_params is not None else set()
-    raw = {name: False for name in NORMALIZE_FIELDS if name in params}
+    raw = _raw_switch(set(_parameters(pooling_params)))
     if pooling_params is not None and raw and "pooling_params" in accepted:
         options["pooling_params"] = pooling_params(**raw)
     return call, options

@@ -103,6 +103,7 @@ def plan(config: Config, *, calibrate: bool = True) -> PlanReport:
             alias.fingerprint,
         )
         report.alias_is_physical = alias.is_physical
+        report.backends = registry.probe_backends()
         if exists:
             report.coverage = _coverage(m, dead_letters=None).to_json()
         return report

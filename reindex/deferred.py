@@ -23,7 +23,7 @@ from reindex.config import RunConfig
 from reindex.cost import Budget
 from reindex.errors import Interrupted
 from reindex.ledger import DeadLetter, Job, Ledger, ShardResult
-from reindex.pipeline import Progress, _retrying, prepare_shard
+from reindex.pipeline import Progress, _retrying, copy_rows, prepare_shard
 from reindex.ports import (
     DeferredEmbedder,
     JobItem,
@@ -95,8 +95,10 @@ class DeferredRun:
 
     def _open_shard(self, seq: int, after: str | None, records: list[Record]) -> bool:
         """Turn a shard into a job intent and submit it; False (and nothing recorded) if over budget."""
-        shard = prepare_shard(self.embedder, self.config, seq, after, records)
+        claim = functools.partial(self.ledger.claim_texts, self.plan_id)
+        shard = prepare_shard(self.embedder, self.config, seq, after, records, claim)
         if not self.budget.allows(sum(t.count for t in shard.tokens)):
+            self.ledger.release_claims(self.plan_id, keep_owners=self._owners())
             return False
         items: list[Item] = []
         first: set[int] = set()
@@ -124,8 +126,13 @@ class DeferredRun:
             duplicates=shard.duplicates,
             truncated=shard.truncated,
             dead=tuple(shard.dead),
+            copies=tuple((r.id, digest, owner) for r, digest, owner in shard.copies),
         )
         self._save(job)
+        dead_texts = [
+            (d.content_hash, f"dead:{d.reason}") for d in shard.dead if d.content_hash in shard.claimed
+        ]
+        self.ledger.settle_texts(self.plan_id, [(digest, state) for digest, state in dead_texts if digest])
         crashpoints.crash_if_armed("job_after_intent")
         if items:
             self._submit(job, {f"{seq}-{i}": tokens for i, tokens in enumerate(shard.tokens)})
@@ -147,6 +154,9 @@ class DeferredRun:
 
     def _collect(self) -> bool:
         """Poll every submitted job once; apply the finished ones. True if any finished."""
+        in_flight = self._in_flight()
+        for job in [j for j in self._open() if j not in in_flight]:
+            self._settle(job.seq)
         finished = False
         for job in [j for j in self._open() if j.state == "submitted"]:
             assert job.job_id is not None
@@ -159,6 +169,8 @@ class DeferredRun:
     def _apply(self, job: Job, result: JobResult) -> None:
         """Write what finished, resubmit only the lines that did not (bounded), dead-letter the rest."""
         written, dead, vanished = self._write(job, result.vectors)
+        final = job.attempt + 1 >= self.config.provider_attempts
+        self.ledger.settle_texts(self.plan_id, self._text_states(job, result, dead, final))
         crashpoints.crash_if_armed("job_after_write")
         lost = [item for item in job.items if item[0] not in result.vectors]
         if job.attempt + 1 < self.config.provider_attempts:
@@ -222,6 +234,20 @@ class DeferredRun:
         self.on_progress(self.progress)
         return len(kept), dead, len(wanted) - len(present)
 
+    @staticmethod
+    def _text_states(
+        job: Job, result: JobResult, dead: list[DeadLetter], final: bool
+    ) -> list[tuple[str, str]]:
+        """Texts this job settled: written, or dead (vector invalid, or rejected on the last attempt)."""
+        invalid = {letter.content_hash: letter.reason for letter in dead}
+        states: dict[str, str] = {}
+        for custom_id, _, digest, _, _ in job.items:
+            if custom_id in result.vectors:
+                states[digest] = f"dead:{invalid[digest]}" if digest in invalid else "written"
+            elif final:
+                states[digest] = f"dead:provider_rejected:{result.failed.get(custom_id, 'missing_output')}"
+        return list(states.items())
+
     def _release(self, job: Job) -> None:
         assert job.job_id is not None
         _retrying(self.embedder.release, job.job_id)
@@ -230,12 +256,21 @@ class DeferredRun:
         self._settle(job.seq)
 
     def _settle(self, seq: int) -> None:
-        """Record the shard once every job of it is released: its counts span all attempts."""
+        """Record the shard once every job of it is released and the texts it shares with other shards are
+        written: its counts span all attempts and copies."""
         attempts = [j for j in self.jobs.values() if j.seq == seq]
         first = next(j for j in attempts if j.attempt == 0)
-        if first.state == "settled" or any(j in self._open() for j in attempts):
+        if first.state == "settled" or any(j in self._in_flight() for j in attempts):
             return
-        dead = [letter for j in attempts for letter in j.dead]
+        fetched = {r.id: r for r in self.source.fetch([doc_id for doc_id, _, _ in first.copies])}
+        copies = [(fetched[d], h, o) for d, h, o in first.copies if d in fetched]
+        rows, copy_dead, waiting = copy_rows(self.ledger, self.sink, self.spec, self.plan_id, copies)
+        if waiting:
+            return
+        if rows is not None:
+            _retrying(self.sink.write, self.spec.name, rows)
+        reused = len(rows.records) if rows is not None else 0
+        dead = [letter for j in attempts for letter in j.dead] + copy_dead
         self.ledger.record_shard(
             self.plan_id,
             ShardResult(
@@ -243,25 +278,27 @@ class DeferredRun:
                 first.after_cursor,
                 first.last_cursor,
                 first.documents,
-                sum(j.written for j in attempts),
+                sum(j.written for j in attempts) + reused,
                 dead,
                 first.duplicates,
-                len(first.items) - len({item[0] for item in first.items}),
+                len(first.items) - len({item[0] for item in first.items}) + reused,
                 sum(item[3] for item in first.items),
                 first.truncated,
                 0.0,
                 billed_tokens=sum(j.billed_tokens for j in attempts),
-                vanished=sum(j.vanished for j in attempts),
+                vanished=sum(j.vanished for j in attempts) + len(first.copies) - len(copies),
             ),
         )
         self._save(replace(first, state="settled"))
         self.progress.documents += first.documents
+        self.progress.written += reused
         self.progress.dead_letters += len(dead)
 
     # recovery ----------------------------------------------------------------------------------------
 
     def _recover(self) -> None:
         """Finish what a crash interrupted: submit intents (adopting existing jobs), release applied ones."""
+        self.ledger.release_claims(self.plan_id, keep_owners=self._owners())
         for job in sorted(self.jobs.values(), key=lambda j: (j.seq, j.attempt)):
             if job.state == "intent" and job.items:
                 self._submit(job)
@@ -278,12 +315,21 @@ class DeferredRun:
             return last.last_cursor, last.seq + 1
         return after, seq
 
-    def _open(self) -> list[Job]:
+    def _in_flight(self) -> list[Job]:
         return [
             j
             for j in self.jobs.values()
             if j.state in ("submitted", "applied") or (j.state == "intent" and j.items)
         ]
+
+    def _open(self) -> list[Job]:
+        """Jobs in flight, and first jobs of shards still waiting for texts other shards embed."""
+        in_flight = self._in_flight()
+        waiting = [j for j in self.jobs.values() if j.attempt == 0 and j.state != "settled"]
+        return in_flight + [j for j in waiting if j not in in_flight]
+
+    def _owners(self) -> list[str]:
+        return [item[1] for job in self._in_flight() for item in job.items]
 
     def _save(self, job: Job) -> None:
         self.ledger.record_job(self.plan_id, job)

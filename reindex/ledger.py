@@ -13,7 +13,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,9 +60,17 @@ MIGRATIONS: tuple[str, ...] = (
         updated_at REAL NOT NULL, vanished INTEGER NOT NULL, PRIMARY KEY (plan_id, key)
     );
     """,
+    """
+    CREATE TABLE texts (
+        plan_id TEXT NOT NULL, content_hash TEXT NOT NULL, owner TEXT NOT NULL, state TEXT NOT NULL,
+        PRIMARY KEY (plan_id, content_hash)
+    ) WITHOUT ROWID;
+    ALTER TABLE jobs ADD COLUMN copies TEXT NOT NULL DEFAULT '[]';
+    """,
 )
 
 
+_SETTLE_TEXT = "UPDATE texts SET state = ? WHERE plan_id = ? AND content_hash = ?"
 _UPSERT_DEAD_LETTER = (
     "INSERT INTO dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
     " VALUES (?,?,?,?,?,?,?) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
@@ -93,6 +101,7 @@ class ShardResult:
     seconds: float
     billed_tokens: int = 0  # what the provider charged for (online or batch usage fields)
     vanished: int = 0  # documents deleted from the source before their vectors could be written
+    texts: Sequence[tuple[str, str]] = ()  # (content_hash, "written" | "dead:<reason>") this shard embedded
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +128,7 @@ class Job:
     written: int = 0
     billed_tokens: int = 0
     vanished: int = 0  # finished lines whose documents had left the source
+    copies: tuple[tuple[str, str, str], ...] = ()  # (doc_id, content_hash, owner doc) embedded elsewhere
 
 
 def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
@@ -141,6 +151,7 @@ def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
         json.dumps([asdict(d) for d in job.dead]),
         time.time(),
         job.vanished,
+        json.dumps(job.copies),
     )
 
 
@@ -163,6 +174,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         items=items,
         dead=dead,
         vanished=row[16],
+        copies=tuple(tuple(copy) for copy in json.loads(row[17])),
     )
 
 
@@ -238,6 +250,10 @@ class Ledger(Protocol):
     def lease(self, key: str) -> AbstractContextManager[None]: ...
     def record_job(self, plan_id: str, job: Job) -> None: ...
     def jobs(self, plan_id: str) -> list[Job]: ...
+    def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]: ...
+    def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]: ...
+    def settle_texts(self, plan_id: str, states: Sequence[tuple[str, str]]) -> None: ...
+    def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None: ...
     def close(self) -> None: ...
 
 
@@ -342,6 +358,7 @@ class SqliteLedger:
                     for d in shard.dead_letters
                 ],
             )
+            db.executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in shard.texts])
 
     def settle_retry(
         self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
@@ -478,7 +495,7 @@ class SqliteLedger:
         """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
         with self._transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 job_row(plan_id, job),
             )
 
@@ -487,6 +504,54 @@ class SqliteLedger:
             job_from_row(row)
             for row in self._query("SELECT * FROM jobs WHERE plan_id = ? ORDER BY seq, attempt", (plan_id,))
         ]
+
+    def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+        """Claim each text (content hash -> the document that will carry its vector) unless another
+        document already did; return {hash: (owner, state)} for the texts owned elsewhere."""
+        now_owned: dict[str, tuple[str, str]] = {}
+        with self._transaction() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany(
+                "INSERT OR IGNORE INTO texts VALUES (?,?,?,'claimed')",
+                [(plan_id, digest, doc_id) for digest, doc_id in owners.items()],
+            )
+            for chunk in _chunked(list(owners), 500):
+                marks = ",".join("?" * len(chunk))
+                rows = db.execute(
+                    f"SELECT content_hash, owner, state FROM texts WHERE plan_id = ?"
+                    f" AND content_hash IN ({marks})",
+                    (plan_id, *chunk),
+                ).fetchall()
+                now_owned.update({row[0]: (row[1], row[2]) for row in rows if row[1] != owners[row[0]]})
+        return now_owned
+
+    def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
+        states: dict[str, tuple[str, str]] = {}
+        for chunk in _chunked(list(hashes), 500):
+            marks = ",".join("?" * len(chunk))
+            rows = self._query(
+                f"SELECT content_hash, owner, state FROM texts WHERE plan_id = ?"
+                f" AND content_hash IN ({marks})",
+                (plan_id, *chunk),
+            )
+            states.update({row[0]: (row[1], row[2]) for row in rows})
+        return states
+
+    def settle_texts(self, plan_id: str, states: Sequence[tuple[str, str]]) -> None:
+        with self._transaction() as db:
+            db.executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in states])
+
+    def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None:
+        """Forget claims that no durable work will fulfil (their shard died in flight)."""
+        keep = set(keep_owners)
+        with self._transaction() as db:
+            rows = db.execute(
+                "SELECT content_hash, owner FROM texts WHERE plan_id = ? AND state = 'claimed'", (plan_id,)
+            ).fetchall()
+            db.executemany(
+                "DELETE FROM texts WHERE plan_id = ? AND content_hash = ?",
+                [(plan_id, digest) for digest, owner in rows if owner not in keep],
+            )
 
     @contextmanager
     def lease(self, plan_id: str) -> Iterator[None]:
@@ -516,3 +581,8 @@ class SqliteLedger:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _chunked(values: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]

@@ -9,6 +9,7 @@ always holds a contiguous prefix and a crash redoes at most the shards in flight
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -29,6 +30,9 @@ from reindex.ports import DeferredEmbedder, Embedder, Record, Rows, Sink, Source
 from reindex.validation import screen, vector_dead_letters
 
 T = TypeVar("T")
+Claim = Callable[
+    [dict[str, str]], dict[str, tuple[str, str]]
+]  # {hash: doc} -> {hash: (owner, state)} elsewhere
 _DONE = object()
 
 
@@ -47,6 +51,8 @@ class Shard:
     truncated: int = 0
     vectors: Vectors | None = None
     billed_tokens: int = 0
+    copies: list[tuple[Record, str, str]] = field(default_factory=list)  # (record, hash, owner doc elsewhere)
+    claimed: set[str] = field(default_factory=set)  # texts this shard embeds for the whole run
 
 
 @dataclass
@@ -93,6 +99,7 @@ class Pipeline:
     def run(self) -> Progress:
         """Process every shard after the ledger's resume point; raise Interrupted if stopped early."""
         after, seq = self.ledger.resume_point(self.plan_id)
+        self.ledger.release_claims(self.plan_id)  # claims of shards that died in flight
         prepared: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
         embedded: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
         threads = [
@@ -168,7 +175,8 @@ class Pipeline:
         self._put(out, _DONE)
 
     def _prepare(self, seq: int, after: str | None, records: list[Record]) -> Shard:
-        return prepare_shard(self.embedder, self.config, seq, after, records)
+        claim = functools.partial(self.ledger.claim_texts, self.plan_id)
+        return prepare_shard(self.embedder, self.config, seq, after, records, claim)
 
     # model stage --------------------------------------------------------------------------------------
 
@@ -228,6 +236,11 @@ class Pipeline:
             crashpoints.die()
         if rows.records:
             _retrying(self.sink.write, self.spec.name, rows)
+        copied, copy_dead, _ = copy_rows(self.ledger, self.sink, self.spec, self.plan_id, shard.copies)
+        if copied is not None:
+            _retrying(self.sink.write, self.spec.name, copied)
+        shard.dead.extend(copy_dead)
+        reused = len(copied.records) if copied is not None else 0
         crashpoints.crash_if_armed("after_write")
         now = time.monotonic()
         result = ShardResult(
@@ -235,48 +248,109 @@ class Pipeline:
             shard.after_cursor,
             shard.last_cursor,
             shard.documents,
-            len(shard.records),
+            len(shard.records) + reused,
             shard.dead,
             shard.duplicates,
-            len(shard.owner) - len(shard.tokens),
+            len(shard.owner) - len(shard.tokens) + reused,
             sum(t.count for t in shard.tokens),
             shard.truncated,
             now - self._last_mark,
             billed_tokens=shard.billed_tokens,
+            texts=text_settlements(shard),
         )
         self.budget.charge(shard.billed_tokens, reserved=sum(t.count for t in shard.tokens))
         self._last_mark = now
         _retrying(self.ledger.record_shard, self.plan_id, result)
         self.progress.documents += shard.documents
-        self.progress.written += len(shard.records)
+        self.progress.written += len(shard.records) + reused
         self.progress.dead_letters += len(shard.dead)
         self.on_progress(self.progress)
 
 
 def prepare_shard(
-    embedder: Embedder | DeferredEmbedder, run: RunConfig, seq: int, after: str | None, records: list[Record]
+    embedder: Embedder | DeferredEmbedder,
+    run: RunConfig,
+    seq: int,
+    after: str | None,
+    records: list[Record],
+    claim: Claim | None = None,
 ) -> Shard:
-    """Screen, fold duplicate ids, tokenize each distinct text once, and apply the over-length policy."""
+    """Screen, fold duplicate ids, set aside texts embedded elsewhere in the run (`claim`), tokenize each
+    remaining distinct text once, and apply the over-length policy."""
     screened = screen(records)
+    kept, hashes, copies, claimed = _claim(screened.records, screened.hashes, claim)
     unique: dict[str, int] = {}
-    owner = [unique.setdefault(digest, len(unique)) for digest in screened.hashes]
+    owner = [unique.setdefault(digest, len(unique)) for digest in hashes]
     texts = [""] * len(unique)
-    for record, index in zip(screened.records, owner, strict=True):
+    for record, index in zip(kept, owner, strict=True):
         texts[index] = record.text
     shard = Shard(
         seq,
         after,
         records[-1].position,
         len(records),
-        screened.records,
-        screened.hashes,
+        kept,
+        hashes,
         owner,
         embedder.tokenize(texts),
         screened.dead,
         screened.duplicates,
+        copies=copies,
+        claimed=claimed,
     )
     _apply_length_policy(shard, run.too_long, embedder.info.max_tokens)
     return shard
+
+
+def _claim(
+    records: list[Record], hashes: list[str], claim: Claim | None
+) -> tuple[list[Record], list[str], list[tuple[Record, str, str]], set[str]]:
+    """Content-addressed dedupe across the run: a text another document already carries is not embedded."""
+    if claim is None or not records:
+        return records, hashes, [], set()
+    firsts: dict[str, str] = {}
+    for record, digest in zip(records, hashes, strict=True):
+        firsts.setdefault(digest, record.id)
+    elsewhere = claim(firsts)
+    kept = [(r, h) for r, h in zip(records, hashes, strict=True) if h not in elsewhere]
+    copies = [(r, h, elsewhere[h][0]) for r, h in zip(records, hashes, strict=True) if h in elsewhere]
+    return [r for r, _ in kept], [h for _, h in kept], copies, set(firsts) - set(elsewhere)
+
+
+def copy_rows(
+    ledger: Ledger, sink: Sink, spec: TargetSpec, plan_id: str, copies: Sequence[tuple[Record, str, str]]
+) -> tuple[Rows | None, list[DeadLetter], bool]:
+    """Vectors for documents whose text another document carries: (rows, dead letters, still waiting)."""
+    if not copies:
+        return None, [], False
+    states = ledger.text_states(plan_id, [digest for _, digest, _ in copies])
+    if any(states.get(digest, ("", ""))[1] == "claimed" for _, digest, _ in copies):
+        return None, [], True
+    stored = sink.fetch(spec.name, sorted({owner for _, _, owner in copies}))
+    ready = [(r, h, o) for r, h, o in copies if states.get(h, ("", ""))[1] == "written" and o in stored]
+    dead = []
+    for record, digest, owner in copies:
+        state = states.get(digest, ("", ""))[1]
+        if (record, digest, owner) not in ready:
+            reason = state[5:] if state.startswith("dead:") else "duplicate_source_lost"
+            dead.append(DeadLetter(record.id, reason, f"same text as {owner}", digest))
+    if not ready:
+        return None, dead, False
+    vectors = np.stack([stored[owner] for _, _, owner in ready]).astype(np.float32)
+    return Rows([r for r, _, _ in ready], vectors, [h for _, h, _ in ready], spec.fingerprint), dead, False
+
+
+def text_settlements(shard: Shard) -> list[tuple[str, str]]:
+    """What became of each text this shard claimed: written, or dead with the reason."""
+    written = set(shard.hashes)
+    settled = [(digest, "written") for digest in shard.claimed if digest in written]
+    reasons = {letter.content_hash: letter.reason for letter in shard.dead if letter.content_hash}
+    settled += [
+        (digest, f"dead:{reasons.get(digest, 'unknown')}")
+        for digest in shard.claimed
+        if digest not in written
+    ]
+    return settled
 
 
 def _apply_length_policy(shard: Shard, policy: str, limit: int) -> None:

@@ -62,6 +62,15 @@ def resolve(role: Role, kind: str) -> Any:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+BACKENDS_PROBE = "adapters.devices:describe_backends"  # what this machine can run: CUDA, vLLM, CPU flags
+
+
+def probe_backends() -> dict[str, Any]:
+    module_name, _, name = BACKENDS_PROBE.partition(":")
+    probe: dict[str, Any] = getattr(importlib.import_module(module_name), name)()
+    return probe
+
+
 def resolve_ledger(kind: str) -> Any:
     module_name, _, class_name = LEDGERS[kind].partition(":")
     return getattr(importlib.import_module(module_name), class_name)

@@ -123,3 +123,13 @@ def test_budget_stops_before_it_is_exceeded_and_raising_it_continues(ledger):
     assert 0 < spent <= 1.0
     report = deferred(corpus(500), embedder, sink, ledger, budget=Budget(100.0, 1000.0, spent_tokens=1000))
     assert report.complete
+
+
+def test_texts_repeated_across_shards_are_billed_once_and_written_to_every_id(ledger):
+    records = corpus(300) + [Record(f"copy{i}", corpus(300)[i].text, {}) for i in range(0, 300, 7)]
+    embedder = MemoryBatchEmbedder(16)
+    report = deferred(records, embedder, MemorySink(), ledger, max_open_jobs=4)
+    assert report.complete and report.target_vectors == len(records)
+    summary = ledger.summary("plan")
+    assert summary.billed_tokens == sum(len(t.split()) for t in {r.text for r in records})
+    assert summary.reconciled and summary.reused >= 300 // 7
