@@ -34,8 +34,10 @@ def main(documents: int) -> dict[str, float]:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         conn.execute("DROP TABLE IF EXISTS docs")
         conn.execute("CREATE TABLE docs (id text PRIMARY KEY, body text)")
-        conn.execute("INSERT INTO docs SELECT 'doc-' || i, 'text number ' || i FROM generate_series(1, %s) i",
-                      [documents])
+        conn.execute(
+            "INSERT INTO docs SELECT 'doc-' || i, 'text number ' || i FROM generate_series(1, %s) i",
+            [documents],
+        )
         register_vector(conn)
     source = PostgresSource(dsn, table="docs", id_column="id", text_column="body", page_size=5000)
     sink = PgvectorSink(dsn, build_index=False)
@@ -46,12 +48,26 @@ def main(documents: int) -> dict[str, float]:
     for record in source.scan():
         batch.append(record)
         if len(batch) == 5000:
-            sink.write(spec.name, Rows(batch, rng.standard_normal((len(batch), 8)).astype(np.float32),
-                                       [content_hash(r.text) for r in batch], spec.fingerprint))
+            sink.write(
+                spec.name,
+                Rows(
+                    batch,
+                    rng.standard_normal((len(batch), 8)).astype(np.float32),
+                    [content_hash(r.text) for r in batch],
+                    spec.fingerprint,
+                ),
+            )
             batch = []
     if batch:
-        sink.write(spec.name, Rows(batch, rng.standard_normal((len(batch), 8)).astype(np.float32),
-                                   [content_hash(r.text) for r in batch], spec.fingerprint))
+        sink.write(
+            spec.name,
+            Rows(
+                batch,
+                rng.standard_normal((len(batch), 8)).astype(np.float32),
+                [content_hash(r.text) for r in batch],
+                spec.fingerprint,
+            ),
+        )
     started = time.perf_counter()
     report = coverage(source, sink, spec.name, dim=8, fingerprint=spec.fingerprint)
     seconds = time.perf_counter() - started
@@ -59,8 +75,12 @@ def main(documents: int) -> dict[str, float]:
     sink.close()
     server.cleanup()
     assert report.complete
-    return {"documents": documents, "seconds": round(seconds, 2),
-            "ids_per_second": round(2 * documents / seconds), "peak_rss_mb": _rss_mb()}
+    return {
+        "documents": documents,
+        "seconds": round(seconds, 2),
+        "ids_per_second": round(2 * documents / seconds),
+        "peak_rss_mb": _rss_mb(),
+    }
 
 
 def _rss_mb() -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ class FlakySink(MemorySink):
 class BrokenEmbedder(HashEmbedder):
     """Returns NaN for texts containing 'nan' and zeros for 'zero', like runtimes that fail silently."""
 
-    def embed(self, items: list[Tokens]) -> Vectors:
+    def embed(self, items: Sequence[Tokens]) -> Vectors:
         vectors = super().embed(items)
         for row, item in enumerate(items):
             if "nan" in str(item.data):
@@ -136,7 +137,8 @@ def test_too_long_policy_dead_letters_or_truncates_and_counts(ledger, tmp_path):
     assert [d.reason for d in ledger.dead_letters("plan")] == ["too_long"]
     other = SqliteLedger(tmp_path / "other.db")
     migrate(records, MemorySink(), other, too_long="truncate")
-    assert other.summary("plan").truncated == 1 and other.dead_letters("plan") == []
+    summary = other.summary("plan")
+    assert summary is not None and summary.truncated == 1 and other.dead_letters("plan") == []
 
 
 def test_stop_request_releases_in_flight_work_and_raises_interrupted(ledger):

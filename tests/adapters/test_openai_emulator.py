@@ -13,8 +13,9 @@ import pytest
 from openai import OpenAI
 
 from adapters.memory import HashEmbedder
+from adapters.openai import cl100k
 from adapters.openai_emulator import Emulator
-from adapters.openai_faults import INVALID_INPUT, FaultPlan, cl100k
+from adapters.openai_faults import INVALID_INPUT, FaultPlan
 from reindex.ports import Vectors
 
 MODEL = "text-embedding-3-small"

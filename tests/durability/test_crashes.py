@@ -67,6 +67,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callab
             while True:
                 points, offset = client.scroll(target, limit=1000, offset=offset, with_vectors=True)
                 for point in points:
+                    assert point.payload is not None
                     stored.setdefault(point.payload["reindex_id"], []).append(np.asarray(point.vector))
                 if offset is None:
                     return stored

@@ -12,6 +12,7 @@ import os
 import signal
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,7 +135,9 @@ def test_batch_run_is_verified_and_billed_once_per_unique_text(tmp_path, emulato
 )
 def test_batch_faults_end_verified_with_one_batch_per_key(tmp_path, emulator, pg_dsn, fault):
     emulator.set_faults(FaultPlan.from_mapping({"polls_per_step": 1, **fault}))
-    extra = {"provider_attempts": 4} if "expire_after" in fault or "cancel_after" in fault else {}
+    extra: dict[str, Any] = (
+        {"provider_attempts": 4} if "expire_after" in fault or "cancel_after" in fault else {}
+    )
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, **extra)
     if "slow_creates" in fault:  # the client gives up on create before the server answers
         tool.config.write_text(
