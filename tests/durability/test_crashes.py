@@ -138,7 +138,7 @@ def _marked_written(tool: Tool) -> int:
         return int(db.execute("SELECT coalesce(sum(written), 0) FROM shards").fetchone()[0])
 
 
-@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith("cutover")])
+@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith(("cutover", "job"))])
 def test_named_crash_points_in_a_run_resume_to_a_verified_end(tmp_path: Path, backend, point: str) -> None:
     target, read = backend
     tool, texts = make_tool(tmp_path, target, n=600, latency_ms=0)
