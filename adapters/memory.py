@@ -63,7 +63,7 @@ class MemorySource:
 
 
 class HashEmbedder:
-    """Vectors derived from sha256 of the text: deterministic, free, and wrong for retrieval."""
+    """Vectors derived from SHAKE-256 of the text: deterministic, nearly free, and wrong for retrieval."""
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
@@ -75,14 +75,14 @@ class HashEmbedder:
 
     def __init__(self, dim: int = 32, max_tokens: int = 512, seed: str = "", latency_ms: float = 0.0) -> None:
         options = {"seed": seed}
-        self.seed = seed
+        self.seed = seed.encode()
         self.latency = latency_ms / 1000
         self.info = EmbedderInfo(
             kind="hash",
-            model="sha256",
+            model="shake256",
             dim=dim,
             max_tokens=max_tokens,
-            fingerprint=fingerprint("hash", "sha256", dim, options),
+            fingerprint=fingerprint("hash", "shake256", dim, options),
             options=options,
         )
 
@@ -101,12 +101,23 @@ class HashEmbedder:
     def embed(self, items: Sequence[Tokens]) -> Vectors:
         if self.latency:
             time.sleep(self.latency)
-        return np.stack([self.vector(str(item.data)) for item in items]).astype(np.float32)
+        return self._vectors([str(item.data) for item in items])
 
     def vector(self, text: str) -> Vectors:
-        seed = int.from_bytes(hashlib.sha256((self.seed + text).encode()).digest()[:8], "little")
-        vector = np.random.default_rng(seed).standard_normal(self.info.dim).astype(np.float32)
-        return vector / np.linalg.norm(vector)
+        vector: Vectors = self._vectors([text])[0]
+        return vector
+
+    def _vectors(self, texts: Sequence[str]) -> Vectors:
+        digests = b"".join(
+            hashlib.shake_256(self.seed + t.encode("utf-8", "surrogatepass")).digest(self.info.dim)
+            for t in texts
+        )
+        raw = (
+            np.frombuffer(digests, dtype=np.uint8).reshape(len(texts), self.info.dim).astype(np.float32)
+            - 127.5
+        )
+        normalized: Vectors = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+        return normalized
 
 
 class MemorySink:

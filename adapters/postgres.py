@@ -858,6 +858,7 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
 
     is_schemaless = bool(layout.meta.get("schemaless"))
     text_field = str(layout.meta.get("text_field", ""))
+    carried = {str(layout.meta.get("id_field", "")), text_field}  # already columns: not again in payload
     vector_name = layout.vector.name if layout.vector else ""
     vectors = np.ascontiguousarray(rows.vectors, dtype=np.float32)
     for i, record in enumerate(rows.records):
@@ -870,7 +871,9 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
             fixed |= {
                 layout.key.name: record.id,
                 text_field: record.text,
-                "payload": Jsonb(dict(record.payload), dumps=_json_dumps),
+                "payload": Jsonb(
+                    {k: v for k, v in record.payload.items() if k not in carried}, dumps=_json_dumps
+                ),
             }
         else:
             fixed |= {

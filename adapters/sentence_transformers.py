@@ -38,7 +38,7 @@ class SentenceTransformerEmbedder:
         max_tokens: int | None = Field(default=None, gt=0)
         device: Device = "auto"
         precision: Precision = "fp32"
-        batch_tokens: int = Field(default=8192, gt=0)
+        batch_tokens: int | None = Field(default=None, gt=0)  # padded tokens per call; None: by device
         threads: int | None = Field(default=None, gt=0)
 
     def __init__(
@@ -50,7 +50,7 @@ class SentenceTransformerEmbedder:
         max_tokens: int | None = None,
         device: Device = "auto",
         precision: Precision = "fp32",
-        batch_tokens: int = 8192,
+        batch_tokens: int | None = None,
         threads: int | None = None,
     ) -> None:
         torch = _import_torch()
@@ -58,7 +58,10 @@ class SentenceTransformerEmbedder:
             torch.set_num_threads(threads)
         self.device = _resolve_device(torch, device, precision)
         self.model = _load(model, self.device)
-        self.normalize, self.prompt, self.batch_tokens = normalize, prompt, batch_tokens
+        self.normalize, self.prompt = normalize, prompt
+        # Measured on 2 CPU cores: 512-4096 tokens per call all reach ~120 docs/s once batches are
+        # length-sorted; GPUs need far larger calls to stay busy.
+        self.batch_tokens = batch_tokens or (4096 if self.device == "cpu" else 65536)
         self._dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
         self.model.to(self._dtype).eval()
         tokenizer = _tokenizer(self.model, model)

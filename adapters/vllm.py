@@ -69,6 +69,7 @@ class VllmEmbedder:
 
     def __init__(self, llm: Any, spec: VllmSpec) -> None:
         self._llm, self.spec, self.info = llm, spec, spec.info
+        self.batch_tokens = 65536  # continuous batching wants large calls; [run] batch_tokens overrides
         self._call, self._call_options = embed_call(llm, pooling_params_class())
 
     @classmethod

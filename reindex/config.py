@@ -24,7 +24,7 @@ class RunConfig(BaseModel):
 
     state: str = ".reindex/state.db"  # a SQLite path, or a postgresql:// URL shared across machines
     shard_size: int = Field(1000, ge=1, le=1_000_000)
-    batch_tokens: int = Field(4096, ge=1)  # padded tokens per model call: small on CPU, large on GPU
+    batch_tokens: int | None = Field(None, ge=1)  # padded tokens per model call; None: the embedder's choice
     max_batch: int = Field(256, ge=1)
     too_long: Literal["truncate", "dead-letter"] = "truncate"
     queue_depth: int = Field(2, ge=1, le=64)  # shards buffered between stages: the memory bound

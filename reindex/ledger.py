@@ -508,34 +508,30 @@ class SqliteLedger:
     def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
         """Claim each text (content hash -> the document that will carry its vector) unless another
         document already did; return {hash: (owner, state)} for the texts owned elsewhere."""
-        now_owned: dict[str, tuple[str, str]] = {}
         with self._transaction() as db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany(
-                "INSERT OR IGNORE INTO texts VALUES (?,?,?,'claimed')",
-                [(plan_id, digest, doc_id) for digest, doc_id in owners.items()],
-            )
-            for chunk in _chunked(list(owners), 500):
-                marks = ",".join("?" * len(chunk))
-                rows = db.execute(
-                    f"SELECT content_hash, owner, state FROM texts WHERE plan_id = ?"
-                    f" AND content_hash IN ({marks})",
-                    (plan_id, *chunk),
-                ).fetchall()
-                now_owned.update({row[0]: (row[1], row[2]) for row in rows if row[1] != owners[row[0]]})
-        return now_owned
+            inserted = db.execute(
+                "INSERT INTO texts (plan_id, content_hash, owner, state) SELECT ?, key, value, 'claimed'"
+                " FROM json_each(?) WHERE true ON CONFLICT DO NOTHING RETURNING content_hash",
+                (plan_id, json.dumps(dict(owners))),
+            ).fetchall()
+            mine = {row[0] for row in inserted}
+            taken = [digest for digest in owners if digest not in mine]
+            rows = self._states(db, plan_id, taken) if taken else {}
+        return {digest: state for digest, state in rows.items() if state[0] != owners[digest]}
 
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
-        states: dict[str, tuple[str, str]] = {}
-        for chunk in _chunked(list(hashes), 500):
-            marks = ",".join("?" * len(chunk))
-            rows = self._query(
-                f"SELECT content_hash, owner, state FROM texts WHERE plan_id = ?"
-                f" AND content_hash IN ({marks})",
-                (plan_id, *chunk),
-            )
-            states.update({row[0]: (row[1], row[2]) for row in rows})
-        return states
+        with self._lock:
+            return self._states(self._db, plan_id, hashes)
+
+    @staticmethod
+    def _states(db: sqlite3.Connection, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
+        rows = db.execute(
+            "SELECT content_hash, owner, state FROM texts WHERE plan_id = ?"
+            " AND content_hash IN (SELECT value FROM json_each(?))",
+            (plan_id, json.dumps(list(hashes))),
+        ).fetchall()
+        return {row[0]: (row[1], row[2]) for row in rows}
 
     def settle_texts(self, plan_id: str, states: Sequence[tuple[str, str]]) -> None:
         with self._transaction() as db:
@@ -581,8 +577,3 @@ class SqliteLedger:
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def _chunked(values: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(values), size):
-        yield values[start : start + size]

