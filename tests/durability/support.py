@@ -135,7 +135,7 @@ class Tool:
         started = time.monotonic()
         while process.poll() is None and time.monotonic() - started < deadline:
             if self.ledger_written()[0] > shards_before:
-                time.sleep(float(rng.uniform(0, 0.1)))
+                time.sleep(float(rng.uniform(0, 0.05)))
                 break
             time.sleep(0.02)
         if process.poll() is not None:

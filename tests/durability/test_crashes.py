@@ -110,7 +110,7 @@ def assert_exact_coverage(tool: Tool, read: Callable[[str], Stored], texts: dict
 
 def test_sigkill_at_random_instants_then_resume_ends_exact(tmp_path: Path, backend) -> None:
     target, read = backend
-    tool, texts = make_tool(tmp_path, target, latency_ms=4)
+    tool, texts = make_tool(tmp_path, target, latency_ms=6)
     rng = np.random.default_rng(20261129)
     target_name = tool.json("plan", "--no-calibrate")["target"]
     kills, redone = 0, []
