@@ -182,3 +182,37 @@ def test_dead_letters_are_listed_and_retried_after_a_fix(tmp_path: Path, pg_dsn:
     code, status, _ = invoke("status", "-c", str(config), "--json")
     assert status is not None and status["reconciled"] and status["written"] == 42
     assert invoke("verify", "-c", str(config))[0] == 0
+
+
+def test_whole_migration_into_qdrant_local_with_a_real_model(tmp_path: Path, tiny_model: Path) -> None:
+    corpus = write_corpus(tmp_path / "docs.jsonl", 120)
+    storage = tmp_path / "qdrant"
+    config = write_config(
+        tmp_path / "q.toml",
+        source=f'kind = "jsonl"\npath = "{corpus}"',
+        embedder=f'kind = "sentence-transformers"\nmodel = "{tiny_model}"',
+        target=f'kind = "qdrant"\npath = "{storage}"\nalias = "docs"',
+        state=tmp_path / "state.db",
+    )
+    code, run, stderr = invoke("run", "-c", str(config), "--json")
+    assert code == 0 and run is not None and run["written"] == 120, stderr
+    assert invoke("verify", "-c", str(config))[0] == 0
+    code, moved, _ = invoke("cutover", "-c", str(config), "--json")
+    assert code == 0 and moved is not None and moved["previous"] is None
+    code, resolved, _ = invoke("resolve", "-c", str(config), "--json")
+    assert code == 0 and resolved is not None and resolved["model"]["dim"] == 32
+    assert resolved["target"] == moved["target"]
+
+    from qdrant_client import QdrantClient
+
+    from adapters.sentence_transformers import SentenceTransformerEmbedder
+
+    query = SentenceTransformerEmbedder(str(tiny_model))
+    text = json.loads(corpus.read_text().splitlines()[7])["text"]  # random weights: only identity is meaningful
+    vector = query.embed(query.tokenize([text]))[0]
+    client = QdrantClient(path=str(storage))
+    try:
+        hits = client.query_points("docs", query=vector.tolist(), limit=3, with_payload=True).points
+    finally:
+        client.close()
+    assert hits[0].payload is not None and hits[0].payload["reindex_id"] == "d0007"
