@@ -485,6 +485,9 @@ class OpenAIBatchEmbedder:
         kind: Literal["openai-batch"]
         inputs_per_request: int = Field(default=256, gt=0, le=MAX_INPUTS)
         create_timeout_s: float = Field(default=60.0, gt=0)
+        stragglers_online: bool = (
+            False  # lines a batch did not finish go online (online price), not to a new batch
+        )
 
     def __init__(
         self,
@@ -500,9 +503,22 @@ class OpenAIBatchEmbedder:
         pacer: Pacer | None = None,
         api_key_env: str = "OPENAI_API_KEY",
         prices: Mapping[str, float] | None = None,
+        stragglers_online: bool = False,
     ) -> None:
         self._endpoint = Endpoint(client, pacer or Pacer(), api_key_env)
         self._model, self._dimensions = model, dimensions
+        self.stragglers_online = stragglers_online
+        self._online = OpenAIEmbedder(
+            client,
+            model=model,
+            dim=dim,
+            dimensions=dimensions,
+            max_tokens=max_tokens,
+            tokenizer=tokenizer,
+            pacer=self._endpoint.pacer,
+            api_key_env=api_key_env,
+            prices=prices,
+        )
         self._inputs_per_request, self._create_timeout_s = inputs_per_request, create_timeout_s
         self._codec = encoding(tokenizer)
         dim = resolve_dim(model, dimensions, dim)
@@ -526,10 +542,25 @@ class OpenAIBatchEmbedder:
             pacer=pacer,
             api_key_env=config.api_key_env,
             prices=config.prices,
+            stragglers_online=config.stragglers_online,
         )
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
         return tokenize_texts(texts, self._codec, self.info.max_tokens)
+
+    def embed_stragglers(self, items: Sequence[JobItem]) -> JobResult:
+        """Embed the last few lines through the online endpoint now instead of waiting on another batch."""
+        before = self._online.billed_tokens
+        vectors = self._online.embed([item.tokens for item in items])
+        rejected = self._online.last_rejections()
+        failed = {
+            items[row].custom_id: reason.removeprefix("provider_rejected:")
+            for row, reason in rejected.items()
+        }
+        done = {item.custom_id: vectors[row] for row, item in enumerate(items) if row not in rejected}
+        return JobResult(
+            "online", True, vectors=done, failed=failed, billed_tokens=self._online.billed_tokens - before
+        )
 
     def submit(self, key: str, items: Sequence[JobItem], *, isolate: bool = False) -> str:
         """Adopt the batch already carrying `key`, else upload and create one (never retrying the create).

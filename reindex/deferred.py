@@ -38,6 +38,7 @@ from reindex.ports import (
 )
 from reindex.validation import vector_dead_letters
 
+ONLINE = "online"  # the job id of lines sent through the online endpoint instead of another batch
 Item = tuple[
     str, str, str, int, str
 ]  # custom_id, doc_id, content_hash, tokens, text (first doc of a text only)
@@ -160,7 +161,10 @@ class DeferredRun:
         finished = False
         for job in [j for j in self._open() if j.state == "submitted"]:
             assert job.job_id is not None
-            result = _retrying(self.embedder.poll, job.job_id)
+            if job.job_id == ONLINE:
+                result = _retrying(self._stragglers, job)
+            else:
+                result = _retrying(self.embedder.poll, job.job_id)
             if result.is_terminal:
                 self._apply(job, result)
                 finished = True
@@ -169,11 +173,11 @@ class DeferredRun:
     def _apply(self, job: Job, result: JobResult) -> None:
         """Write what finished, resubmit only the lines that did not (bounded), dead-letter the rest."""
         written, dead, vanished = self._write(job, result.vectors)
-        final = job.attempt + 1 >= self.config.provider_attempts
+        final = job.job_id == ONLINE or job.attempt + 1 >= self.config.provider_attempts
         self.ledger.settle_texts(self.plan_id, self._text_states(job, result, dead, final))
         crashpoints.crash_if_armed("job_after_write")
         lost = [item for item in job.items if item[0] not in result.vectors]
-        if job.attempt + 1 < self.config.provider_attempts:
+        if job.job_id != ONLINE and job.attempt + 1 < self.config.provider_attempts:
             if lost:
                 again = Job(
                     f"{self.plan_id}-{job.seq}-{job.attempt + 1}",
@@ -186,7 +190,10 @@ class DeferredRun:
                     _with_texts(lost, job.items),
                 )
                 self._save(again)
-                self._submit(again)
+                if getattr(self.embedder, "stragglers_online", False):
+                    self._save(replace(again, state="submitted", job_id=ONLINE))  # collected on the next poll
+                else:
+                    self._submit(again)
         else:
             for item in lost:
                 code = result.failed.get(item[0], "missing_output")
@@ -248,9 +255,18 @@ class DeferredRun:
                 states[digest] = f"dead:provider_rejected:{result.failed.get(custom_id, 'missing_output')}"
         return list(states.items())
 
+    def _stragglers(self, job: Job) -> JobResult:
+        """The lines a batch left unfinished, through the provider's online endpoint (`stragglers_online`)."""
+        texts = {item[0]: item[4] for item in job.items if item[4]}
+        tokens = self.embedder.tokenize(list(texts.values()))
+        items = [JobItem(custom_id, t) for custom_id, t in zip(texts, tokens, strict=True)]
+        result: JobResult = self.embedder.embed_stragglers(items)  # type: ignore[attr-defined]
+        return result
+
     def _release(self, job: Job) -> None:
         assert job.job_id is not None
-        _retrying(self.embedder.release, job.job_id)
+        if job.job_id != ONLINE:
+            _retrying(self.embedder.release, job.job_id)
         stripped = tuple((c, d, h, n, "") for c, d, h, n, _ in job.items)
         self._save(replace(job, state="released", items=stripped))
         self._settle(job.seq)

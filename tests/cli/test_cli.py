@@ -208,7 +208,9 @@ def test_whole_migration_into_qdrant_local_with_a_real_model(tmp_path: Path, tin
     from adapters.sentence_transformers import SentenceTransformerEmbedder
 
     query = SentenceTransformerEmbedder(str(tiny_model))
-    text = json.loads(corpus.read_text().splitlines()[7])["text"]  # random weights: only identity is meaningful
+    text = json.loads(corpus.read_text().splitlines()[7])[
+        "text"
+    ]  # random weights: only identity is meaningful
     vector = query.embed(query.tokenize([text]))[0]
     client = QdrantClient(path=str(storage))
     try:

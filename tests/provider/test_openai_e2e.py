@@ -201,3 +201,19 @@ def test_api_key_never_leaks(tmp_path, emulator, pg_dsn):
     outputs = [tool.run(verb, "--json")[1] for verb in ("status", "plan", "verify")]
     assert all(secret not in out for out in outputs)
     assert secret.encode() not in tool.state.read_bytes()
+
+
+def test_stragglers_of_an_expired_batch_go_online_instead_of_a_new_batch(tmp_path, emulator, pg_dsn):
+    emulator.set_faults(FaultPlan(expire_after=2, faulty_batches=10))
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn)
+    tool.config.write_text(
+        tool.config.read_text().replace("dimensions = 64\n", "dimensions = 64\nstragglers_online = true\n")
+    )
+    run_to_end(tool)
+    stats = emulator.stats()
+    assert tool.json("verify")["complete"]
+    assert (
+        len(stats["batches"]) == 3
+    )  # one per shard with new texts (the 4th holds only repeats): no resubmission
+    assert stats["billed_tokens_online"] > 0 and stats["billed_tokens"] == unique_tokens(texts)
+    assert stats["early_requests_total"] == 0
