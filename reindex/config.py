@@ -27,6 +27,7 @@ class RunConfig(BaseModel):
     batch_tokens: int | None = Field(None, ge=1)  # padded tokens per model call; None: the embedder's choice
     max_batch: int = Field(256, ge=1)
     too_long: Literal["truncate", "dead-letter"] = "truncate"
+    sort_window: int = Field(1024, ge=1)  # documents sorted by length together, across shard boundaries
     queue_depth: int = Field(2, ge=1, le=64)  # shards buffered between stages: the memory bound
     max_cost_usd: float | None = Field(None, ge=0)  # stop (exit 75, resumable) before spending more
     max_open_jobs: int = Field(8, ge=1)  # provider batch jobs in flight at once (deferred embedders)

@@ -122,7 +122,7 @@ class Pipeline:
     def process(self, records: list[Record]) -> Shard:
         """Screen, embed and write one batch of records synchronously, outside the shard ledger (retries)."""
         shard = self._prepare(0, None, records)
-        self._embed(shard)
+        self._embed([shard])
         assert shard.vectors is not None
         if shard.records:
             _retrying(
@@ -181,18 +181,33 @@ class Pipeline:
     # model stage --------------------------------------------------------------------------------------
 
     def _embed_all(self, source: queue.Queue[Any], out: queue.Queue[Any]) -> None:
-        for shard in self._items(source, until_stop=True):
-            if self.stop.is_set() or not self._embed(shard):
-                break  # released: this shard is not in the ledger, so a rerun redoes it
-            crashpoints.crash_if_armed("after_embed")
-            if not self._put(out, shard, force=True):
-                return
+        for window in self._windows(source):
+            if self.stop.is_set() or not self._embed(window):
+                break  # released: these shards are not in the ledger, so a rerun redoes them
+            for shard in window:
+                crashpoints.crash_if_armed("after_embed")
+                if not self._put(out, shard, force=True):
+                    return
         self._put(out, _DONE, force=True)
 
-    def _embed(self, shard: Shard) -> bool:
-        """Embed a shard's unique texts batch by batch; False if a stop request released it midway."""
+    def _windows(self, source: queue.Queue[Any]) -> Iterator[list[Shard]]:
+        """Consecutive shards sorted and batched together: the length-sorting window spans shards, so
+        small shards still never put short and long texts in one padded batch. Bounded: memory stays flat."""
+        size = max(1, -(-self.config.sort_window // self.config.shard_size))
+        window: list[Shard] = []
+        for shard in self._items(source, until_stop=True):
+            window.append(shard)
+            if len(window) >= size or source.empty():  # never leave the model idle waiting for a full window
+                yield window
+                window = []
+        if window:
+            yield window
+
+    def _embed(self, window: list[Shard]) -> bool:
+        """Embed the window's unique texts batch by batch; False if a stop request released it midway."""
         dim = self.embedder.info.dim
-        lengths = [tokens.count for tokens in shard.tokens]
+        tokens = [t for shard in window for t in shard.tokens]
+        lengths = [t.count for t in tokens]
         batches = token_batches(lengths, batch_budget(self.config, self.embedder), self.config.max_batch)
         unique = np.empty((len(lengths), dim), dtype=np.float32)
         started = time.monotonic()
@@ -201,24 +216,23 @@ class Pipeline:
         for batch in batches:
             if self.stop.is_set():
                 return False
-            vectors = _retrying(self.embedder.embed, [shard.tokens[i] for i in batch])
+            vectors = _retrying(self.embedder.embed, [tokens[i] for i in batch])
             unique[batch] = vectors if vectors.shape == (len(batch), dim) else np.nan
             for row, reason in _rejections(self.embedder).items():
                 rejected[batch[row]] = reason
         self.progress.model_seconds += time.monotonic() - started
-        shard.billed_tokens = getattr(self.embedder, "billed_tokens", 0) - billed_before
+        window[-1].billed_tokens = getattr(self.embedder, "billed_tokens", 0) - billed_before
         self.progress.padded_tokens += padded_tokens(lengths, batches)
         self.progress.tokens += sum(lengths)
-        self.progress.reused += len(shard.owner) - len(lengths)
-        reasons: list[str | None] = vector_dead_letters(unique, dim) if len(lengths) else []
+        reasons: list[str | None] = vector_dead_letters(unique, dim) if lengths else []
         for index, reason in rejected.items():
             reasons[index] = reason
-        for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
-            if reasons[index]:
-                shard.dead.append(DeadLetter(record.id, str(reasons[index]), "embedder output", digest))
-        keep = [reasons[index] is None for index in shard.owner]
-        shard.vectors = unique[shard.owner] if shard.owner else np.empty((0, dim), dtype=np.float32)
-        _keep(shard, keep)
+        offset = 0
+        for shard in window:
+            count = len(shard.tokens)
+            _finish(shard, unique[offset : offset + count], reasons[offset : offset + count], dim)
+            self.progress.reused += len(shard.owner) - count
+            offset += count
         return True
 
     # writer stage -------------------------------------------------------------------------------------
@@ -368,6 +382,16 @@ def _apply_length_policy(shard: Shard, policy: str, limit: int) -> None:
 def batch_budget(run: RunConfig, embedder: Any) -> int:
     """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large)."""
     return int(run.batch_tokens or getattr(embedder, "batch_tokens", None) or 4096)
+
+
+def _finish(shard: Shard, unique: Vectors, reasons: Sequence[str | None], dim: int) -> None:
+    """Give each record its text's vector, dead-lettering those whose vector came back unusable."""
+    for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
+        if reasons[index]:
+            shard.dead.append(DeadLetter(record.id, str(reasons[index]), "embedder output", digest))
+    keep = [reasons[index] is None for index in shard.owner]
+    shard.vectors = unique[shard.owner] if shard.owner else np.empty((0, dim), dtype=np.float32)
+    _keep(shard, keep)
 
 
 def _rejections(embedder: Any) -> dict[int, str]:
