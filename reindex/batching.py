@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def token_batches(lengths: Sequence[int], budget: int, max_batch: int) -> list[list[int]]:
@@ -27,3 +31,10 @@ def token_batches(lengths: Sequence[int], budget: int, max_batch: int) -> list[l
 def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:
     """Tokens the model computes including padding, for the padding-fraction figure."""
     return sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
+
+
+def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive lists of `size` items (the last may be shorter), pulled lazily: memory stays flat."""
+    iterator = iter(items)
+    while chunk := list(islice(iterator, size)):
+        yield chunk

@@ -33,7 +33,12 @@ from reindex import commands
 from reindex import config as config_module
 from reindex.errors import ReindexError, VerificationFailed
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Re-embed a corpus into a fresh index, prove full coverage, and flip a read alias atomically. "
+    "Exit codes: 0 done, 1 failed, 2 configuration, 3 verification failed, 4 cutover refused, 75 interrupted.",
+)
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")

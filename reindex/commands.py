@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,18 @@ class Migration:
     sink: Sink
     spec: TargetSpec
     plan_id: str
+
+    def pipeline(self, ledger: Ledger) -> Pipeline:
+        """A pipeline over this migration's adapters, for work outside the backfill (retries, sync)."""
+        return Pipeline(
+            source=self.source,
+            embedder=self.embedder,
+            sink=self.sink,
+            ledger=ledger,
+            spec=self.spec,
+            plan_id=self.plan_id,
+            run=self.config.run,
+        )
 
 
 @contextmanager
@@ -150,14 +163,19 @@ def run(
 
 
 @contextmanager
-def _leased(config: Config) -> Iterator[Ledger]:
-    """Open the ledger and hold the migration's lease before any backend is opened (one writer at a time)."""
+def _ledger(config: Config) -> Iterator[Ledger]:
     ledger = open_ledger(config)
     try:
-        with ledger.lease(config.identity()):
-            yield ledger
+        yield ledger
     finally:
         ledger.close()
+
+
+@contextmanager
+def _leased(config: Config) -> Iterator[Ledger]:
+    """Open the ledger and hold the migration's lease before any backend is opened (one writer at a time)."""
+    with _ledger(config) as ledger, ledger.lease(config.identity()):
+        yield ledger
 
 
 def _run(
@@ -261,14 +279,10 @@ class StatusReport:
 
 def status(config: Config) -> StatusReport:
     """Where the migration stands: shards written, reconciliation, where the alias points, history."""
-    with open_migration(config) as m:
-        ledger = open_ledger(config)
-        try:
-            summary = ledger.summary(m.plan_id)
-            alias = m.sink.alias(m.spec.alias)
-            history = [asdict(c) for c in ledger.cutovers(m.spec.alias)]
-        finally:
-            ledger.close()
+    with open_migration(config) as m, _ledger(config) as ledger:
+        summary = ledger.summary(m.plan_id)
+        alias = m.sink.alias(m.spec.alias)
+        history = [asdict(c) for c in ledger.cutovers(m.spec.alias)]
         counts = (
             (summary.documents, summary.written, summary.dead_letters, summary.duplicates)
             if summary
@@ -302,12 +316,8 @@ def verify(config: Config, *, sample: int = 0) -> Coverage:
     Args:
         sample: also re-embed this many random documents and require cosine >= 0.999 with the stored vectors.
     """
-    with open_migration(config) as m:
-        ledger = open_ledger(config)
-        try:
-            return _verify(m, ledger, sample=sample)
-        finally:
-            ledger.close()
+    with open_migration(config) as m, _ledger(config) as ledger:
+        return _verify(m, ledger, sample=sample)
 
 
 def _verify(m: Migration, ledger: Ledger, *, sample: int = 0) -> Coverage:
@@ -352,40 +362,32 @@ def cutover(
         sync: first re-embed what changed in the source since the run and delete what vanished.
         sample: also re-embed this many documents as part of the verification.
     """
-    ledger = open_ledger(config)
-    try:
-        with open_migration(config) as m:
-            if sync:
-                with ledger.lease(config.identity()):
-                    catch_up(m, ledger)
-            report = _verify(m, ledger, sample=sample)
-            if not report.complete and not force:
-                raise VerificationFailed(
-                    f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
-                    hint=f"see `reindex verify -c {config.path} --json`",
-                )
-            return alias_moves.move(
-                m.sink,
-                ledger,
-                alias=m.spec.alias,
-                target=m.spec.name,
-                fingerprint=m.spec.fingerprint,
-                model=dict(m.spec.model),
-                forced=force and not report.complete,
-                report=report.to_json(),
+    with open_migration(config) as m, _ledger(config) as ledger:
+        if sync:
+            with ledger.lease(config.identity()):
+                catch_up(m, ledger)
+        report = _verify(m, ledger, sample=sample)
+        if not report.complete and not force:
+            raise VerificationFailed(
+                f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
+                hint=f"see `reindex verify -c {config.path} --json`",
             )
-    finally:
-        ledger.close()
+        return alias_moves.move(
+            m.sink,
+            ledger,
+            alias=m.spec.alias,
+            target=m.spec.name,
+            fingerprint=m.spec.fingerprint,
+            model=dict(m.spec.model),
+            forced=force and not report.complete,
+            report=report.to_json(),
+        )
 
 
 def rollback(config: Config) -> alias_moves.AliasMove:
     """Point the alias back at the target the last move replaced."""
-    with open_migration(config) as m:
-        ledger = open_ledger(config)
-        try:
-            return alias_moves.rollback(m.sink, ledger, m.spec.alias)
-        finally:
-            ledger.close()
+    with open_migration(config) as m, _ledger(config) as ledger:
+        return alias_moves.rollback(m.sink, ledger, m.spec.alias)
 
 
 @dataclass(frozen=True)
@@ -453,12 +455,8 @@ class DeadLetterReport:
 
 def dlq_list(config: Config) -> DeadLetterReport:
     """The documents that could not be embedded, with their reasons."""
-    with open_migration(config) as m:
-        ledger = open_ledger(config)
-        try:
-            return _dead_letter_report(ledger, m.plan_id)
-        finally:
-            ledger.close()
+    with open_migration(config) as m, _ledger(config) as ledger:
+        return _dead_letter_report(ledger, m.plan_id)
 
 
 def dlq_retry(config: Config) -> DeadLetterReport:
@@ -470,15 +468,7 @@ def dlq_retry(config: Config) -> DeadLetterReport:
 def _retry(m: Migration, ledger: Ledger) -> DeadLetterReport:
     ids = [d.doc_id for d in ledger.dead_letters(m.plan_id)]
     m.sink.prepare(m.spec)
-    pipeline = Pipeline(
-        source=m.source,
-        embedder=m.embedder,
-        sink=m.sink,
-        ledger=ledger,
-        spec=m.spec,
-        plan_id=m.plan_id,
-        run=m.config.run,
-    )
+    pipeline = m.pipeline(ledger)
     written, vanished = 0, 0
     size = m.config.run.shard_size
     for chunk in (ids[start : start + size] for start in range(0, len(ids), size)):
@@ -506,9 +496,7 @@ def _retry(m: Migration, ledger: Ledger) -> DeadLetterReport:
 
 def _dead_letter_report(ledger: Ledger, plan_id: str) -> DeadLetterReport:
     letters = ledger.dead_letters(plan_id)
-    reasons: dict[str, int] = {}
-    for letter in letters:
-        reasons[letter.reason] = reasons.get(letter.reason, 0) + 1
+    reasons = dict(Counter(letter.reason for letter in letters))
     return DeadLetterReport(plan_id, len(letters), reasons, [asdict(d) for d in letters])
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from itertools import islice
 
 import numpy as np
 
 from reindex import crashpoints
+from reindex.batching import chunks
 from reindex.config import RunConfig
 from reindex.cost import Budget
 from reindex.errors import Interrupted
@@ -70,7 +70,7 @@ class DeferredRun:
         """Submit shards up to `max_open_jobs`, collect finished jobs, until the source is exhausted."""
         self._recover()
         after, seq = self._resume_point()
-        shards = _chunks(self.source.scan(after), self.config.shard_size)
+        shards = chunks(self.source.scan(after), self.config.shard_size)
         exhausted, wait = False, self.config.poll_seconds
         while True:
             while not exhausted and len(self._open()) < self.config.max_open_jobs and not self.stop.is_set():
@@ -361,8 +361,3 @@ def _with_texts(items: Sequence[Item], all_items: Sequence[Item]) -> tuple[Item,
         carried.append((cid, doc_id, digest, count, texts.get(cid, "") if cid not in seen else ""))
         seen.add(cid)
     return tuple(carried)
-
-
-def _chunks(records: Iterator[Record], size: int) -> Iterator[list[Record]]:
-    while chunk := list(islice(records, size)):
-        yield chunk

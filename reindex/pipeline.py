@@ -21,7 +21,7 @@ import numpy as np
 import stamina
 
 from reindex import crashpoints
-from reindex.batching import padded_tokens, token_batches
+from reindex.batching import chunks, padded_tokens, token_batches
 from reindex.config import RunConfig
 from reindex.cost import Budget
 from reindex.errors import Interrupted, TransientError
@@ -163,7 +163,7 @@ class Pipeline:
     # reader stage -------------------------------------------------------------------------------------
 
     def _read(self, after: str | None, seq: int, out: queue.Queue[Any]) -> None:
-        for records in _chunks(self.source.scan(after), self.config.shard_size):
+        for records in chunks(self.source.scan(after), self.config.shard_size):
             shard = self._prepare(seq, after, records)
             if not self.budget.allows(sum(t.count for t in shard.tokens)):
                 break  # over budget: claim nothing more; what is in flight still lands
@@ -406,17 +406,6 @@ def _retrying(function: Callable[..., T], *args: Any) -> T:
         with attempt:
             return function(*args)
     raise AssertionError("unreachable: stamina re-raises the last error")
-
-
-def _chunks(records: Iterator[Record], size: int) -> Iterator[list[Record]]:
-    chunk: list[Record] = []
-    for record in records:
-        chunk.append(record)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
 
 
 def _keep(shard: Shard, keep: Sequence[bool]) -> None:

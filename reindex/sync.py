@@ -7,13 +7,13 @@ then `cutover --sync` for a final catch-up immediately before the flip.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections import Counter
 from dataclasses import asdict, dataclass, field
-from itertools import chain, islice
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
+from reindex.batching import chunks
 from reindex.ledger import DeadLetter, Ledger
-from reindex.pipeline import Pipeline
 from reindex.verify import compare
 
 if TYPE_CHECKING:
@@ -42,31 +42,21 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
     started = time.monotonic()
     m.sink.prepare(m.spec)
     previous = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id)}
-    pipeline = Pipeline(
-        source=m.source,
-        embedder=m.embedder,
-        sink=m.sink,
-        ledger=ledger,
-        spec=m.spec,
-        plan_id=m.plan_id,
-        run=m.config.run,
-    )
+    pipeline = m.pipeline(ledger)
     written: list[str] = []
     dead: list[DeadLetter] = []
     with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=previous) as comparison:
         counts = {c: comparison.count(c) for c in ("missing", "stale", "invalid_vectors", "orphaned")}
         stale = chain(comparison.ids("missing"), comparison.ids("stale"), comparison.ids("invalid_vectors"))
-        for chunk in _chunks(stale, m.config.run.shard_size):
+        for chunk in chunks(stale, m.config.run.shard_size):
             shard = pipeline.process(list(m.source.fetch(chunk)))
             written += [r.id for r in shard.records]
             dead += shard.dead
-        for chunk in _chunks(comparison.ids("orphaned"), DELETE_CHUNK):
+        for chunk in chunks(comparison.ids("orphaned"), DELETE_CHUNK):
             m.sink.delete(m.spec.name, chunk)
     ledger.settle_retry(m.plan_id, written=[i for i in written if i in previous], vanished=[], dead=[])
     ledger.record_dead_letters(m.plan_id, dead)
-    reasons: dict[str, int] = {}
-    for letter in dead:
-        reasons[letter.reason] = reasons.get(letter.reason, 0) + 1
+    reasons = dict(Counter(letter.reason for letter in dead))
     return SyncReport(
         m.spec.name,
         added=counts["missing"],
@@ -77,9 +67,3 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
         seconds=round(time.monotonic() - started, 3),
         dead_letter_reasons=reasons,
     )
-
-
-def _chunks(ids: Iterable[str], size: int) -> Iterator[list[str]]:
-    iterator = iter(ids)
-    while chunk := list(islice(iterator, size)):
-        yield chunk

@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
+from reindex.batching import chunks
 from reindex.ports import Embedder, IndexEntry, Record, Sink, Source
 from reindex.validation import text_hash
 
@@ -223,8 +223,7 @@ def _target_rows(entries: Iterable[IndexEntry]) -> Iterator[tuple[str, str | Non
 
 
 def _load(db: sqlite3.Connection, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
-    iterator = iter(rows)
-    while chunk := list(islice(iterator, CHUNK)):
+    for chunk in chunks(rows, CHUNK):
         db.execute("BEGIN")
         db.executemany(sql, chunk)
         db.execute("COMMIT")
