@@ -174,13 +174,16 @@ def test_the_sort_window_spans_shards_so_small_shards_still_pad_little(tmp_path)
         ledger = SqliteLedger(tmp_path / f"w{window}.db")
         embedder = HashEmbedder(dim=16, max_tokens=128, latency_ms=20)  # a slow model: the reader gets ahead
         source = MemorySource(records)
-        spec = TargetSpec("docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema())
+        spec = TargetSpec(
+            "docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema()
+        )
         sink = MemorySink()
         sink.prepare(spec)
         ledger.begin("plan", alias="docs", target=spec.name, fingerprint=spec.fingerprint, model={})
         run = RunConfig(shard_size=4, sort_window=window, batch_tokens=256, queue_depth=64)
-        progress = Pipeline(source=source, embedder=embedder, sink=sink, ledger=ledger, spec=spec, plan_id="plan",
-                            run=run).run()
+        progress = Pipeline(
+            source=source, embedder=embedder, sink=sink, ledger=ledger, spec=spec, plan_id="plan", run=run
+        ).run()
         padding[window] = 1 - progress.tokens / progress.padded_tokens
         assert len(sink.targets_["docs__t"]) == 400
     assert padding[400] < 0.05 < padding[1]
