@@ -2,7 +2,8 @@
 
 Reasons (fixed, documented in the README):
     empty_text, too_long, invalid_encoding, invalid_json, missing_id, missing_text, invalid_text_type,
-    duplicate_id_conflict, non_finite_vector, zero_vector, dimension_mismatch, provider_rejected:<code>
+    duplicate_id_conflict, non_finite_vector, zero_vector, dimension_mismatch, provider_rejected:<code>,
+    duplicate_source_lost (another document carried this text, and its vector is gone)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ REASONS = frozenset(
         "non_finite_vector",
         "zero_vector",
         "dimension_mismatch",
+        "duplicate_source_lost",
     }
 )
 VECTOR_REASONS = {"non_finite": "non_finite_vector", "zero": "zero_vector", "dimension": "dimension_mismatch"}

@@ -22,8 +22,9 @@ def main(documents: int) -> dict[str, float]:
     from pgvector.psycopg import register_vector
 
     from adapters.postgres import PgvectorSink, PostgresSource
+    from reindex.batching import chunks
     from reindex.fingerprint import content_hash
-    from reindex.ports import Record, Rows, TargetSpec
+    from reindex.ports import Rows, TargetSpec
     from reindex.verify import coverage
 
     data = Path(tempfile.mkdtemp(prefix="reindex-rate-"))
@@ -44,30 +45,9 @@ def main(documents: int) -> dict[str, float]:
     spec = TargetSpec("docs__rate0001", "docs_alias", 8, "f" * 16, {}, source.schema())
     sink.prepare(spec)
     rng = np.random.default_rng(0)
-    batch: list[Record] = []
-    for record in source.scan():
-        batch.append(record)
-        if len(batch) == 5000:
-            sink.write(
-                spec.name,
-                Rows(
-                    batch,
-                    rng.standard_normal((len(batch), 8)).astype(np.float32),
-                    [content_hash(r.text) for r in batch],
-                    spec.fingerprint,
-                ),
-            )
-            batch = []
-    if batch:
-        sink.write(
-            spec.name,
-            Rows(
-                batch,
-                rng.standard_normal((len(batch), 8)).astype(np.float32),
-                [content_hash(r.text) for r in batch],
-                spec.fingerprint,
-            ),
-        )
+    for batch in chunks(source.scan(), 5000):
+        vectors = rng.standard_normal((len(batch), 8)).astype(np.float32)
+        sink.write(spec.name, Rows(batch, vectors, [content_hash(r.text) for r in batch], spec.fingerprint))
     started = time.perf_counter()
     report = coverage(source, sink, spec.name, dim=8, fingerprint=spec.fingerprint)
     seconds = time.perf_counter() - started
