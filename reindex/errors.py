@@ -7,8 +7,10 @@ ReindexError                      1  failed (bug or unrecoverable backend error)
 ├── CutoverRefused                4  alias not where expected, lock not obtained, nothing to roll back
 ├── AlreadyRunning                1  another run of the same migration holds its lease
 ├── Interrupted                  75  SIGTERM/SIGINT or retry budget spent: rerun to continue
-│   └── TransientError           75  a backend fault worth retrying (connection drop, timeout, 429)
+│   ├── TransientError           75  a backend fault worth retrying (connection drop, timeout, 429)
+│   └── LeaseLost                75  another run took the migration's lease: this one stops, writes nothing more
 └── BackendError                  1  a backend failed in a way retrying will not fix
+    └── RowsRejected              1  the backend refused some rows for their content: isolated, dead-lettered
 """
 
 from __future__ import annotations
@@ -59,5 +61,22 @@ class TransientError(Interrupted):
     """A fault that may pass: retried in one place (reindex.retry), then surfaced as resumable."""
 
 
+class LeaseLost(Interrupted):
+    """The lease this run held was lost (its connection dropped, another run fenced it off).
+
+    Raised by a fenced ledger write or by the lease watchdog; the rerun resumes from the ledger.
+    """
+
+
 class BackendError(ReindexError):
     exit_code = 1
+
+
+class RowsRejected(BackendError):
+    """A sink refused a batch for the content of its rows (e.g. Postgres SQLSTATE class 22: a NUL byte
+    in a text). Never retried as is: the pipeline bisects the batch and dead-letters each row that is
+    refused alone, with `reason` (``sink_rejected:<code>``)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -102,6 +102,7 @@ class ShardResult:
     billed_tokens: int = 0  # what the provider charged for (online or batch usage fields)
     vanished: int = 0  # documents deleted from the source before their vectors could be written
     texts: Sequence[tuple[str, str]] = ()  # (content_hash, "written" | "dead:<reason>") this shard embedded
+    owners: Mapping[str, str] = field(default_factory=dict)  # content_hash -> new owner doc (re-embedded copies)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,12 +219,64 @@ class Cutover:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The one-run-at-a-time right to write a migration's progress.
+
+    `token` increases with every acquisition of `key` (a fencing token): while a lease is held, every
+    ledger write checks in its own transaction that the token is still the newest, and raises
+    LeaseLost otherwise, so a stale runner can neither record shards nor release another's claims.
+    `lost` is set within seconds once the lease is known to be gone (its connection dropped);
+    the run watches it and stops (exit 75).
+    """
+
+    key: str
+    token: int
+    lost: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What a migration's commands need without loading the model (cached at `begin`)."""
+
+    plan_id: str
+    alias: str
+    target: str
+    fingerprint: str
+    model: dict[str, Any]
+    nonce: str
+    config_key: str | None
+
+
 class Ledger(Protocol):
     """The durable record of a migration. SqliteLedger here; PostgresLedger in adapters/ for shared runs."""
 
     def begin(
-        self, plan_id: str, *, alias: str, target: str, fingerprint: str, model: dict[str, Any]
-    ) -> None: ...
+        self,
+        plan_id: str,
+        *,
+        alias: str,
+        target: str,
+        fingerprint: str,
+        model: dict[str, Any],
+        config_key: str | None = None,
+    ) -> str:
+        """Create or reopen the run; return its nonce (random, made once per run, kept until forget)."""
+        ...
+
+    def run_info(self, plan_id: str) -> RunInfo | None: ...
+    def find_run(self, config_key: str) -> RunInfo | None:
+        """The newest run begun with this config key (source, target and embedder settings)."""
+        ...
+
+    def forget(self, plan_id: str) -> None:
+        """Delete a run's shards, dead letters, texts, jobs and run row (start afresh); keep cutovers."""
+        ...
+
+    def alias_lock(self, alias: str, *, wait_seconds: float = 5.0) -> AbstractContextManager[None]:
+        """Serialise cutover, rollback, prune and `cutover --sync` per alias; CutoverRefused if busy."""
+        ...
+
     def resume_point(self, plan_id: str) -> tuple[str | None, int]: ...
     def record_shard(self, plan_id: str, shard: ShardResult) -> None: ...
     def settle_retry(
@@ -247,12 +300,14 @@ class Ledger(Protocol):
     ) -> int: ...
     def settle_cutover(self, cutover_id: int, state: str, *, old: str | None = None) -> None: ...
     def cutovers(self, alias: str) -> list[Cutover]: ...
-    def lease(self, key: str) -> AbstractContextManager[None]: ...
+    def lease(self, key: str) -> AbstractContextManager[Lease]: ...
     def record_job(self, plan_id: str, job: Job) -> None: ...
     def jobs(self, plan_id: str) -> list[Job]: ...
     def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]: ...
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]: ...
-    def settle_texts(self, plan_id: str, states: Sequence[tuple[str, str]]) -> None: ...
+    def settle_texts(
+        self, plan_id: str, states: Sequence[tuple[str, str]], *, owners: Mapping[str, str] | None = None
+    ) -> None: ...
     def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None: ...
     def close(self) -> None: ...
 

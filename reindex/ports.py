@@ -62,6 +62,12 @@ class Source(Protocol):
         """Yield the records with these ids that still exist (dead-letter retry, sample checks)."""
         ...
 
+    def identity(self) -> str:
+        """Name the data this reads, independent of how it is reached: no credentials, no DSN form, no
+        tuning knobs (page size). Postgres: `postgres:<system identifier>/<database>/<schema>.<table>
+        #<id column>,<text column>`; files: the absolute path and fields. Part of the plan id."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -167,6 +173,8 @@ class TargetSpec:
     fingerprint: str
     model: Mapping[str, Any]  # EmbedderInfo.describe(): recorded on the target and the alias
     source: SourceSchema
+    plan_id: str = ""  # the migration that owns the target; recorded on it by prepare()
+    nonce: str = ""  # random per ledger run: a target rebuilt or dropped elsewhere is never "resumed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +204,8 @@ class TargetInfo:
     dim: int | None
     fingerprint: str | None  # recorded on the target by prepare(); None for targets we did not build
     model: Mapping[str, Any] | None
+    plan_id: str | None = None  # TargetSpec.plan_id and .nonce as prepare() recorded them
+    nonce: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +220,14 @@ class AliasInfo:
 class Sink(Protocol):
     """Lifecycle: prepare → write* → finalize → (verify) → move_alias. `drop` exists only for prune."""
 
+    def identity(self) -> str:
+        """Name where this writes, independent of credentials and knobs: `pgvector:<system identifier>/
+        <database>/<schema>`, `qdrant:<url or absolute path>`. Part of the plan id."""
+        ...
+
     def prepare(self, spec: TargetSpec) -> None:
-        """Create the target if missing (idempotent); refuse one built for another fingerprint or dim."""
+        """Create the target if missing, recording fingerprint, dim, plan_id and nonce on it
+        (idempotent); refuse one built for another fingerprint or dim. Never re-stamps an existing one."""
         ...
 
     def write(self, target: str, rows: Rows) -> None:
@@ -231,6 +247,13 @@ class Sink(Protocol):
         ...
 
     def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]: ...
+
+    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
+        """The vectors of the ids (keys) whose stored content hash equals the expected one (values).
+
+        Copies use it: a text embedded once is given to other documents only while the document that
+        carries it still holds that very text's vector."""
+        ...
 
     def alias(self, alias: str) -> AliasInfo: ...
 
