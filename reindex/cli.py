@@ -36,6 +36,7 @@ from reindex.errors import ReindexError, VerificationFailed
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals of a crashed frame can hold DSNs and API keys
     help="Re-embed a corpus into a fresh index, prove full coverage, and flip a read alias atomically. "
     "Exit codes: 0 done, 1 failed, 2 configuration, 3 verification failed, 4 cutover refused, 75 interrupted.",
 )
@@ -90,12 +91,20 @@ def plan(
 
 
 @app.command()
-def run(config: ConfigOption, as_json: JsonOption = False) -> None:
+def run(
+    config: ConfigOption,
+    as_json: JsonOption = False,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="forget this migration's progress and rebuild its target")
+    ] = False,
+) -> None:
     """Backfill the target from the source. Rerun the same command to resume (exit 75 = interrupted)."""
     cfg = _load(config)
     stop = threading.Event()
     with _signals_stop(stop), _progress_bar(as_json) as (on_start, on_progress):
-        report = _guarded(lambda: commands.run(cfg, stop=stop, on_start=on_start, on_progress=on_progress))
+        report = _guarded(
+            lambda: commands.run(cfg, stop=stop, on_start=on_start, on_progress=on_progress, fresh=fresh)
+        )
     _render(report, as_json, "run")
     err.print(
         f"reconciliation: {report.documents} documents in = {report.written} written + "

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,87 +13,28 @@ from reindex import registry
 from reindex.config import Config
 from reindex.cost import Budget
 from reindex.deferred import DeferredRun
-from reindex.errors import ConfigError, CutoverRefused, ReindexError, VerificationFailed
-from reindex.fingerprint import target_name
-from reindex.ledger import Ledger, RunSummary, SqliteLedger
+from reindex.errors import ConfigError, CutoverRefused, VerificationFailed
+from reindex.ledger import Ledger, RunSummary
+from reindex.migration import (
+    Migration,
+    config_key,
+    known_run,
+    lease_key,
+    leased,
+    ledger_of,
+    migration,
+    open_backends,
+    open_ledger,
+    open_migration,
+    stop_on_lost_lease,
+    with_nonce,
+)
 from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate
-from reindex.ports import DeferredEmbedder, Embedder, Sink, Source, TargetSpec
-from reindex.sync import SyncReport, catch_up
+from reindex.ports import DeferredEmbedder
+from reindex.sync import SyncReport, catch_up, fetch_records
+from reindex.validation import is_excusable
 from reindex.verify import Coverage, coverage
-
-
-@dataclass
-class Migration:
-    """A config turned into live adapters and the identity of the target they build."""
-
-    config: Config
-    source: Source
-    embedder: Embedder
-    sink: Sink
-    spec: TargetSpec
-    plan_id: str
-
-    def pipeline(self, ledger: Ledger) -> Pipeline:
-        """A pipeline over this migration's adapters, for work outside the backfill (retries, sync)."""
-        return Pipeline(
-            source=self.source,
-            embedder=self.embedder,
-            sink=self.sink,
-            ledger=ledger,
-            spec=self.spec,
-            plan_id=self.plan_id,
-            run=self.config.run,
-        )
-
-
-@contextmanager
-def open_backends(config: Config) -> Iterator[tuple[Source, Sink]]:
-    """Build source and sink only (no model): enough to inspect and resolve."""
-    opened: list[Any] = []
-    try:
-        yield _open(opened, "source", config.source), _open(opened, "target", config.target)
-    finally:
-        for adapter in reversed(opened):
-            with suppress(ReindexError):
-                adapter.close()
-
-
-@contextmanager
-def open_migration(config: Config) -> Iterator[Migration]:
-    """Build source, embedder and sink (closing whatever was opened, whatever happens)."""
-    with open_backends(config) as (source, sink):
-        embedder: Embedder = registry.build("embedder", config.embedder)
-        info = embedder.info
-        name = str(config.target.get("name") or target_name(config.alias, info.fingerprint))
-        if name == config.alias:
-            raise ConfigError(f"[target] name {name!r} equals the alias", hint="targets are never live names")
-        spec = TargetSpec(
-            name=name,
-            alias=config.alias,
-            dim=info.dim,
-            fingerprint=info.fingerprint,
-            model=info.describe(),
-            source=source.schema(),
-        )
-        plan_id = hashlib.sha256(f"{config.identity()}:{name}:{info.fingerprint}".encode()).hexdigest()[:16]
-        yield Migration(config, source, embedder, sink, spec, plan_id)
-
-
-def _open(opened: list[Any], role: registry.Role, section: dict[str, Any]) -> Any:
-    adapter = registry.build(role, section)
-    opened.append(adapter)
-    return adapter
-
-
-def open_ledger(config: Config) -> Ledger:
-    """SQLite by default; a postgresql:// URL shares one ledger between machines."""
-    state = config.run.state
-    if state.startswith(("postgres://", "postgresql://")):
-        ledger: Ledger = registry.resolve_ledger("postgres")(state)
-        return ledger
-    return SqliteLedger(state)
-
 
 # plan ---------------------------------------------------------------------------------------------------
 
@@ -156,26 +95,71 @@ def run(
     stop: threading.Event | None = None,
     on_start: Callable[[int | None, int], None] | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    fresh: bool = False,
 ) -> RunReport:
-    """Backfill the target from the source; rerunning resumes after the last written shard."""
-    with _leased(config) as ledger, open_migration(config) as m:
+    """Backfill the target from the source; rerunning resumes after the last written shard.
+
+    Args:
+        fresh: forget this migration's progress and drop its target (unless an alias serves it) first.
+    """
+    stop = stop or threading.Event()
+    with leased(config) as (ledger, lease), open_migration(config) as m, stop_on_lost_lease(lease, stop):
+        m = attach(m, ledger, fresh=fresh, create=True)
         return _run(m, ledger, stop, on_start, on_progress)
 
 
-@contextmanager
-def _ledger(config: Config) -> Iterator[Ledger]:
-    ledger = open_ledger(config)
-    try:
-        yield ledger
-    finally:
-        ledger.close()
+def attach(m: Migration, ledger: Ledger, *, fresh: bool = False, create: bool = False) -> Migration:
+    """Open this migration's run in the ledger and make sure the target is the one it built.
+
+    A target carries the plan id and the nonce of the ledger run that created it. A ledger with progress
+    whose target is gone, or a target made by another ledger or migration, is refused: resuming there
+    would "finish" a target whose earlier shards it never wrote."""
+    if fresh:
+        _start_afresh(m, ledger)
+    elif not create and ledger.run_info(m.plan_id) is None:
+        raise ConfigError(
+            f"no run of this migration in the ledger {m.config.run.state!r}", hint="run `reindex run` first"
+        )
+    key = config_key(m.config, m.source, m.sink)
+    nonce = ledger.begin(
+        m.plan_id,
+        alias=m.spec.alias,
+        target=m.spec.name,
+        fingerprint=m.spec.fingerprint,
+        model=dict(m.spec.model),
+        config_key=key,
+    )
+    m = with_nonce(m, nonce)
+    info = m.sink.describe(m.spec.name)
+    if info is None and (_has_progress(ledger, m.plan_id) or not create):
+        raise ConfigError(
+            f"target {m.spec.name!r} is gone, but the ledger holds progress of this migration",
+            hint="`reindex run --fresh` starts it again from the first document",
+        )
+    if info is not None and (info.plan_id, info.nonce) != (m.plan_id, nonce):
+        raise ConfigError(
+            f"target {m.spec.name!r} was not built by this migration's ledger run"
+            f" (it carries plan {info.plan_id or 'none'}, this is plan {m.plan_id})",
+            hint="`reindex run --fresh` rebuilds it; or set [target] name to a new target",
+        )
+    m.sink.prepare(m.spec)
+    return m
 
 
-@contextmanager
-def _leased(config: Config) -> Iterator[Ledger]:
-    """Open the ledger and hold the migration's lease before any backend is opened (one writer at a time)."""
-    with _ledger(config) as ledger, ledger.lease(config.identity()):
-        yield ledger
+def _has_progress(ledger: Ledger, plan_id: str) -> bool:
+    summary = ledger.summary(plan_id)
+    return bool((summary and summary.shards) or ledger.jobs(plan_id))
+
+
+def _start_afresh(m: Migration, ledger: Ledger) -> None:
+    if m.sink.alias(m.spec.alias).target == m.spec.name:
+        raise CutoverRefused(
+            f"target {m.spec.name!r} is live behind alias {m.spec.alias!r}; it cannot be rebuilt in place",
+            hint="set [target] name to a new target, or roll back first",
+        )
+    if m.sink.describe(m.spec.name) is not None:
+        m.sink.drop(m.spec.name)
+    ledger.forget(m.plan_id)
 
 
 def _run(
@@ -185,14 +169,6 @@ def _run(
     on_start: Callable[[int | None, int], None] | None,
     on_progress: Callable[[Progress], None] | None,
 ) -> RunReport:
-    m.sink.prepare(m.spec)
-    ledger.begin(
-        m.plan_id,
-        alias=m.spec.alias,
-        target=m.spec.name,
-        fingerprint=m.spec.fingerprint,
-        model=dict(m.spec.model),
-    )
     before = ledger.summary(m.plan_id)
     if on_start:
         on_start(m.source.count(), before.documents if before else 0)
@@ -278,19 +254,23 @@ class StatusReport:
 
 
 def status(config: Config) -> StatusReport:
-    """Where the migration stands: shards written, reconciliation, where the alias points, history."""
-    with open_migration(config) as m, _ledger(config) as ledger:
-        summary = ledger.summary(m.plan_id)
-        alias = m.sink.alias(m.spec.alias)
-        history = [asdict(c) for c in ledger.cutovers(m.spec.alias)]
+    """Where the migration stands: shards written, reconciliation, where the alias points, history.
+
+    Needs no model: the run is found in the ledger by the config's key."""
+    with open_backends(config) as (source, sink), ledger_of(config) as ledger:
+        run = known_run(config, ledger, source, sink)
+        summary = ledger.summary(run.plan_id) if run else None
+        alias = sink.alias(config.alias)
+        history = [asdict(c) for c in ledger.cutovers(config.alias)]
         counts = (
             (summary.documents, summary.written, summary.dead_letters, summary.duplicates)
             if summary
             else (0, 0, 0, 0)
         )
+        target = run.target if run else str(config.target.get("name") or "")
         return StatusReport(
-            plan_id=m.plan_id,
-            target=m.spec.name,
+            plan_id=run.plan_id if run else "",
+            target=target,
             state=summary.state if summary else "not-started",
             documents=counts[0],
             written=counts[1],
@@ -298,10 +278,10 @@ def status(config: Config) -> StatusReport:
             duplicates=counts[3],
             reconciled=summary.reconciled if summary else True,
             shards_done=summary.shards if summary else 0,
-            source_documents=m.source.count(),
+            source_documents=source.count(),
             alias=alias.alias,
             alias_target=alias.target,
-            is_live=alias.target == m.spec.name,
+            is_live=bool(target) and alias.target == target,
             dead_letter_reasons=summary.dead_letter_reasons if summary else {},
             history=history,
         )
@@ -316,26 +296,31 @@ def verify(config: Config, *, sample: int = 0) -> Coverage:
     Args:
         sample: also re-embed this many random documents and require cosine >= 0.999 with the stored vectors.
     """
-    with open_migration(config) as m, _ledger(config) as ledger:
+    with open_migration(config) as m, ledger_of(config) as ledger:
         return _verify(m, ledger, sample=sample)
 
 
 def _verify(m: Migration, ledger: Ledger, *, sample: int = 0) -> Coverage:
     if m.sink.describe(m.spec.name) is None:
         raise VerificationFailed(f"target {m.spec.name!r} does not exist", hint="run `reindex run` first")
-    dead = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id)}
     report = coverage(
         m.source,
         m.sink,
         m.spec.name,
         dim=m.spec.dim,
         fingerprint=m.spec.fingerprint,
-        dead_letters=dead,
+        dead_letters=excused(ledger, m.plan_id),
         embedder=m.embedder,
         sample=sample,
+        ceiling=m.config.run.dead_letter_ceiling,
     )
     ledger.record_verification(m.plan_id, report.complete, report.to_json())
     return report
+
+
+def excused(ledger: Ledger, plan_id: str) -> dict[str, str | None]:
+    """Dead letters that excuse a missing vector: those a fresh migration would meet again (same text)."""
+    return {d.doc_id: d.content_hash for d in ledger.dead_letters(plan_id) if is_excusable(d.reason)}
 
 
 def _coverage(m: Migration, dead_letters: dict[str, str | None] | None) -> Coverage:
@@ -362,32 +347,39 @@ def cutover(
         sync: first re-embed what changed in the source since the run and delete what vanished.
         sample: also re-embed this many documents as part of the verification.
     """
-    with open_migration(config) as m, _ledger(config) as ledger:
+    with ledger_of(config) as ledger, ledger.alias_lock(config.alias):
         if sync:
-            with ledger.lease(config.identity()):
+            with ledger.lease(lease_key(config)), open_migration(config) as m:
+                m = attach(m, ledger)
                 catch_up(m, ledger)
-        report = _verify(m, ledger, sample=sample)
-        if not report.complete and not force:
-            raise VerificationFailed(
-                f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
-                hint=f"see `reindex verify -c {config.path} --json`",
-            )
-        return alias_moves.move(
-            m.sink,
-            ledger,
-            alias=m.spec.alias,
-            target=m.spec.name,
-            fingerprint=m.spec.fingerprint,
-            model=dict(m.spec.model),
-            forced=force and not report.complete,
-            report=report.to_json(),
+                return _cutover(m, ledger, force, sample)
+        with open_migration(config) as m:
+            return _cutover(m, ledger, force, sample)
+
+
+def _cutover(m: Migration, ledger: Ledger, force: bool, sample: int) -> alias_moves.AliasMove:
+    report = _verify(m, ledger, sample=sample)
+    if not report.complete and not force:
+        raise VerificationFailed(
+            f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
+            hint=f"see `reindex verify -c {m.config.path} --json`",
         )
+    return alias_moves.move(
+        m.sink,
+        ledger,
+        alias=m.spec.alias,
+        target=m.spec.name,
+        fingerprint=m.spec.fingerprint,
+        model=dict(m.spec.model),
+        forced=force and not report.complete,
+        report=report.to_json(),
+    )
 
 
 def rollback(config: Config) -> alias_moves.AliasMove:
-    """Point the alias back at the target the last move replaced."""
-    with open_migration(config) as m, _ledger(config) as ledger:
-        return alias_moves.rollback(m.sink, ledger, m.spec.alias)
+    """Point the alias back at the target the last move replaced. Needs no model."""
+    with ledger_of(config) as ledger, ledger.alias_lock(config.alias), open_backends(config) as (_, sink):
+        return alias_moves.rollback(sink, ledger, config.alias)
 
 
 @dataclass(frozen=True)
@@ -404,19 +396,20 @@ def prune(config: Config, *, keep: int = 2, dry_run: bool = False) -> PruneRepor
     """Drop old targets of this alias, keeping the newest `keep` and never the one the alias serves."""
     if keep < 1:
         raise ConfigError("--keep must be at least 1", hint="the live target is always kept")
-    with open_migration(config) as m:
-        live = m.sink.alias(m.spec.alias).target
-        newest_first = list(reversed(m.sink.targets(m.spec.alias)))
+    with ledger_of(config) as ledger, ledger.alias_lock(config.alias), open_backends(config) as (_, sink):
+        alias_moves.settle_pending(sink, ledger, config.alias)
+        live = sink.alias(config.alias).target
+        newest_first = list(reversed(sink.targets(config.alias)))
         kept = [t for t in newest_first if t == live]
         for candidate in newest_first:
             if candidate not in kept and len(kept) < keep:
                 kept.append(candidate)
         dropped = [t for t in newest_first if t not in kept]
         for name in [] if dry_run else dropped:
-            if m.sink.alias(m.spec.alias).target == name:
+            if sink.alias(config.alias).target == name:
                 raise CutoverRefused(f"{name!r} became live while pruning", hint="rerun prune")
-            m.sink.drop(name)
-        return PruneReport(m.spec.alias, kept, dropped)
+            sink.drop(name)
+        return PruneReport(config.alias, kept, dropped)
 
 
 __all__ = [
@@ -454,34 +447,36 @@ class DeadLetterReport:
 
 
 def dlq_list(config: Config) -> DeadLetterReport:
-    """The documents that could not be embedded, with their reasons."""
-    with open_migration(config) as m, _ledger(config) as ledger:
-        return _dead_letter_report(ledger, m.plan_id)
+    """The documents that could not be embedded, with their reasons. Needs no model."""
+    with open_backends(config) as (source, sink), ledger_of(config) as ledger:
+        run = known_run(config, ledger, source, sink)
+        return _dead_letter_report(ledger, run.plan_id if run else "")
 
 
 def dlq_retry(config: Config) -> DeadLetterReport:
-    """Re-read dead-lettered documents from the source and try them again (after a fix or policy change)."""
-    with _leased(config) as ledger, open_migration(config) as m:
-        return _retry(m, ledger)
+    """Re-read dead-lettered documents from the source and try them again (after a fix or policy change).
+
+    Loads the model only when there is something to retry."""
+    with leased(config) as (ledger, lease), open_backends(config) as (source, sink):
+        run = known_run(config, ledger, source, sink)
+        if run is None or not ledger.dead_letters(run.plan_id):
+            return _dead_letter_report(ledger, run.plan_id if run else "")
+        with stop_on_lost_lease(lease, threading.Event()):
+            return _retry(attach(migration(config, source, sink), ledger), ledger)
 
 
 def _retry(m: Migration, ledger: Ledger) -> DeadLetterReport:
     ids = [d.doc_id for d in ledger.dead_letters(m.plan_id)]
-    m.sink.prepare(m.spec)
     pipeline = m.pipeline(ledger)
     written, vanished = 0, 0
     size = m.config.run.shard_size
     for chunk in (ids[start : start + size] for start in range(0, len(ids), size)):
-        records = list(m.source.fetch(chunk))
+        records = fetch_records(m.source, chunk)
         shard = pipeline.process(records) if records else None
+        done = shard.written_ids if shard else []
         gone = sorted(set(chunk) - {r.id for r in records})
-        ledger.settle_retry(
-            m.plan_id,
-            written=[r.id for r in shard.records] if shard else [],
-            vanished=gone,
-            dead=shard.dead if shard else [],
-        )
-        written, vanished = written + (len(shard.records) if shard else 0), vanished + len(gone)
+        ledger.settle_retry(m.plan_id, written=done, vanished=gone, dead=shard.dead if shard else [])
+        written, vanished = written + len(done), vanished + len(gone)
     report = _dead_letter_report(ledger, m.plan_id)
     return DeadLetterReport(
         m.plan_id,
@@ -572,7 +567,9 @@ def resolve(config: Config, alias: str | None = None) -> ResolveReport:
 
 def sync(config: Config) -> SyncReport:
     """Re-embed documents added or changed since the run, delete vectors whose documents vanished."""
-    with _leased(config) as ledger, open_migration(config) as m:
-        if m.sink.describe(m.spec.name) is None:
-            raise ConfigError(f"target {m.spec.name!r} does not exist", hint="run `reindex run` first")
-        return catch_up(m, ledger)
+    with (
+        leased(config) as (ledger, lease),
+        open_migration(config) as m,
+        stop_on_lost_lease(lease, threading.Event()),
+    ):
+        return catch_up(attach(m, ledger), ledger)

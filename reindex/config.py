@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 
 from reindex import registry
 from reindex.errors import ConfigError
@@ -23,6 +24,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     state: str = ".reindex/state.db"  # a SQLite path, or a postgresql:// URL shared across machines
+    state_env: str | None = None  # the ledger location from this environment variable (a URL with a password)
     shard_size: int = Field(1000, ge=1, le=1_000_000)
     batch_tokens: int | None = Field(None, ge=1)  # padded tokens per model call; None: the embedder's choice
     max_batch: int = Field(256, ge=1)
@@ -34,6 +36,33 @@ class RunConfig(BaseModel):
     poll_seconds: float = Field(5.0, gt=0)  # first poll interval for provider jobs; doubles while idle
     poll_max_seconds: float = Field(60.0, gt=0)
     provider_attempts: int = Field(3, ge=1)  # submissions of a line before it becomes a dead letter
+    # Dead letters verify accepts: a count (an integer) or a fraction of the source's documents (a float
+    # below 1). Beyond it the target is not complete and cutover refuses without --force.
+    max_dead_letters: StrictInt | StrictFloat = Field(0.01, ge=0)
+
+    @model_validator(mode="after")
+    def _fraction_or_count(self) -> RunConfig:
+        if isinstance(self.max_dead_letters, float) and self.max_dead_letters > 1:
+            raise ValueError("max_dead_letters: a fraction is at most 1.0; write a count as an integer")
+        return self
+
+    def ledger_location(self) -> str:
+        """Where the ledger lives: `state`, or the environment variable `state_env` names."""
+        if self.state_env is None:
+            return self.state
+        value = os.environ.get(self.state_env)
+        if not value:
+            raise ConfigError(
+                f"[run] state_env names {self.state_env!r}, which is not set",
+                hint=f"export {self.state_env}=<sqlite path or postgresql:// URL>",
+            )
+        return value
+
+    def dead_letter_ceiling(self, documents: int) -> int:
+        """The most dead letters a complete target may have for a source of `documents`."""
+        if isinstance(self.max_dead_letters, int):
+            return self.max_dead_letters
+        return int(self.max_dead_letters * documents)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from reindex.errors import CutoverRefused
 from reindex.ledger import Cutover, Ledger
 from reindex.ports import Sink
 
+ADOPTED_SUFFIX = "__adopted"  # what a sink renames a physical index to when it adopts it behind an alias
+
 
 @dataclass(frozen=True)
 class AliasMove:
@@ -49,7 +51,8 @@ def move(
 ) -> AliasMove:
     """Point `alias` at `target`, recording intent first so a crash at any instant is resolvable."""
     settle_pending(sink, ledger, alias)
-    current = sink.alias(alias).target
+    served = sink.alias(alias)
+    current = served.target
     if check_expected and current != expected:
         raise CutoverRefused(
             f"alias {alias!r} serves {current!r}, not {expected!r} as the history says",
@@ -57,8 +60,11 @@ def move(
         )
     if current == target:
         return AliasMove(alias, target, current, changed=False, forced=forced, action=action)
+    # Adopting a plain table renames it `<alias>__adopted`: record that name before the move, so a crash
+    # after the intent still leaves the way back in the history.
+    previous = f"{alias}{ADOPTED_SUFFIX}" if served.is_physical and current is None else current
     intent = ledger.cutover_intent(
-        alias, current, target, fingerprint=fingerprint, action=action, forced=forced, report=report
+        alias, previous, target, fingerprint=fingerprint, action=action, forced=forced, report=report
     )
     crashpoints.crash_if_armed("cutover_after_intent")
     meta = {"target": target, "fingerprint": fingerprint, "model": model, "moved_at": time.time()}

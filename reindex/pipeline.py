@@ -10,10 +10,11 @@ always holds a contiguous prefix and a crash redoes at most the shards in flight
 from __future__ import annotations
 
 import functools
+import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -23,36 +24,28 @@ import stamina
 from reindex import crashpoints
 from reindex.batching import chunks, padded_tokens, token_batches
 from reindex.config import RunConfig
+from reindex.copies import Copies, copy_rows
 from reindex.cost import Budget
-from reindex.errors import Interrupted, TransientError
+from reindex.errors import ConfigError, Interrupted, RowsRejected, TransientError
 from reindex.ledger import DeadLetter, Ledger, ShardResult
-from reindex.ports import DeferredEmbedder, Embedder, Record, Rows, Sink, Source, TargetSpec, Tokens, Vectors
-from reindex.validation import screen, vector_dead_letters
+from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
+from reindex.shards import Copy, Shard, finish_shard, keep_records, prepare_shard, text_settlements
+from reindex.validation import vector_dead_letters
 
 T = TypeVar("T")
-Claim = Callable[
-    [dict[str, str]], dict[str, tuple[str, str]]
-]  # {hash: doc} -> {hash: (owner, state)} elsewhere
 _DONE = object()
+_END = object()
 
-
-@dataclass
-class Shard:
-    seq: int
-    after_cursor: str | None
-    last_cursor: str
-    documents: int
-    records: list[Record]
-    hashes: list[str]
-    owner: list[int]  # record i is embedded as unique text owner[i]
-    tokens: list[Tokens]  # one per unique text
-    dead: list[DeadLetter]
-    duplicates: int
-    truncated: int = 0
-    vectors: Vectors | None = None
-    billed_tokens: int = 0
-    copies: list[tuple[Record, str, str]] = field(default_factory=list)  # (record, hash, owner doc elsewhere)
-    claimed: set[str] = field(default_factory=set)  # texts this shard embeds for the whole run
+__all__ = [
+    "Copies",
+    "Pipeline",
+    "Progress",
+    "Shard",
+    "copy_rows",
+    "prepare_shard",
+    "retrying",
+    "text_settlements",
+]
 
 
 @dataclass
@@ -95,6 +88,7 @@ class Pipeline:
         self._failed = threading.Event()
         self._failure: BaseException | None = None
         self._last_mark = time.monotonic()
+        self._model = threading.Lock()  # the writer re-embeds lost copies; one model call at a time
 
     def run(self) -> Progress:
         """Process every shard after the ledger's resume point; raise Interrupted if stopped early."""
@@ -120,16 +114,14 @@ class Pipeline:
         return self.progress
 
     def process(self, records: list[Record]) -> Shard:
-        """Screen, embed and write one batch of records synchronously, outside the shard ledger (retries)."""
+        """Screen, embed and write records synchronously, outside the shard ledger (sync, dlq retry).
+
+        The same path as a shard of the run: texts claimed run-wide, copies checked against what their
+        owner stores, refused rows dead-lettered; the texts it claimed or took over are settled."""
         shard = self._prepare(0, None, records)
         self._embed([shard])
-        assert shard.vectors is not None
-        if shard.records:
-            _retrying(
-                self.sink.write,
-                self.spec.name,
-                Rows(shard.records, shard.vectors, shard.hashes, self.spec.fingerprint),
-            )
+        self._store(shard)
+        retrying(self.ledger.settle_texts, self.plan_id, text_settlements(shard), shard.owners)
         return shard
 
     def _guard(self, stage: Callable[..., None], *args: Any) -> None:
@@ -163,7 +155,7 @@ class Pipeline:
     # reader stage -------------------------------------------------------------------------------------
 
     def _read(self, after: str | None, seq: int, out: queue.Queue[Any]) -> None:
-        for records in chunks(self.source.scan(after), self.config.shard_size):
+        for records in chunks(resumable_scan(self.source, after), self.config.shard_size):
             shard = self._prepare(seq, after, records)
             if not self.budget.allows(sum(t.count for t in shard.tokens)):
                 break  # over budget: claim nothing more; what is in flight still lands
@@ -175,7 +167,7 @@ class Pipeline:
         self._put(out, _DONE)
 
     def _prepare(self, seq: int, after: str | None, records: list[Record]) -> Shard:
-        claim = functools.partial(self.ledger.claim_texts, self.plan_id)
+        claim = functools.partial(retrying, self.ledger.claim_texts, self.plan_id)
         return prepare_shard(self.embedder, self.config, seq, after, records, claim)
 
     # model stage --------------------------------------------------------------------------------------
@@ -203,8 +195,12 @@ class Pipeline:
         if window:
             yield window
 
-    def _embed(self, window: list[Shard]) -> bool:
+    def _embed(self, window: list[Shard], *, stoppable: bool = True) -> bool:
         """Embed the window's unique texts batch by batch; False if a stop request released it midway."""
+        with self._model:
+            return self._embed_locked(window, stoppable)
+
+    def _embed_locked(self, window: list[Shard], stoppable: bool) -> bool:
         dim = self.embedder.info.dim
         tokens = [t for shard in window for t in shard.tokens]
         lengths = [t.count for t in tokens]
@@ -214,14 +210,14 @@ class Pipeline:
         billed_before = getattr(self.embedder, "billed_tokens", 0)
         rejected: dict[int, str] = {}
         for batch in batches:
-            if self.stop.is_set():
+            if stoppable and self.stop.is_set():
                 return False
-            vectors = _retrying(self.embedder.embed, [tokens[i] for i in batch])
-            unique[batch] = vectors if vectors.shape == (len(batch), dim) else np.nan
+            vectors = retrying(self.embedder.embed, [tokens[i] for i in batch])
+            unique[batch] = _checked(vectors, len(batch), dim, self.embedder)
             for row, reason in _rejections(self.embedder).items():
                 rejected[batch[row]] = reason
         self.progress.model_seconds += time.monotonic() - started
-        window[-1].billed_tokens = getattr(self.embedder, "billed_tokens", 0) - billed_before
+        window[-1].billed_tokens += getattr(self.embedder, "billed_tokens", 0) - billed_before
         self.progress.padded_tokens += padded_tokens(lengths, batches)
         self.progress.tokens += sum(lengths)
         reasons: list[str | None] = vector_dead_letters(unique, dim) if lengths else []
@@ -230,7 +226,7 @@ class Pipeline:
         offset = 0
         for shard in window:
             count = len(shard.tokens)
-            _finish(shard, unique[offset : offset + count], reasons[offset : offset + count], dim)
+            finish_shard(shard, unique[offset : offset + count], reasons[offset : offset + count], dim)
             self.progress.reused += len(shard.owner) - count
             offset += count
         return True
@@ -243,18 +239,11 @@ class Pipeline:
 
     def _write(self, shard: Shard) -> None:
         assert shard.vectors is not None
-        rows = Rows(shard.records, shard.vectors, shard.hashes, self.spec.fingerprint)
-        if crashpoints.armed("mid_write") and len(rows.records) > 1:
-            half = len(rows.records) // 2
-            self.sink.write(self.spec.name, _slice(rows, half))
+        if crashpoints.armed("mid_write") and len(shard.records) > 1:
+            rows = _rows(shard, self.spec.fingerprint)
+            self.sink.write(self.spec.name, _slice(rows, 0, len(rows.records) // 2))
             crashpoints.die()
-        if rows.records:
-            _retrying(self.sink.write, self.spec.name, rows)
-        copied, copy_dead, _ = copy_rows(self.ledger, self.sink, self.spec, self.plan_id, shard.copies)
-        if copied is not None:
-            _retrying(self.sink.write, self.spec.name, copied)
-        shard.dead.extend(copy_dead)
-        reused = len(copied.records) if copied is not None else 0
+        self._store(shard)
         crashpoints.crash_if_armed("after_write")
         now = time.monotonic()
         result = ShardResult(
@@ -262,136 +251,130 @@ class Pipeline:
             shard.after_cursor,
             shard.last_cursor,
             shard.documents,
-            len(shard.records) + reused,
+            len(shard.written_ids),
             shard.dead,
             shard.duplicates,
-            len(shard.owner) - len(shard.tokens) + reused,
+            len(shard.owner) - len(shard.tokens) + len(shard.copied),
             sum(t.count for t in shard.tokens),
             shard.truncated,
             now - self._last_mark,
             billed_tokens=shard.billed_tokens,
             texts=text_settlements(shard),
+            owners=dict(shard.owners),
         )
         self.budget.charge(shard.billed_tokens, reserved=sum(t.count for t in shard.tokens))
         self._last_mark = now
-        _retrying(self.ledger.record_shard, self.plan_id, result)
+        retrying(self.ledger.record_shard, self.plan_id, result)
         self.progress.documents += shard.documents
-        self.progress.written += len(shard.records) + reused
+        self.progress.written += len(shard.written_ids)
         self.progress.dead_letters += len(shard.dead)
         self.on_progress(self.progress)
 
+    def _store(self, shard: Shard) -> None:
+        """Write a shard's own rows, then its copies; every document ends written or dead-lettered."""
+        assert shard.vectors is not None
+        refused = self._write_rows(_rows(shard, self.spec.fingerprint))
+        if refused:
+            gone = {letter.doc_id for letter in refused}
+            keep_records(shard, [record.id not in gone for record in shard.records])
+            shard.dead.extend(refused)
+        copies = copy_rows(self.ledger, self.sink, self.spec, self.plan_id, shard.copies)
+        shard.dead.extend(copies.dead)
+        if copies.rows is not None:
+            refused = self._write_rows(copies.rows)
+            shard.dead.extend(refused)
+            gone = {letter.doc_id for letter in refused}
+            shard.copied += [record.id for record in copies.rows.records if record.id not in gone]
+        self._embed_lost(shard, copies.waiting + copies.lost)
 
-def prepare_shard(
-    embedder: Embedder | DeferredEmbedder,
-    run: RunConfig,
-    seq: int,
-    after: str | None,
-    records: list[Record],
-    claim: Claim | None = None,
-) -> Shard:
-    """Screen, fold duplicate ids, set aside texts embedded elsewhere in the run (`claim`), tokenize each
-    remaining distinct text once, and apply the over-length policy."""
-    screened = screen(records)
-    kept, hashes, copies, claimed = _claim(screened.records, screened.hashes, claim)
-    unique: dict[str, int] = {}
-    owner = [unique.setdefault(digest, len(unique)) for digest in hashes]
-    texts = [""] * len(unique)
-    for record, index in zip(kept, owner, strict=True):
-        texts[index] = record.text
-    shard = Shard(
-        seq,
-        after,
-        records[-1].position,
-        len(records),
-        kept,
-        hashes,
-        owner,
-        embedder.tokenize(texts),
-        screened.dead,
-        screened.duplicates,
-        copies=copies,
-        claimed=claimed,
+    def _embed_lost(self, shard: Shard, lost: list[Copy]) -> None:
+        """Copies whose owner no longer stores their text's vector: embed them here and take the text over."""
+        if not lost:
+            return
+        extra = prepare_shard(self.embedder, self.config, shard.seq, None, [record for record, _, _ in lost])
+        self._embed([extra], stoppable=False)
+        assert extra.vectors is not None
+        refused = self._write_rows(_rows(extra, self.spec.fingerprint))
+        gone = {letter.doc_id for letter in refused}
+        keep_records(extra, [record.id not in gone for record in extra.records])
+        extra.dead.extend(refused)
+        shard.dead.extend(extra.dead)
+        shard.copied += [record.id for record in extra.records]
+        shard.billed_tokens += extra.billed_tokens
+        shard.truncated += extra.truncated
+        for record, digest in zip(extra.records, extra.hashes, strict=True):
+            shard.owners.setdefault(digest, record.id)
+            shard.settled[digest] = "written"
+        for letter in extra.dead:
+            if letter.content_hash and letter.content_hash not in shard.settled:
+                shard.owners.setdefault(letter.content_hash, letter.doc_id)
+                shard.settled[letter.content_hash] = f"dead:{letter.reason}"
+
+    def _write_rows(self, rows: Rows) -> list[DeadLetter]:
+        """Upsert `rows`; rows the sink refuses for their content are isolated by bisection, not retried."""
+        if not rows.records:
+            return []
+        try:
+            retrying(self.sink.write, self.spec.name, rows)
+            return []
+        except RowsRejected as exc:
+            if len(rows.records) == 1:
+                record, digest = rows.records[0], rows.content_hashes[0]
+                return [DeadLetter(record.id, exc.reason, exc.message[:200], digest)]
+            half = len(rows.records) // 2
+            end = len(rows.records)
+            return self._write_rows(_slice(rows, 0, half)) + self._write_rows(_slice(rows, half, end))
+
+
+def resumable_scan(source: Source, after: str | None) -> Iterator[Record]:
+    """`source.scan(after)`, reopened after the last record yielded when a transient fault breaks it."""
+    iterator: Iterator[Record] = iter(source.scan(after))
+    while True:
+        try:
+            record = next(iterator)
+        except StopIteration:
+            return
+        except TransientError:
+            iterator = retrying(_reopened, source, after)
+            continue
+        after = record.position
+        yield record
+
+
+def _reopened(source: Source, after: str | None) -> Iterator[Record]:
+    """Open a scan and read its first record now, so a fault surfaces inside the retry."""
+    iterator = iter(source.scan(after))
+    first = next(iterator, _END)
+    return iter(()) if first is _END else itertools.chain([first], iterator)  # type: ignore[list-item]
+
+
+def _checked(vectors: Vectors, rows: int, dim: int, embedder: Any) -> Vectors:
+    """The model's output must be (rows, dim) floats: anything else is a misconfiguration, not a bad text."""
+    shape = getattr(vectors, "shape", None)
+    dtype = getattr(vectors, "dtype", None)
+    if shape != (rows, dim) or dtype is None or not np.issubdtype(dtype, np.floating):
+        name = getattr(getattr(embedder, "info", None), "model", "the embedder")
+        raise ConfigError(
+            f"{name} returned {dtype} vectors of shape {shape} for {rows} texts; the target expects ({rows}, {dim})",
+            hint="check [embedder] dim / dimensions against the model's output",
+        )
+    return vectors
+
+
+def _rows(shard: Shard, fingerprint: str) -> Rows:
+    assert shard.vectors is not None
+    return Rows(shard.records, shard.vectors, shard.hashes, fingerprint)
+
+
+def _slice(rows: Rows, start: int, end: int) -> Rows:
+    return Rows(
+        rows.records[start:end], rows.vectors[start:end], rows.content_hashes[start:end], rows.fingerprint
     )
-    _apply_length_policy(shard, run.too_long, embedder.info.max_tokens)
-    return shard
-
-
-def _claim(
-    records: list[Record], hashes: list[str], claim: Claim | None
-) -> tuple[list[Record], list[str], list[tuple[Record, str, str]], set[str]]:
-    """Content-addressed dedupe across the run: a text another document already carries is not embedded."""
-    if claim is None or not records:
-        return records, hashes, [], set()
-    firsts: dict[str, str] = {}
-    for record, digest in zip(records, hashes, strict=True):
-        firsts.setdefault(digest, record.id)
-    elsewhere = claim(firsts)
-    kept = [(r, h) for r, h in zip(records, hashes, strict=True) if h not in elsewhere]
-    copies = [(r, h, elsewhere[h][0]) for r, h in zip(records, hashes, strict=True) if h in elsewhere]
-    return [r for r, _ in kept], [h for _, h in kept], copies, set(firsts) - set(elsewhere)
-
-
-def copy_rows(
-    ledger: Ledger, sink: Sink, spec: TargetSpec, plan_id: str, copies: Sequence[tuple[Record, str, str]]
-) -> tuple[Rows | None, list[DeadLetter], bool]:
-    """Vectors for documents whose text another document carries: (rows, dead letters, still waiting)."""
-    if not copies:
-        return None, [], False
-    states = ledger.text_states(plan_id, [digest for _, digest, _ in copies])
-    if any(states.get(digest, ("", ""))[1] == "claimed" for _, digest, _ in copies):
-        return None, [], True
-    stored = sink.fetch(spec.name, sorted({owner for _, _, owner in copies}))
-    ready = [(r, h, o) for r, h, o in copies if states.get(h, ("", ""))[1] == "written" and o in stored]
-    dead = []
-    for record, digest, owner in copies:
-        state = states.get(digest, ("", ""))[1]
-        if (record, digest, owner) not in ready:
-            reason = state[5:] if state.startswith("dead:") else "duplicate_source_lost"
-            dead.append(DeadLetter(record.id, reason, f"same text as {owner}", digest))
-    if not ready:
-        return None, dead, False
-    vectors = np.stack([stored[owner] for _, _, owner in ready]).astype(np.float32)
-    return Rows([r for r, _, _ in ready], vectors, [h for _, h, _ in ready], spec.fingerprint), dead, False
-
-
-def text_settlements(shard: Shard) -> list[tuple[str, str]]:
-    """What became of each text this shard claimed: written, or dead with the reason."""
-    written = set(shard.hashes)
-    settled = [(digest, "written") for digest in shard.claimed if digest in written]
-    reasons = {letter.content_hash: letter.reason for letter in shard.dead if letter.content_hash}
-    settled += [
-        (digest, f"dead:{reasons.get(digest, 'unknown')}")
-        for digest in shard.claimed
-        if digest not in written
-    ]
-    return settled
-
-
-def _apply_length_policy(shard: Shard, policy: str, limit: int) -> None:
-    over = {i for i, tokens in enumerate(shard.tokens) if tokens.is_truncated}
-    if policy == "truncate" or not over:
-        shard.truncated = sum(1 for i in shard.owner if i in over)
-        return
-    for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
-        if index in over:
-            detail = f"{shard.tokens[index].original_count} tokens > {limit}"
-            shard.dead.append(DeadLetter(record.id, "too_long", detail, digest))
-    _keep(shard, [index not in over for index in shard.owner])
 
 
 def batch_budget(run: RunConfig, embedder: Any) -> int:
     """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large)."""
     return int(run.batch_tokens or getattr(embedder, "batch_tokens", None) or 4096)
-
-
-def _finish(shard: Shard, unique: Vectors, reasons: Sequence[str | None], dim: int) -> None:
-    """Give each record its text's vector, dead-lettering those whose vector came back unusable."""
-    for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
-        if reasons[index]:
-            shard.dead.append(DeadLetter(record.id, str(reasons[index]), "embedder output", digest))
-    keep = [reasons[index] is None for index in shard.owner]
-    shard.vectors = unique[shard.owner] if shard.owner else np.empty((0, dim), dtype=np.float32)
-    _keep(shard, keep)
 
 
 def _rejections(embedder: Any) -> dict[int, str]:
@@ -400,7 +383,7 @@ def _rejections(embedder: Any) -> dict[int, str]:
     return dict(last()) if callable(last) else {}
 
 
-def _retrying(function: Callable[..., T], *args: Any) -> T:
+def retrying(function: Callable[..., T], *args: Any) -> T:
     """The one retry policy: jittered exponential backoff on TransientError, bounded in attempts and time."""
     for attempt in stamina.retry_context(on=TransientError, attempts=6, timeout=120.0):
         with attempt:
@@ -408,16 +391,4 @@ def _retrying(function: Callable[..., T], *args: Any) -> T:
     raise AssertionError("unreachable: stamina re-raises the last error")
 
 
-def _keep(shard: Shard, keep: Sequence[bool]) -> None:
-    """Drop dead-lettered records from a shard, keeping vectors aligned if present."""
-    if all(keep):
-        return
-    shard.records = [r for r, k in zip(shard.records, keep, strict=True) if k]
-    shard.hashes = [h for h, k in zip(shard.hashes, keep, strict=True) if k]
-    shard.owner = [o for o, k in zip(shard.owner, keep, strict=True) if k]
-    if shard.vectors is not None:
-        shard.vectors = shard.vectors[np.asarray(keep, dtype=bool)]
-
-
-def _slice(rows: Rows, end: int) -> Rows:
-    return Rows(rows.records[:end], rows.vectors[:end], rows.content_hashes[:end], rows.fingerprint)
+_retrying = retrying  # the old name, still imported by reindex/deferred.py

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from reindex.batching import chunks
 from reindex.ledger import DeadLetter, Ledger
+from reindex.pipeline import retrying
+from reindex.ports import Record, Source
 from reindex.verify import compare
 
 if TYPE_CHECKING:
@@ -49,11 +51,11 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
         counts = {c: comparison.count(c) for c in ("missing", "stale", "invalid_vectors", "orphaned")}
         stale = chain(comparison.ids("missing"), comparison.ids("stale"), comparison.ids("invalid_vectors"))
         for chunk in chunks(stale, m.config.run.shard_size):
-            shard = pipeline.process(list(m.source.fetch(chunk)))
-            written += [r.id for r in shard.records]
+            shard = pipeline.process(fetch_records(m.source, chunk))
+            written += shard.written_ids
             dead += shard.dead
         for chunk in chunks(comparison.ids("orphaned"), DELETE_CHUNK):
-            m.sink.delete(m.spec.name, chunk)
+            retrying(m.sink.delete, m.spec.name, chunk)
     ledger.settle_retry(m.plan_id, written=[i for i in written if i in previous], vanished=[], dead=[])
     ledger.record_dead_letters(m.plan_id, dead)
     reasons = dict(Counter(letter.reason for letter in dead))
@@ -67,3 +69,8 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
         seconds=round(time.monotonic() - started, 3),
         dead_letter_reasons=reasons,
     )
+
+
+def fetch_records(source: Source, ids: list[str]) -> list[Record]:
+    """The records with these ids that still exist, read again after a transient fault."""
+    return retrying(lambda: list(source.fetch(ids)))

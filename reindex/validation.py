@@ -3,7 +3,11 @@
 Reasons (fixed, documented in the README):
     empty_text, too_long, invalid_encoding, invalid_json, missing_id, missing_text, invalid_text_type,
     duplicate_id_conflict, non_finite_vector, zero_vector, dimension_mismatch, provider_rejected:<code>,
-    duplicate_source_lost (another document carried this text, and its vector is gone)
+    duplicate_source_lost (another document carried this text, and its vector is gone),
+    sink_rejected:<code> (the target refused the row, e.g. a NUL byte for Postgres)
+
+verify excuses a missing document only by a dead letter for its current text whose reason a fresh
+migration would meet again (`is_excusable`); a lost duplicate or an expired provider line is not.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ REASONS = frozenset(
         "duplicate_source_lost",
     }
 )
+# Reasons that say nothing about the text: a rerun or `dlq retry` may well succeed.
+NOT_INTRINSIC = ("duplicate_source_lost", "provider_rejected:batch_expired", "provider_rejected:429")
+NOT_INTRINSIC_PREFIXES = ("provider_rejected:5", "provider_rejected:rate_limit", "provider_rejected:server")
 VECTOR_REASONS = {"non_finite": "non_finite_vector", "zero": "zero_vector", "dimension": "dimension_mismatch"}
 
 
@@ -105,6 +112,11 @@ def _drop_conflicts(result: Screened, conflicted: set[str]) -> None:
             )
     result.records = [r for r, _ in kept]
     result.hashes = [h for _, h in kept]
+
+
+def is_excusable(reason: str) -> bool:
+    """True when a fresh migration would dead-letter the same text for the same reason."""
+    return reason not in NOT_INTRINSIC and not reason.startswith(NOT_INTRINSIC_PREFIXES)
 
 
 def vector_dead_letters(vectors: Vectors, dim: int) -> list[str | None]:

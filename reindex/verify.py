@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -46,6 +46,11 @@ class Coverage:
     seconds: float = 0.0
     ids_per_second: float = 0.0
     sample: dict[str, Any] | None = None  # re-embedding check, when asked for
+    dead_letter_ceiling: int | None = None  # [run] max_dead_letters for this source; None: not checked
+
+    @property
+    def over_ceiling(self) -> bool:
+        return self.dead_letter_ceiling is not None and self.dead_letters > self.dead_letter_ceiling
 
     def problems(self) -> str:
         """One line naming every non-zero count, for refusals."""
@@ -57,6 +62,11 @@ class Coverage:
             "without content hash": self.unhashed,
         }
         parts = [f"{v} {k}" for k, v in counts.items() if v]
+        if self.over_ceiling:
+            parts.append(
+                f"{self.dead_letters} dead letters exceed the ceiling [run] max_dead_letters"
+                f" ({self.dead_letter_ceiling} for {self.source_documents} documents)"
+            )
         others = {fp: n for fp, n in self.fingerprints.items() if fp != self.expected_fingerprint}
         if others:
             parts.append(f"{sum(others.values())} vectors of other fingerprints {sorted(others)}")
@@ -106,7 +116,9 @@ class Comparison:
         )
         return [row[0] for row in rows]
 
-    def report(self, expected_fingerprint: str | None) -> Coverage:
+    def report(
+        self, expected_fingerprint: str | None, ceiling: Callable[[int], int] | None = None
+    ) -> Coverage:
         counts: dict[str, Any] = {name: self.count(name) for name in _WHERE}
         examples: dict[str, list[str]] = {
             name: list(self.ids(name, EXAMPLES)) for name in _WHERE if counts[name] and name != "dead_letters"
@@ -121,6 +133,8 @@ class Comparison:
         source_documents = self.db.execute("SELECT count(*) FROM src").fetchone()[0]
         target_vectors = self.db.execute("SELECT count(*) FROM tgt").fetchone()[0]
         rate = (source_documents + target_vectors) / max(self.seconds, 1e-9)
+        limit = ceiling(source_documents) if ceiling is not None else None
+        complete = complete and (limit is None or counts["dead_letters"] <= limit)
         return Coverage(
             self.target,
             complete,
@@ -131,6 +145,7 @@ class Comparison:
             examples=examples,
             seconds=round(self.seconds, 3),
             ids_per_second=round(rate),
+            dead_letter_ceiling=limit,
             **counts,
         )
 
@@ -164,10 +179,13 @@ def coverage(
     dead_letters: Mapping[str, str | None] | None = None,
     embedder: Embedder | None = None,
     sample: int = 0,
+    ceiling: Callable[[int], int] | None = None,
 ) -> Coverage:
-    """Compare `source` with `target` and count every way they differ; optionally re-embed a sample."""
+    """Compare `source` with `target` and count every way they differ; optionally re-embed a sample.
+
+    `ceiling` maps the source's document count to the most dead letters a complete target may have."""
     with compare(source, sink, target, dim=dim, dead_letters=dead_letters) as comparison:
-        report = comparison.report(fingerprint)
+        report = comparison.report(fingerprint, ceiling)
         if sample and embedder is not None:
             checked = sample_check(source, sink, embedder, target, comparison.sample_ids(sample))
             report = replace(report, sample=checked, complete=report.complete and checked["passed"])

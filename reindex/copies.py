@@ -1,0 +1,65 @@
+"""Copies: documents whose text another document already carries get that document's vector, not a new embed.
+
+A copy is only as good as the vector it copies. The ledger says which document carries a text (its owner),
+but the owner may have been re-embedded for an edited text since (`sync`), deleted, or its vector may have
+been lost; so the vector is taken only while the owner's stored content hash is still that text's hash
+(`Sink.fetch_matching`). Every other copy is handed back as `lost`: the caller embeds it and becomes the
+text's owner. Nothing is silently dropped: each copy ends written, dead (its text failed for its owner with
+a reason intrinsic to the text), waiting or lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reindex.ledger import DeadLetter, Ledger
+from reindex.ports import Rows, Sink, TargetSpec, Vectors
+from reindex.shards import Copy
+
+
+@dataclass
+class Copies:
+    rows: Rows | None = None  # ready to write
+    dead: list[DeadLetter] = field(default_factory=list)
+    waiting: list[Copy] = field(default_factory=list)  # the owner's text is still claimed, not settled
+    lost: list[Copy] = field(default_factory=list)  # no stored vector carries this text: embed it again
+
+
+def copy_rows(ledger: Ledger, sink: Sink, spec: TargetSpec, plan_id: str, copies: Sequence[Copy]) -> Copies:
+    """Sort copies into ready rows, dead letters, still-waiting and lost (see the module docstring)."""
+    result = Copies()
+    if not copies:
+        return result
+    states = ledger.text_states(plan_id, sorted({digest for _, digest, _ in copies}))
+    candidates: list[tuple[Copy, str]] = []  # (copy, the owner the ledger names now)
+    for copy in copies:
+        record, digest, _ = copy
+        owner, state = states.get(digest, ("", ""))
+        if state == "written":
+            candidates.append((copy, owner))
+        elif state.startswith("dead:") and state != "dead:unknown":
+            result.dead.append(DeadLetter(record.id, state[5:], f"same text as {owner}", digest))
+        elif state == "claimed":
+            result.waiting.append(copy)
+        else:
+            result.lost.append(copy)
+    expected = {owner: copy[1] for copy, owner in candidates}  # an owner carries one text at a time
+    stored = _matching(sink, spec.name, expected)
+    ready: list[tuple[Copy, Vectors]] = []
+    for copy, owner in candidates:
+        if owner in stored and expected[owner] == copy[1]:
+            ready.append((copy, stored[owner]))
+        else:
+            result.lost.append(copy)
+    if ready:
+        vectors = np.stack([vector for _, vector in ready]).astype(np.float32)
+        records = [copy[0] for copy, _ in ready]
+        result.rows = Rows(records, vectors, [copy[1] for copy, _ in ready], spec.fingerprint)
+    return result
+
+
+def _matching(sink: Sink, target: str, expected: dict[str, str]) -> dict[str, Vectors]:
+    return sink.fetch_matching(target, expected) if expected else {}

@@ -1,0 +1,177 @@
+"""A config turned into live adapters, the migration's identity, and the ledger with its lease.
+
+Identity is what changes the vectors and where they go, never how a backend is reached:
+
+    plan id    = hash(source identity, target identity, alias, target name, embedder fingerprint)
+    config key = hash(source identity, target identity, alias, target name, [embedder] section)
+
+The plan id names the migration in the ledger. The config key finds it again without loading the model
+(status, dlq list, dlq retry with nothing to retry), because the fingerprint needs the weights' digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, replace
+from typing import Any
+
+from reindex import registry
+from reindex.config import Config
+from reindex.errors import ConfigError, LeaseLost, ReindexError
+from reindex.fingerprint import target_name
+from reindex.ledger import Lease, Ledger, RunInfo, SqliteLedger
+from reindex.pipeline import Pipeline
+from reindex.ports import Embedder, Sink, Source, TargetSpec
+
+
+@dataclass
+class Migration:
+    """A config turned into live adapters and the identity of the target they build."""
+
+    config: Config
+    source: Source
+    embedder: Embedder
+    sink: Sink
+    spec: TargetSpec
+    plan_id: str
+
+    def pipeline(self, ledger: Ledger) -> Pipeline:
+        """A pipeline over this migration's adapters, for work outside the backfill (retries, sync)."""
+        return Pipeline(
+            source=self.source,
+            embedder=self.embedder,
+            sink=self.sink,
+            ledger=ledger,
+            spec=self.spec,
+            plan_id=self.plan_id,
+            run=self.config.run,
+        )
+
+
+@contextmanager
+def open_backends(config: Config) -> Iterator[tuple[Source, Sink]]:
+    """Build source and sink only (no model): enough to inspect, resolve, roll back and prune."""
+    opened: list[Any] = []
+    try:
+        yield _open(opened, "source", config.source), _open(opened, "target", config.target)
+    finally:
+        for adapter in reversed(opened):
+            with suppress(ReindexError):
+                adapter.close()
+
+
+@contextmanager
+def open_migration(config: Config) -> Iterator[Migration]:
+    """Build source, embedder and sink (closing whatever was opened, whatever happens)."""
+    with open_backends(config) as (source, sink):
+        yield migration(config, source, sink)
+
+
+def migration(config: Config, source: Source, sink: Sink) -> Migration:
+    """Load the model and name the target and the plan."""
+    embedder: Embedder = registry.build("embedder", config.embedder)
+    info = embedder.info
+    name = str(config.target.get("name") or target_name(config.alias, info.fingerprint))
+    if name == config.alias:
+        raise ConfigError(f"[target] name {name!r} equals the alias", hint="targets are never live names")
+    plan_id = _digest(source.identity(), sink.identity(), config.alias, name, info.fingerprint)
+    spec = TargetSpec(
+        name=name,
+        alias=config.alias,
+        dim=info.dim,
+        fingerprint=info.fingerprint,
+        model=info.describe(),
+        source=source.schema(),
+        plan_id=plan_id,
+    )
+    return Migration(config, source, embedder, sink, spec, plan_id)
+
+
+def config_key(config: Config, source: Source, sink: Sink) -> str:
+    """Finds a migration's run in the ledger without loading the model (see the module docstring)."""
+    section = json.dumps(config.embedder, sort_keys=True, default=str)
+    return _digest(source.identity(), sink.identity(), config.alias, config.target.get("name"), section)
+
+
+def known_run(config: Config, ledger: Ledger, source: Source, sink: Sink) -> RunInfo | None:
+    return ledger.find_run(config_key(config, source, sink))
+
+
+def with_nonce(m: Migration, nonce: str) -> Migration:
+    return replace(m, spec=replace(m.spec, nonce=nonce))
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def _open(opened: list[Any], role: registry.Role, section: dict[str, Any]) -> Any:
+    adapter = registry.build(role, section)
+    opened.append(adapter)
+    return adapter
+
+
+# the ledger ---------------------------------------------------------------------------------------------
+
+
+def open_ledger(config: Config) -> Ledger:
+    """SQLite by default; a postgresql:// URL (in `state` or the variable `state_env` names) is shared."""
+    state = config.run.ledger_location()
+    if state.startswith(("postgres://", "postgresql://")):
+        ledger: Ledger = registry.resolve_ledger("postgres")(state)
+        return ledger
+    return SqliteLedger(state)
+
+
+@contextmanager
+def ledger_of(config: Config) -> Iterator[Ledger]:
+    ledger = open_ledger(config)
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+def lease_key(config: Config) -> str:
+    """One writer per alias and ledger: run, sync and dlq retry of any migration onto this alias."""
+    return f"run:{config.alias}"
+
+
+@contextmanager
+def leased(config: Config) -> Iterator[tuple[Ledger, Lease]]:
+    """Open the ledger and hold the lease before any backend is opened (one writer at a time)."""
+    with ledger_of(config) as ledger, ledger.lease(lease_key(config)) as lease:
+        yield ledger, lease
+
+
+@contextmanager
+def stop_on_lost_lease(lease: Lease, stop: threading.Event) -> Iterator[None]:
+    """Turn a lost lease into a stop request; leave with LeaseLost (exit 75) if it was lost."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if lease.lost.wait(0.2):
+                stop.set()
+                return
+
+    watcher = threading.Thread(target=watch, name="lease-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except ReindexError:
+        if lease.lost.is_set():
+            raise LeaseLost(_LOST, hint="rerun the same command to continue") from None
+        raise
+    finally:
+        done.set()
+        watcher.join()
+    if lease.lost.is_set():
+        raise LeaseLost(_LOST, hint="rerun the same command to continue")
+
+
+_LOST = "the run lost its lease (its ledger connection dropped, or another run took over) and stopped"
