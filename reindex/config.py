@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import tomllib
 from dataclasses import dataclass
@@ -76,11 +74,6 @@ class Config:
     @property
     def alias(self) -> str:
         return str(self.target["alias"])
-
-    def identity(self) -> str:
-        """A stable hash of what the migration reads and where it writes (not run-time knobs)."""
-        parts = {"source": self.source, "target": {k: v for k, v in self.target.items() if k != "name"}}
-        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def load(path: Path) -> Config:
