@@ -1,11 +1,14 @@
 """Qdrant source and sink, local mode or server through one client API. Cutover = collection alias.
 
 Local mode allows one client per storage folder, so `from_config` shares one client per folder (or URL).
+Each alias has a guard alias `<alias>__reindex_serves__<target>` that makes its moves compare-and-swap;
+guards are the tool's own bookkeeping, never served aliases or targets.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import os
@@ -13,7 +16,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
@@ -53,6 +56,9 @@ if TYPE_CHECKING:
 POINT_NAMESPACE = uuid.UUID("2e3bcf89-fa2e-52a1-bf7e-fc2a1fb506f9")
 META_KEY = "reindex"  # collection metadata key holding fingerprint, dim, alias, model, created_at
 INDEX_KEYS = ["reindex_id", "reindex_fingerprint", "reindex_content_hash"]
+# `<alias>__reindex_serves__<target>`: the guard alias that makes alias moves compare-and-swap (move_alias)
+GUARD_MARK = "__reindex_serves__"
+_NAME_MAX = 255  # Qdrant's limit on collection and alias names
 _DISTANCES: dict[str, Distance] = {"Cosine": "cosine", "Dot": "dot", "Euclid": "euclid"}
 
 
@@ -123,6 +129,10 @@ class QdrantSource:
         )
         source._lease = key
         return source
+
+    def identity(self) -> str:
+        """`qdrant:<server url or absolute path>/<collection>#id,<text field>`: no key, no page size."""
+        return f"qdrant:{_location(self._client)}/{self.collection}#id,{self.text_field}"
 
     def schema(self) -> SourceSchema:
         with _translated():
@@ -234,7 +244,12 @@ class QdrantSink:
         sink._lease = key
         return sink
 
+    def identity(self) -> str:
+        """`qdrant:<server url or absolute path>`: where the collections live, never the api key."""
+        return f"qdrant:{_location(self._client)}"
+
     def prepare(self, spec: TargetSpec) -> None:
+        """Create the collection with its identity in the metadata; an existing one is never re-stamped."""
         existing = self.describe(spec.name)
         if existing is not None:
             _check_existing(existing, spec)
@@ -249,6 +264,8 @@ class QdrantSink:
             "alias": spec.alias,
             "vector": name,
             "model": _json_safe(spec.model),
+            "plan_id": spec.plan_id,
+            "nonce": spec.nonce,
             "created_at": datetime.now(UTC).isoformat(),
         }
         with _translated():
@@ -300,7 +317,13 @@ class QdrantSink:
         meta = _reindex_meta(config)
         params = _vector_params(config.params.vectors, meta.get("vector"))
         return TargetInfo(
-            target, count, None if params is None else params.size, meta.get("fingerprint"), meta.get("model")
+            target,
+            count,
+            None if params is None else params.size,
+            meta.get("fingerprint"),
+            meta.get("model"),
+            plan_id=meta.get("plan_id") or None,
+            nonce=meta.get("nonce") or None,
         )
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
@@ -336,6 +359,23 @@ class QdrantSink:
             )
         return {by_point[str(p.id)]: _stored_vector(p, name) for p in points}
 
+    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
+        """Only ids whose stored content hash is the expected one: a copy never takes a stale vector."""
+        name = self._vector_name(target)
+        ids = list(expected)
+        found: dict[str, Vectors] = {}
+        for start in range(0, len(ids), self.upsert_batch):
+            by_point = {point_id(i): i for i in ids[start : start + self.upsert_batch]}
+            with _translated():
+                points = self._client.retrieve(
+                    target, list(by_point), with_payload=INDEX_KEYS, with_vectors=_with_vector(name)
+                )
+            for point in points:
+                doc_id = by_point[str(point.id)]
+                if (point.payload or {}).get("reindex_content_hash") == expected[doc_id]:
+                    found[doc_id] = _stored_vector(point, name)
+        return found
+
     def alias(self, alias: str) -> AliasInfo:
         if alias in self._collections():
             return AliasInfo(alias, None, is_physical=True)
@@ -350,37 +390,90 @@ class QdrantSink:
     def move_alias(
         self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
     ) -> str | None:
-        """Swap in ONE update_collection_aliases call, then read back.
+        """Compare-and-swap in ONE update_collection_aliases call, then read back.
 
-        Qdrant aliases carry no metadata: the target's collection metadata answers for `meta`.
+        The guard alias `<alias>__reindex_serves__<expected>` is the token: the call first renames it
+        to the new target's guard, and a rename of a missing alias fails the whole call before any
+        action is applied, so of two movers expecting the same target only the first gets through
+        (a server applies a call's actions in order under its alias lock; deleting a missing alias
+        would succeed, so it cannot be the check). Local mode holds one process-wide lock instead:
+        its update is a read-modify-write of a dict that two threads can interleave, older
+        qdrant-client releases apply a call's actions one by one, and its storage has one owning
+        process anyway. Qdrant aliases carry no metadata: the target's collection metadata answers
+        for `meta`.
         """
         collections = self._collections()
         if alias in collections:
             raise CutoverRefused(_physical_alias_message(alias))
-        current = self._aliases().get(alias)
-        if current != expected:
-            raise CutoverRefused(
-                f"alias {alias!r} points to {current!r}, expected {expected!r}",
-                hint="someone moved it meanwhile: check `reindex status` before retrying",
-            )
         if target not in collections:
             raise CutoverRefused(f"target collection {target!r} does not exist")
-        crashpoints.crash_if_armed("cutover_before_commit")
+        with self._move_lock():
+            guards = self._claim(alias, target, expected)
+            crashpoints.crash_if_armed("cutover_before_commit")
+            try:
+                with _translated():
+                    self._client.update_collection_aliases(
+                        change_aliases_operations=_swap(alias, target, expected, guards)
+                    )
+            except ReindexError as exc:
+                self._after_failed_swap(alias, target, expected, exc)
+        self._read_back(alias, target)
+        return expected
+
+    def _after_failed_swap(self, alias: str, target: str, expected: str | None, exc: ReindexError) -> None:
+        """A refused call moved nothing: CutoverRefused if the guard is gone (another mover won).
+
+        A transient failure may have been applied before the answer was lost: then the read-back decides.
+        """
+        aliases = self._aliases()
+        if isinstance(exc, TransientError) and aliases.get(alias) == target:
+            return
+        if aliases.get(alias) != expected or _guard(alias, expected) not in aliases:
+            raise _moved(alias, aliases.get(alias), expected) from exc
+        raise exc
+
+    def _move_lock(self) -> AbstractContextManager[Any]:
+        return _local_moves if _is_local(self._client) else nullcontext()
+
+    def _claim(self, alias: str, target: str, expected: str | None) -> list[str]:
+        """Check the alias serves `expected` and make sure its guard exists; return the alias's guards.
+
+        An alias without a guard (the first move, or one made by an older version or by hand) is
+        adopted: its guard is created first, then the alias is read again; a mover that lost a race
+        meanwhile finds the alias moved and removes the guard it made, so it can only fail others.
+        """
+        aliases = self._aliases()
+        current = aliases.get(alias)
+        if current != expected:
+            raise _moved(alias, current, expected)
+        guard = _guard(alias, expected)
+        if guard in aliases:
+            return _guards_of(alias, aliases)
         with _translated():
-            self._client.update_collection_aliases(change_aliases_operations=_swap(alias, target, current))
-        if self._aliases().get(alias) != target:
+            self._client.update_collection_aliases(
+                change_aliases_operations=[_create_alias(guard, target if expected is None else expected)]
+            )
+        aliases = self._aliases()
+        if aliases.get(alias) != expected:
+            with _translated():
+                self._client.update_collection_aliases(change_aliases_operations=[_delete_alias(guard)])
+            raise _moved(alias, aliases.get(alias), expected)
+        return _guards_of(alias, aliases)
+
+    def _read_back(self, alias: str, target: str) -> None:
+        aliases = self._aliases()
+        if aliases.get(alias) != target or aliases.get(_guard(alias, target)) != target:
             raise BackendError(
                 f"alias {alias!r} does not point to {target!r} after the swap",
                 hint="inspect the aliases on the server and rerun cutover",
             )
-        return current
 
     def targets(self, alias: str) -> list[str]:
         names = [name for name in self._collections() if name.startswith(f"{alias}__")]
         return sorted(names, key=lambda name: (self._created_at(name), name))
 
     def drop(self, target: str) -> None:
-        readers = sorted(a for a, t in self._aliases().items() if t == target)
+        readers = sorted(a for a, t in self._aliases().items() if t == target and GUARD_MARK not in a)
         if readers:
             raise CutoverRefused(
                 f"collection {target!r} is served by alias {readers[0]!r}",
@@ -443,15 +536,51 @@ def _physical_alias_message(alias: str) -> str:
     )
 
 
-def _swap(alias: str, target: str, current: str | None) -> list[Any]:
+def _moved(alias: str, current: str | None, expected: str | None) -> CutoverRefused:
+    return CutoverRefused(
+        f"alias {alias!r} points to {current!r}, expected {expected!r}",
+        hint="someone moved it meanwhile: check `reindex status` before retrying",
+    )
+
+
+def _guard(alias: str, served: str | None) -> str:
+    """The guard alias saying `alias` serves `served` ('' for no target yet); hashed past Qdrant's limit."""
+    name = f"{alias}{GUARD_MARK}{served or ''}"
+    if len(name) <= _NAME_MAX:
+        return name
+    return f"{alias}{GUARD_MARK}{hashlib.sha256((served or '').encode()).hexdigest()[:16]}"
+
+
+def _guards_of(alias: str, aliases: Mapping[str, str]) -> list[str]:
+    return [name for name in aliases if name.startswith(f"{alias}{GUARD_MARK}")]
+
+
+def _swap(alias: str, target: str, expected: str | None, guards: Sequence[str]) -> list[Any]:
+    """The compare (a rename that fails if the expected guard is gone) first, so a refusal applies
+    nothing even where a server applies the actions one by one; then the move, then the guards."""
     from qdrant_client import models
 
-    create = models.CreateAliasOperation(
-        create_alias=models.CreateAlias(collection_name=target, alias_name=alias)
+    new_guard = _guard(alias, target)
+    compare = models.RenameAliasOperation(
+        rename_alias=models.RenameAlias(old_alias_name=_guard(alias, expected), new_alias_name=new_guard)
     )
-    if current is None:
-        return [create]
-    return [models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias)), create]
+    stale = [_delete_alias(g) for g in guards if g not in (new_guard, _guard(alias, expected))]
+    move = [_delete_alias(alias)] if expected is not None else []
+    return [compare, *move, _create_alias(alias, target), _create_alias(new_guard, target), *stale]
+
+
+def _create_alias(alias: str, collection: str) -> Any:
+    from qdrant_client import models
+
+    return models.CreateAliasOperation(
+        create_alias=models.CreateAlias(collection_name=collection, alias_name=alias)
+    )
+
+
+def _delete_alias(alias: str) -> Any:
+    from qdrant_client import models
+
+    return models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias))
 
 
 # ---- clients: one per storage folder or URL, shared by the source and the sink of one run ----
@@ -465,6 +594,7 @@ class _Shared:
 
 _clients: dict[str, _Shared] = {}
 _clients_lock = threading.Lock()
+_local_moves = threading.Lock()  # serialises alias moves on local storage (see QdrantSink.move_alias)
 
 
 def _acquire(config: _Connection) -> tuple[QdrantClient, str]:
@@ -571,12 +701,35 @@ def _api_key(env: str | None) -> str | None:
     value = os.environ.get(env)
     if not value:
         raise ConfigError(f"environment variable {env} is not set", hint="export it or change api_key_env")
+    _secrets.add(value)
     return value
+
+
+_secrets: set[str] = set()  # every api key read: masked in every message the translator builds
+
+
+def _masked(text: str) -> str:
+    for secret in _secrets:
+        text = text.replace(secret, "[redacted]")
+    return text
 
 
 def _redacted(url: str) -> str:
     parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    path = parts.path.rstrip("/")
+    return f"{parts.scheme.lower()}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{path}"
+
+
+def _location(client: QdrantClient) -> str:
+    """The server URL the client talks to (host lowercased, port explicit, no credentials or query),
+    or the absolute local storage path; `:memory:<id>` for a store that dies with its client."""
+    options = client.init_options
+    if options.get("path") is not None:
+        return str(Path(options["path"]).resolve())
+    if options.get("location") == ":memory:":
+        return f":memory:{id(client):x}"
+    uri = getattr(client._client, "rest_uri", None) or options.get("url") or options.get("location")
+    return _redacted(str(uri))
 
 
 def _is_local(client: QdrantClient) -> bool:
@@ -586,33 +739,54 @@ def _is_local(client: QdrantClient) -> bool:
 
 @contextmanager
 def _translated() -> Iterator[None]:
+    """Turn client errors into the error tree, with every api key masked in the message.
+
+    An original error that carries a key is not chained either: a printed traceback would show it.
+    """
+    try:
+        yield
+    except Exception as exc:
+        error = _translate(exc)
+        if error is None:
+            raise
+        masked = _scrubbed(error)
+        raise masked from (exc if masked is error else None)
+
+
+def _translate(exc: Exception) -> ReindexError | None:
     """Local mode raises ValueError/RuntimeError, a server UnexpectedResponse and transport errors."""
     from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
     from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-    try:
-        yield
-    except UnexpectedResponse as exc:
-        raise _from_status(exc.status_code, _server_message(exc)) from exc
-    except ResourceExhaustedResponse as exc:
-        raise TransientError(
+    if isinstance(exc, UnexpectedResponse):
+        return _from_status(exc.status_code, _server_message(exc))
+    if isinstance(exc, ResourceExhaustedResponse):
+        return TransientError(
             f"Qdrant is rate limiting: {exc.message}", hint=f"retry after {exc.retry_after_s}s"
-        ) from exc
-    except ResponseHandlingException as exc:
+        )
+    if isinstance(exc, ResponseHandlingException):
         if isinstance(exc.source, ValueError):
-            raise BackendError(f"unexpected Qdrant response: {exc.source}") from exc
-        raise TransientError(f"Qdrant request failed: {type(exc.source).__name__}: {exc.source}") from exc
-    except ValueError as exc:
+            return BackendError(f"unexpected Qdrant response: {exc.source}")
+        return TransientError(f"Qdrant request failed: {type(exc.source).__name__}: {exc.source}")
+    if isinstance(exc, ValueError):
         if "not found" in str(exc):
-            raise ConfigError(f"Qdrant: {exc}", hint="check the collection or alias name") from exc
-        raise BackendError(f"Qdrant rejected the request: {exc}") from exc
-    except (RuntimeError, sqlite3.Error) as exc:
-        raise BackendError(f"Qdrant local storage failed: {exc}") from exc
-    except (ConnectionError, TimeoutError) as exc:
-        raise TransientError(f"Qdrant connection failed: {exc}") from exc
+            return ConfigError(f"Qdrant: {exc}", hint="check the collection or alias name")
+        return BackendError(f"Qdrant rejected the request: {exc}")
+    if isinstance(exc, RuntimeError | sqlite3.Error):
+        return BackendError(f"Qdrant local storage failed: {exc}")
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return TransientError(f"Qdrant connection failed: {exc}")
+    return None
 
 
-def _from_status(status: int | None, message: str) -> Exception:
+def _scrubbed(error: ReindexError) -> ReindexError:
+    message, hint = _masked(error.message), None if error.hint is None else _masked(error.hint)
+    if (message, hint) == (error.message, error.hint):
+        return error
+    return type(error)(message, hint=hint)
+
+
+def _from_status(status: int | None, message: str) -> ReindexError:
     if status in (401, 403):
         return ConfigError(f"Qdrant refused the credentials ({status}): {message}", hint="check api_key_env")
     if status == 404:

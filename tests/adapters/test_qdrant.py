@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import threading
+import traceback
 import uuid
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -15,7 +20,7 @@ import pytest
 from qdrant_client import QdrantClient, models
 
 from adapters.memory import HashEmbedder
-from adapters.qdrant import QdrantSink, QdrantSource, point_id
+from adapters.qdrant import GUARD_MARK, QdrantSink, QdrantSource, point_id
 from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.fingerprint import content_hash, target_name
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
@@ -283,3 +288,227 @@ def test_config_needs_exactly_one_of_url_and_path() -> None:
 def test_unreachable_server_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match=re.escape("cannot reach Qdrant at http://127.0.0.1:9")):
         QdrantSink.from_config(QdrantSink.Config(kind="qdrant", url="http://127.0.0.1:9", alias="docs"))
+
+
+# ---- issue 10: identity, plan id and nonce, hash-checked copies, compare-and-swap alias moves, secrets ----
+
+
+def two_targets(sink: QdrantSink, *names: str) -> None:
+    for name in names:
+        sink.prepare(TargetSpec(name, "docs", 3, "f" * 16, {}, SourceSchema("id", "text")))
+
+
+def guards(client: QdrantClient) -> dict[str, str]:
+    return {
+        a.alias_name: a.collection_name for a in client.get_aliases().aliases if GUARD_MARK in a.alias_name
+    }
+
+
+def test_identity_names_the_server_without_credentials_or_knobs() -> None:
+    client = QdrantClient(
+        url="https://reader:pw@Qdrant.Example.COM/?x=1", api_key="sekrit-key", check_compatibility=False
+    )
+    source = QdrantSource(client, collection="docs", text_field="metadata.text", page_size=7)
+    assert QdrantSink(client, upsert_batch=3).identity() == "qdrant:https://qdrant.example.com:6333"
+    assert source.identity() == "qdrant:https://qdrant.example.com:6333/docs#id,metadata.text"
+    assert source.identity() == QdrantSource(client, collection="docs", text_field="metadata.text").identity()
+    assert "sekrit" not in source.identity() and "pw" not in source.identity()
+    client.close()
+
+
+def test_identity_of_local_storage_is_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    client = QdrantClient(path="store/./")
+    assert QdrantSink(client).identity() == f"qdrant:{(tmp_path / 'store').resolve()}"
+    assert (
+        QdrantSource(client, collection="kb").identity()
+        == f"qdrant:{(tmp_path / 'store').resolve()}/kb#id,page_content"
+    )
+    client.close()
+
+
+def test_prepare_records_plan_id_and_nonce_and_never_restamps_them() -> None:
+    sink = QdrantSink(QdrantClient(":memory:"))
+    spec = TargetSpec(
+        "docs__1", "docs", 3, "f" * 16, {}, SourceSchema("id", "text"), plan_id="p1", nonce="n1"
+    )
+    sink.prepare(spec)
+    sink.prepare(
+        TargetSpec("docs__1", "docs", 3, "f" * 16, {}, SourceSchema("id", "text"), plan_id="p2", nonce="n2")
+    )
+    info = sink.describe("docs__1")
+    assert info is not None and (info.plan_id, info.nonce) == ("p1", "n1")
+    sink.prepare(TargetSpec("docs__2", "docs", 3, "f" * 16, {}, SourceSchema("id", "text")))
+    unowned = sink.describe("docs__2")
+    assert unowned is not None and (unowned.plan_id, unowned.nonce) == (None, None)
+
+
+def test_fetch_matching_returns_only_vectors_whose_stored_hash_is_the_expected_one() -> None:
+    sink = QdrantSink(QdrantClient(":memory:"), upsert_batch=2)
+    two_targets(sink, "docs__1")
+    records = [Record(str(i), f"text {i}") for i in range(5)]
+    vectors = np.arange(15, dtype=np.float32).reshape(5, 3) + 1
+    sink.write("docs__1", Rows(records, vectors, [f"h{i}" for i in range(5)], "f" * 16))
+    expected = {"0": "h0", "1": "stale", "2": "h2", "3": "h3", "missing": "h9"}
+    found = sink.fetch_matching("docs__1", expected)
+    assert sorted(found) == ["0", "2", "3"]
+    stored = sink.fetch("docs__1", ["0", "2", "3"])
+    for doc_id, vector in found.items():
+        np.testing.assert_array_equal(vector, stored[doc_id])
+    assert sink.fetch_matching("docs__1", {}) == {}
+
+
+def race_two_moves(client: QdrantClient, expected: str, targets: tuple[str, str]) -> dict[str, str]:
+    """Two threads, two sinks on one client, released together; each outcome is 'moved' or 'refused'."""
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, str] = {}
+
+    def move(target: str) -> None:
+        barrier.wait()
+        try:
+            QdrantSink(client).move_alias("docs", target, expected=expected, meta={})
+            outcomes[target] = "moved"
+        except CutoverRefused:
+            outcomes[target] = "refused"
+
+    threads = [threading.Thread(target=move, args=(t,)) for t in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+def test_concurrent_moves_with_the_same_expected_let_exactly_one_through(tmp_path: Path) -> None:
+    for round_ in range(20):  # on disk: saving the aliases releases the GIL mid-move
+        client = QdrantClient(path=str(tmp_path / str(round_)))
+        sink = QdrantSink(client)
+        two_targets(sink, "docs__a", "docs__b", "docs__c")
+        sink.move_alias("docs", "docs__a", expected=None, meta={})
+        outcomes = race_two_moves(client, "docs__a", ("docs__b", "docs__c"))
+        assert sorted(outcomes.values()) == ["moved", "refused"], round_
+        winner = next(t for t, outcome in outcomes.items() if outcome == "moved")
+        assert sink.alias("docs").target == winner
+        assert guards(client) == {f"docs{GUARD_MARK}{winner}": winner}
+        client.close()
+
+
+def test_a_move_with_a_stale_expected_is_refused_and_leaves_the_alias_untouched() -> None:
+    client = QdrantClient(":memory:")
+    sink = QdrantSink(client)
+    two_targets(sink, "docs__a", "docs__b", "docs__c")
+    sink.move_alias("docs", "docs__a", expected=None, meta={})
+    assert sink.move_alias("docs", "docs__b", expected="docs__a", meta={}) == "docs__a"
+    before = client.get_aliases().aliases
+    with pytest.raises(CutoverRefused, match="points to 'docs__b', expected 'docs__a'"):
+        sink.move_alias("docs", "docs__c", expected="docs__a", meta={})
+    with pytest.raises(CutoverRefused, match="expected None"):
+        sink.move_alias("docs", "docs__c", expected=None, meta={})
+    assert client.get_aliases().aliases == before
+    assert sink.alias("docs").target == "docs__b"
+
+
+class _NoLocalLock(QdrantSink):
+    """The server path: no process lock, only the guard inside the one request decides."""
+
+    def _move_lock(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
+
+class _RacedClient(QdrantClient):
+    """Runs `race` once, just before the next request that carries a rename (the compare-and-swap)."""
+
+    race: Callable[[], object] | None = None
+
+    def update_collection_aliases(  # type: ignore[override]  # the hook passes every argument on
+        self, change_aliases_operations: Any, **kwargs: Any
+    ) -> bool:
+        race, self.race = self.race, None
+        if race is not None and any(
+            isinstance(o, models.RenameAliasOperation) for o in change_aliases_operations
+        ):
+            race()
+        return super().update_collection_aliases(change_aliases_operations, **kwargs)
+
+
+def test_the_guard_refuses_a_mover_whose_check_passed_before_another_moved_the_alias() -> None:
+    client = _RacedClient(":memory:")
+    sink = _NoLocalLock(client)
+    two_targets(sink, "docs__a", "docs__b", "docs__c")
+    sink.move_alias("docs", "docs__a", expected=None, meta={})
+    client.race = lambda: QdrantSink(client).move_alias("docs", "docs__c", expected="docs__a", meta={})
+    with pytest.raises(CutoverRefused, match="points to 'docs__c', expected 'docs__a'"):
+        sink.move_alias("docs", "docs__b", expected="docs__a", meta={})
+    assert sink.alias("docs").target == "docs__c"
+    assert guards(client) == {f"docs{GUARD_MARK}docs__c": "docs__c"}
+
+
+def test_an_alias_made_by_hand_is_adopted_only_while_it_points_at_expected() -> None:
+    client = QdrantClient(":memory:")
+    sink = QdrantSink(client)
+    two_targets(sink, "docs__a", "docs__b")
+    client.update_collection_aliases(change_aliases_operations=[_create("docs", "docs__a")])
+    with pytest.raises(CutoverRefused, match="points to 'docs__a', expected 'docs__b'"):
+        sink.move_alias("docs", "docs__a", expected="docs__b", meta={})
+    assert guards(client) == {}
+    assert _NoLocalLock(client).move_alias("docs", "docs__b", expected="docs__a", meta={}) == "docs__a"
+    assert guards(client) == {f"docs{GUARD_MARK}docs__b": "docs__b"}
+
+
+def test_guard_aliases_are_never_served_aliases_targets_or_readers() -> None:
+    client = QdrantClient(":memory:")
+    sink = QdrantSink(client)
+    two_targets(sink, "docs__a", "docs__b")
+    sink.move_alias("docs", "docs__a", expected=None, meta={})
+    sink.move_alias("docs", "docs__b", expected="docs__a", meta={})
+    leftover = f"docs{GUARD_MARK}docs__a"  # e.g. a mover that died between its two requests
+    client.update_collection_aliases(change_aliases_operations=[_create(leftover, "docs__a")])
+    assert sink.targets("docs") == ["docs__a", "docs__b"]
+    sink.drop("docs__a")  # only a guard points at it: nobody reads it
+    assert sink.targets("docs") == ["docs__b"]
+    with pytest.raises(CutoverRefused) as refused:
+        sink.drop("docs__b")
+    assert refused.value.message == "collection 'docs__b' is served by alias 'docs'"
+    sink.move_alias("docs", "docs__b", expected="docs__b", meta={})
+    assert guards(client) == {f"docs{GUARD_MARK}docs__b": "docs__b"}
+
+
+def _create(alias: str, collection: str) -> models.CreateAliasOperation:
+    return models.CreateAliasOperation(
+        create_alias=models.CreateAlias(collection_name=collection, alias_name=alias)
+    )
+
+
+class _EchoingServer(http.server.BaseHTTPRequestHandler):
+    """A broken server whose error message repeats the api key it was sent."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"status": {"error": f"bad key {self.headers.get('api-key')}"}, "time": 0}).encode()
+        self.send_response(500)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.filterwarnings("ignore:Api key is used with an insecure connection")
+def test_an_api_key_echoed_by_the_server_never_reaches_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("QDRANT_TEST_KEY", "sekrit-4f1d")
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with pytest.raises(ConfigError, match=re.escape("[redacted]")) as refused:
+            QdrantSink.from_config(
+                QdrantSink.Config(kind="qdrant", url=url, alias="docs", api_key_env="QDRANT_TEST_KEY")
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    printed = "".join(traceback.format_exception(refused.value))
+    assert "bad key" in printed and "sekrit-4f1d" not in printed
