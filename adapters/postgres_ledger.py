@@ -1,6 +1,9 @@
 """The ledger in a shared Postgres database (`[run] state = "postgresql://..."`), for runs across machines.
 
-Same tables and results as reindex.ledger.SqliteLedger, in schema `reindex`; the lease is an advisory lock.
+Same tables and results as reindex.ledger.SqliteLedger, in schema `reindex`. A lease is a session advisory
+lock on a connection of its own, watched by a thread that pings it every second, plus a fencing token per
+key in `reindex.lease_tokens` that every write of the holder checks in its own transaction. Alias locks
+are advisory locks in a key space of their own.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -19,7 +23,24 @@ from pydantic import BaseModel, ConfigDict
 
 from adapters.postgres import mask_dsn
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, MissingDependency, TransientError
-from reindex.ledger import Cutover, DeadLetter, Job, RunSummary, ShardResult, job_from_row, job_row
+from reindex.ledger import (
+    Cutover,
+    DeadLetter,
+    Job,
+    Lease,
+    RunInfo,
+    RunSummary,
+    ShardResult,
+    alias_busy,
+    is_replay,
+    job_from_row,
+    job_row,
+    lease_lost,
+    new_nonce,
+    run_info_from_row,
+    settlement_rows,
+    shard_row,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -76,6 +97,13 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     );
     ALTER TABLE reindex.jobs ADD COLUMN copies text NOT NULL DEFAULT '[]';
     """,
+    """
+    ALTER TABLE reindex.runs ADD COLUMN nonce text;
+    ALTER TABLE reindex.runs ADD COLUMN config_key text;
+    UPDATE reindex.runs SET nonce = md5(random()::text || clock_timestamp()::text || plan_id);
+    CREATE INDEX ON reindex.runs (config_key, created_at);
+    CREATE TABLE reindex.lease_tokens (key text PRIMARY KEY, token bigint NOT NULL);
+    """,
 )
 _SETTLE: dict[str, LiteralString] = {
     "written": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, written = written + 1"
@@ -96,7 +124,23 @@ _TOTALS = (
     " coalesce(sum(truncated),0), coalesce(sum(seconds),0), coalesce(sum(billed_tokens),0)"
     " FROM reindex.shards WHERE plan_id = %s"
 )
-_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+_RUN_COLUMNS: LiteralString = "plan_id, alias, target, fingerprint, model, nonce, config_key"
+_FORGET: tuple[LiteralString, ...] = tuple(
+    f"DELETE FROM reindex.{table} WHERE plan_id = %s"
+    for table in ("shards", "dead_letters", "texts", "jobs", "verifications", "runs")
+)
+# The lease connection: a vanished network fails its pings within seconds instead of hanging them.
+_LEASE_OPTIONS = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 3000,
+}
+_PING_SECONDS = 1.0
+_USERINFO = re.compile(r"(://[^:/@\s]*):\S*@")  # up to the last '@': what mask_dsn leaves of 'p@ss@host'
+_QUOTED_PASSWORD = re.compile(r"(password\s*=\s*)'(?:[^'\\]|\\.)*'", re.IGNORECASE)  # "password='a b'"
+_MIN_SCRUBBED = 4  # shorter passwords are masked by position only (scrubbing 'p' everywhere garbles text)
 
 
 class PostgresLedger:
@@ -108,10 +152,17 @@ class PostgresLedger:
         url: str
 
     def __init__(self, url: str) -> None:
+        if "://" in url and url.split("://", 1)[1].split("?", 1)[0].count("@") > 1:
+            raise ConfigError(  # libpq would take part of the password for the host, and name it
+                "the ledger URL has more than one '@' before its host",
+                hint="percent-encode '@' in the user name or password as %40",
+            )
         self.url = url
+        self._secrets = _passwords(url)
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._has_connected = False
+        self._leases: dict[str, Lease] = {}  # held by this object: every write is fenced by them
         with self._lock:
             self._connection()
         try:
@@ -125,14 +176,52 @@ class PostgresLedger:
         return cls(config.url)
 
     def begin(
-        self, plan_id: str, *, alias: str, target: str, fingerprint: str, model: dict[str, Any]
-    ) -> None:
-        self._execute(
-            "INSERT INTO reindex.runs (plan_id, alias, target, fingerprint, model, created_at)"
-            " VALUES (%s,%s,%s,%s,%s,%s)"
-            " ON CONFLICT (plan_id) DO UPDATE SET state = 'running', finished_at = NULL",
-            (plan_id, alias, target, fingerprint, json.dumps(model), time.time()),
+        self,
+        plan_id: str,
+        *,
+        alias: str,
+        target: str,
+        fingerprint: str,
+        model: dict[str, Any],
+        config_key: str | None = None,
+    ) -> str:
+        with self._fenced() as conn:
+            nonce = _one(
+                conn.execute(
+                    "INSERT INTO reindex.runs (plan_id, alias, target, fingerprint, model, created_at, nonce,"
+                    " config_key) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id) DO UPDATE SET"
+                    " state = 'running', finished_at = NULL, nonce = coalesce(runs.nonce, excluded.nonce),"
+                    " config_key = coalesce(excluded.config_key, runs.config_key) RETURNING nonce",
+                    (
+                        plan_id,
+                        alias,
+                        target,
+                        fingerprint,
+                        json.dumps(model),
+                        time.time(),
+                        new_nonce(),
+                        config_key,
+                    ),
+                )
+            )
+        return str(nonce)
+
+    def run_info(self, plan_id: str) -> RunInfo | None:
+        rows = self._query(f"SELECT {_RUN_COLUMNS} FROM reindex.runs WHERE plan_id = %s", (plan_id,))
+        return run_info_from_row(rows[0]) if rows else None
+
+    def find_run(self, config_key: str) -> RunInfo | None:
+        rows = self._query(
+            f"SELECT {_RUN_COLUMNS} FROM reindex.runs WHERE config_key = %s"
+            " ORDER BY created_at DESC, plan_id DESC LIMIT 1",
+            (config_key,),
         )
+        return run_info_from_row(rows[0]) if rows else None
+
+    def forget(self, plan_id: str) -> None:
+        with self._fenced() as conn:
+            for statement in _FORGET:
+                conn.execute(statement, (plan_id,))
 
     def resume_point(self, plan_id: str) -> tuple[str | None, int]:
         """The cursor after the last written shard and the next shard number."""
@@ -143,12 +232,24 @@ class PostgresLedger:
         return (None, 0) if not rows else (rows[0][1], rows[0][0] + 1)
 
     def record_shard(self, plan_id: str, shard: ShardResult) -> None:
-        """Mark a shard written, with its dead letters, atomically. Replaying it (a commit whose
-        acknowledgement was lost, then retried) changes nothing."""
+        """Mark a shard written, with its dead letters and texts, atomically. Replaying it (a commit whose
+        acknowledgement was lost, then retried) changes nothing; a shard that does not join its neighbours
+        is refused."""
         now = time.time()
-        with self._transaction() as conn:
-            if not _insert_shard(conn, plan_id, shard, now):
+        with self._fenced() as conn:
+            recorded = conn.execute(
+                "SELECT seq, after_cursor, last_cursor FROM reindex.shards WHERE plan_id = %s"
+                " AND seq BETWEEN %s AND %s",
+                (plan_id, shard.seq - 1, shard.seq + 1),
+            ).fetchall()
+            if is_replay(plan_id, shard, {row[0]: (row[1], row[2]) for row in recorded}):
                 return
+            conn.execute(
+                "INSERT INTO reindex.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
+                " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens,"
+                " vanished) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                shard_row(plan_id, shard, now),
+            )
             conn.cursor().executemany(
                 _UPSERT_DEAD_LETTER,
                 [
@@ -156,9 +257,7 @@ class PostgresLedger:
                     for d in shard.dead_letters
                 ],
             )
-            conn.cursor().executemany(
-                _SETTLE_TEXT, [(state, plan_id, digest) for digest, state in shard.texts]
-            )
+            _settle_texts(conn, plan_id, shard.texts, shard.owners)
 
     def settle_retry(
         self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
@@ -166,7 +265,7 @@ class PostgresLedger:
         """Apply a dead-letter retry: written and vanished ids leave the dead letters (their shards'
         counts move with them, so reconciliation still holds); the rest keep their newest reason."""
         moves = [(i, "written") for i in written] + [(i, "vanished") for i in vanished]
-        with self._transaction() as conn:
+        with self._fenced() as conn:
             for doc_id, column in moves:
                 row = conn.execute(
                     "DELETE FROM reindex.dead_letters WHERE plan_id = %s AND doc_id = %s RETURNING seq",
@@ -182,17 +281,18 @@ class PostgresLedger:
 
     def record_dead_letters(self, plan_id: str, letters: Sequence[DeadLetter]) -> None:
         """Upsert dead letters found outside a shard (sync): listed by `dlq`, not in shard totals."""
-        with self._transaction() as conn:
+        with self._fenced() as conn:
             conn.cursor().executemany(
                 _UPSERT_DEAD_LETTER,
                 [(plan_id, d.doc_id, d.reason, d.detail, d.content_hash, None, time.time()) for d in letters],
             )
 
     def finish(self, plan_id: str) -> None:
-        self._execute(
-            "UPDATE reindex.runs SET state = 'complete', finished_at = %s WHERE plan_id = %s",
-            (time.time(), plan_id),
-        )
+        with self._fenced() as conn:
+            conn.execute(
+                "UPDATE reindex.runs SET state = 'complete', finished_at = %s WHERE plan_id = %s",
+                (time.time(), plan_id),
+            )
 
     def summary(self, plan_id: str) -> RunSummary | None:
         runs = self._query(
@@ -277,14 +377,18 @@ class PostgresLedger:
 
     def record_job(self, plan_id: str, job: Job) -> None:
         """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
-        self._execute(
-            "INSERT INTO reindex.jobs VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)"
+        from psycopg import sql
+
+        row = job_row(plan_id, job)
+        statement = sql.SQL(
+            "INSERT INTO reindex.jobs VALUES ({})"
             " ON CONFLICT (plan_id, key) DO UPDATE SET state = excluded.state, job_id = excluded.job_id,"
             " written = excluded.written, billed_tokens = excluded.billed_tokens, items = excluded.items,"
             " dead = excluded.dead, updated_at = excluded.updated_at, vanished = excluded.vanished,"
-            " copies = excluded.copies",
-            job_row(plan_id, job),
-        )
+            " copies = excluded.copies"
+        ).format(sql.SQL(",").join([sql.Placeholder()] * len(row)))
+        with self._fenced() as conn:
+            conn.execute(statement, row)
 
     def jobs(self, plan_id: str) -> list[Job]:
         rows = self._query("SELECT * FROM reindex.jobs WHERE plan_id = %s ORDER BY seq, attempt", (plan_id,))
@@ -292,7 +396,7 @@ class PostgresLedger:
 
     def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
         """Claim each text unless another document already did; return {hash: (owner, state)} of those."""
-        with self._transaction() as conn:
+        with self._fenced() as conn:
             conn.cursor().executemany(
                 "INSERT INTO reindex.texts VALUES (%s,%s,%s,'claimed') ON CONFLICT DO NOTHING",
                 [(plan_id, digest, doc_id) for digest, doc_id in owners.items()],
@@ -310,29 +414,66 @@ class PostgresLedger:
         )
         return {row[0]: (row[1], row[2]) for row in rows}
 
-    def settle_texts(self, plan_id: str, states: Sequence[tuple[str, str]]) -> None:
-        with self._transaction() as conn:
-            conn.cursor().executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in states])
+    def settle_texts(
+        self, plan_id: str, states: Sequence[tuple[str, str]], *, owners: Mapping[str, str] | None = None
+    ) -> None:
+        """Set each text's state; a text in `owners` moves to that document (state from `states`, else
+        'written'), whoever held it before."""
+        with self._fenced() as conn:
+            _settle_texts(conn, plan_id, states, owners or {})
 
     def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None:
-        """Forget claims that no durable work will fulfil (their shard died in flight)."""
-        self._execute(
-            "DELETE FROM reindex.texts WHERE plan_id = %s AND state = 'claimed' AND NOT (owner = ANY(%s))",
-            (plan_id, list(keep_owners)),
-        )
+        """Forget claims that no durable work will fulfil (their shard died in flight). Fenced: a stale
+        runner cannot delete the claims of the run that took its lease over."""
+        with self._fenced() as conn:
+            conn.execute(
+                "DELETE FROM reindex.texts WHERE plan_id = %s AND state = 'claimed' AND NOT (owner = ANY(%s))",
+                (plan_id, list(keep_owners)),
+            )
 
     @contextmanager
-    def lease(self, key: str) -> Iterator[None]:
-        """Hold the one-run-at-a-time lock of a migration: a session advisory lock on a connection of its
-        own. The server drops it when that connection dies, so a run after kill -9 takes over."""
-        conn = self._open(**_KEEPALIVES)
+    def lease(self, key: str) -> Iterator[Lease]:
+        """Hold the one-run-at-a-time lock of `key`: a session advisory lock on a connection of its own
+        (the server drops it when that connection dies, so a run after kill -9 takes over), a new fencing
+        token for this object's writes, and a watchdog that sets `lost` once the connection fails."""
+        conn = self._open(application_name="reindex-lease", **_LEASE_OPTIONS)
         try:
-            with _translated():
-                _acquire(conn, key)
+            with self._translated():
+                lease = Lease(key, _acquire(conn, key))
+            stop = threading.Event()
+            watchdog = threading.Thread(
+                target=_watch, args=(conn, lease, stop), name="reindex-lease-watchdog", daemon=True
+            )
+            watchdog.start()
+            self._leases[key] = lease
+            try:
+                yield lease
+            finally:
+                self._leases.pop(key, None)
+                stop.set()
+                watchdog.join(timeout=10)
+                _release(conn, lease)
+        finally:
+            conn.close()
+
+    @contextmanager
+    def alias_lock(self, alias: str, *, wait_seconds: float = 5.0) -> Iterator[None]:
+        """Serialise cutover, rollback and prune of one alias: an advisory lock on a connection of its
+        own, polled until `wait_seconds`, then CutoverRefused."""
+        key = _lock_key(f"reindex:alias:{alias}")
+        deadline = time.monotonic() + wait_seconds
+        conn = self._open(application_name="reindex-alias-lock")
+        try:
+            with self._translated():
+                while not _one(conn.execute("SELECT pg_try_advisory_lock(%s)", (key,))):
+                    if time.monotonic() >= deadline:
+                        raise alias_busy(alias, wait_seconds)
+                    time.sleep(0.1)
             try:
                 yield
             finally:
-                _release(conn, key)
+                with suppress(_psycopg().Error):
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         finally:
             conn.close()
 
@@ -363,24 +504,67 @@ class PostgresLedger:
         applied = int(_one(conn.execute("SELECT coalesce(max(version), 0) FROM reindex.schema_version")))
         if applied > len(MIGRATIONS):
             raise ConfigError(
-                f"the ledger at {mask_dsn(self.url)} was written by a newer reindex (schema {applied})",
+                f"the ledger at {self._redact(self.url)} was written by a newer reindex (schema {applied})",
                 hint="upgrade reindex-embeddings",
             )
         return applied
 
     @contextmanager
     def _transaction(self) -> Iterator[Connection]:
-        with self._lock, _translated():
+        with self._lock, self._translated():
             conn = self._connection()
             with conn.transaction():
                 yield conn
 
+    @contextmanager
+    def _fenced(self) -> Iterator[Connection]:
+        """A write transaction that first checks that this object's leases still hold the newest token of
+        their keys (LeaseLost, nothing written, otherwise). FOR SHARE makes a new holder's token bump wait
+        for this transaction, so no stale write commits after another run took over."""
+        with self._transaction() as conn:
+            for lease in list(self._leases.values()):
+                stored = None
+                if not lease.lost.is_set():
+                    row = conn.execute(
+                        "SELECT token FROM reindex.lease_tokens WHERE key = %s FOR SHARE", (lease.key,)
+                    ).fetchone()
+                    stored = None if row is None else int(row[0])
+                if stored != lease.token:
+                    lease.lost.set()
+                    raise lease_lost(lease.key, lease.token, stored)
+            yield conn
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """The ledger's one error translator: dropped connections and timeouts are worth a retry.
+        Messages never carry the password, whatever form the URL gave it in."""
+        psycopg = _psycopg()
+        try:
+            yield
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            raise TransientError(
+                f"ledger: {self._redact(_first_line(exc))}",
+                hint="retry; a dropped connection is reopened on the next call",
+            ) from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ConfigError(
+                f"ledger: {self._redact(_first_line(exc))}",
+                hint="grant the [run] state user CREATE and USAGE on schema reindex",
+            ) from exc
+        except psycopg.Error as exc:
+            raise BackendError(f"ledger: {self._redact(_first_line(exc))}") from exc
+
+    def _redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return mask_dsn(_QUOTED_PASSWORD.sub(r"\1***", _USERINFO.sub(r"\1:***@", text)))
+
     def _query(self, statement: LiteralString, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock, _translated():
+        with self._lock, self._translated():
             return self._connection().execute(statement, params).fetchall()
 
     def _execute(self, statement: LiteralString, params: Sequence[Any] = ()) -> None:
-        with self._lock, _translated():
+        with self._lock, self._translated():
             self._connection().execute(statement, params)
 
     def _connection(self) -> Connection:
@@ -389,14 +573,16 @@ class PostgresLedger:
             self._conn = self._open()
         return self._conn
 
-    def _open(self, **options: Any) -> Connection:
+    def _open(self, application_name: str = "reindex-ledger", **options: Any) -> Connection:
         psycopg = _psycopg()
         try:
             conn: Connection = psycopg.connect(
-                self.url, autocommit=True, connect_timeout=10, application_name="reindex-ledger", **options
+                self.url, autocommit=True, connect_timeout=10, application_name=application_name, **options
             )
         except psycopg.Error as exc:
-            message = f"cannot connect to the ledger at {mask_dsn(self.url)}: {mask_dsn(_first_line(exc))}"
+            message = (
+                f"cannot connect to the ledger at {self._redact(self.url)}: {self._redact(_first_line(exc))}"
+            )
             if self._has_connected:
                 raise TransientError(message, hint="rerun to resume; the ledger is reopened") from None
             raise ConfigError(message, hint="check [run] state") from None
@@ -404,8 +590,9 @@ class PostgresLedger:
         return conn
 
 
-def _acquire(conn: Connection, key: str) -> None:
-    """Take the lock or name its holder; keepalives let the server free it when the holder's machine vanishes."""
+def _acquire(conn: Connection, key: str) -> int:
+    """Take the lock or name its holder, then bump the key's fencing token and return it. Server-side
+    keepalives let the server free the lock when the holder's machine vanishes."""
     if not _one(conn.execute("SELECT pg_try_advisory_lock(%s)", (_lock_key(f"reindex:lease:{key}"),))):
         row = conn.execute("SELECT host, pid, since FROM reindex.leases WHERE key = %s", (key,)).fetchone()
         holder = "another process" if row is None else f"pid {row[1]} on {row[0]} since {_clock(row[2])}"
@@ -422,76 +609,72 @@ def _acquire(conn: Connection, key: str) -> None:
         " ON CONFLICT (key) DO UPDATE SET host = excluded.host, pid = excluded.pid, since = excluded.since",
         (key, socket.gethostname(), os.getpid(), time.time()),
     )
+    return int(
+        _one(
+            conn.execute(
+                "INSERT INTO reindex.lease_tokens (key, token) VALUES (%s, 1) ON CONFLICT (key)"
+                " DO UPDATE SET token = lease_tokens.token + 1 RETURNING token",
+                (key,),
+            )
+        )
+    )
 
 
-def _release(conn: Connection, key: str) -> None:
-    """Forget the holder and unlock. A dropped connection has released the lock already: nothing to undo."""
+def _watch(conn: Connection, lease: Lease, stop: threading.Event) -> None:
+    """Ping the lease connection every second; once a ping fails (connection terminated, server
+    restarted) or the token moved on, set `lease.lost` and stop. Never re-acquire: the run stops."""
+    psycopg = _psycopg()
+    while not stop.wait(_PING_SECONDS):
+        try:
+            row = conn.execute(
+                "SELECT token FROM reindex.lease_tokens WHERE key = %s", (lease.key,)
+            ).fetchone()
+        except psycopg.Error:
+            row = None
+        if row is None or int(row[0]) != lease.token:
+            lease.lost.set()
+            return
+
+
+def _release(conn: Connection, lease: Lease) -> None:
+    """Forget the holder (if the key is still ours) and unlock. A dropped connection has released the
+    lock already: nothing to undo. The token row stays, so tokens only ever grow."""
     psycopg = _psycopg()
     with suppress(psycopg.OperationalError, psycopg.InterfaceError):
-        conn.execute("DELETE FROM reindex.leases WHERE key = %s AND pid = %s", (key, os.getpid()))
-        conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(f"reindex:lease:{key}"),))
+        conn.execute(
+            "DELETE FROM reindex.leases WHERE key = %s AND EXISTS (SELECT FROM reindex.lease_tokens"
+            " WHERE key = %s AND token = %s)",
+            (lease.key, lease.key, lease.token),
+        )
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(f"reindex:lease:{lease.key}"),))
 
 
-@contextmanager
-def _translated() -> Iterator[None]:
-    """The ledger's one error translator: dropped connections and timeouts are worth a retry."""
+def _settle_texts(
+    conn: Connection, plan_id: str, states: Sequence[tuple[str, str]], owners: Mapping[str, str]
+) -> None:
+    updates, upserts = settlement_rows(states, owners)
+    conn.cursor().executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in updates])
+    conn.cursor().executemany(
+        "INSERT INTO reindex.texts (plan_id, content_hash, owner, state) VALUES (%s,%s,%s,%s) ON CONFLICT"
+        " (plan_id, content_hash) DO UPDATE SET owner = excluded.owner, state = excluded.state",
+        [(plan_id, digest, owner, state) for digest, owner, state in upserts],
+    )
+
+
+def _passwords(url: str) -> tuple[str, ...]:
+    """The password a conninfo string or URL carries, as written and percent-encoded, to scrub from
+    messages (mask_dsn then catches what is left of a URL that does not parse)."""
+    from urllib.parse import quote, quote_plus
+
     psycopg = _psycopg()
     try:
-        yield
-    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        raise TransientError(
-            f"ledger: {_first_line(exc)}", hint="retry; a dropped connection is reopened on the next call"
-        ) from exc
-    except psycopg.errors.InsufficientPrivilege as exc:
-        raise ConfigError(
-            f"ledger: {_first_line(exc)}",
-            hint="grant the [run] state user CREATE and USAGE on schema reindex",
-        ) from exc
-    except psycopg.Error as exc:
-        raise BackendError(f"ledger: {_first_line(exc)}") from exc
-
-
-def _insert_shard(conn: Connection, plan_id: str, shard: ShardResult, now: float) -> bool:
-    """Insert the shard row; False when this very shard is already recorded (a replayed commit)."""
-    inserted = conn.execute(
-        "INSERT INTO reindex.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
-        " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens, vanished)"
-        " VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, seq) DO NOTHING RETURNING seq",
-        _shard_row(plan_id, shard, now),
-    ).fetchone()
-    if inserted is not None:
-        return True
-    kept = _one(
-        conn.execute(
-            "SELECT last_cursor FROM reindex.shards WHERE plan_id = %s AND seq = %s", (plan_id, shard.seq)
-        )
-    )
-    if kept != shard.last_cursor:
-        raise BackendError(
-            f"shard {shard.seq} of plan {plan_id} is already recorded, up to {kept!r}",
-            hint="two runs wrote this migration; check who holds its lease",
-        )
-    return False
-
-
-def _shard_row(plan_id: str, shard: ShardResult, now: float) -> tuple[Any, ...]:
-    return (
-        plan_id,
-        shard.seq,
-        shard.after_cursor,
-        shard.last_cursor,
-        shard.documents,
-        shard.written,
-        len(shard.dead_letters),
-        shard.duplicates,
-        shard.reused,
-        shard.tokens,
-        shard.truncated,
-        shard.seconds,
-        now,
-        shard.billed_tokens,
-        shard.vanished,
-    )
+        password = psycopg.conninfo.conninfo_to_dict(url).get("password")
+    except psycopg.Error:
+        return ()
+    if not password or len(str(password)) < _MIN_SCRUBBED:
+        return ()
+    forms = {str(password), quote(str(password), safe=""), quote(str(password)), quote_plus(str(password))}
+    return tuple(sorted(forms, key=len, reverse=True))
 
 
 def _lock_key(key: str) -> int:
@@ -516,6 +699,7 @@ def _first_line(exc: BaseException) -> str:
 def _psycopg() -> Any:
     try:
         import psycopg
+        import psycopg.conninfo
     except ImportError:
         raise MissingDependency("psycopg", extra="pgvector") from None
     return psycopg

@@ -7,8 +7,10 @@ so the rows present are exactly the shards whose vectors are durable: resume sta
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
+import secrets
 import socket
 import sqlite3
 import threading
@@ -19,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from reindex.errors import AlreadyRunning, ConfigError
+from reindex.errors import AlreadyRunning, BackendError, ConfigError, CutoverRefused, LeaseLost
 
 # Numbered, append-only: PRAGMA user_version holds how many have been applied (alembic, in miniature).
 MIGRATIONS: tuple[str, ...] = (
@@ -67,10 +69,21 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     ALTER TABLE jobs ADD COLUMN copies TEXT NOT NULL DEFAULT '[]';
     """,
+    """
+    ALTER TABLE runs ADD COLUMN nonce TEXT;
+    ALTER TABLE runs ADD COLUMN config_key TEXT;
+    UPDATE runs SET nonce = lower(hex(randomblob(16)));
+    CREATE INDEX runs_by_config_key ON runs (config_key, created_at);
+    CREATE TABLE lease_tokens (key TEXT PRIMARY KEY, token INTEGER NOT NULL) WITHOUT ROWID;
+    """,
 )
 
 
 _SETTLE_TEXT = "UPDATE texts SET state = ? WHERE plan_id = ? AND content_hash = ?"
+_NEXT_TOKEN = (
+    "INSERT INTO lease_tokens (key, token) VALUES (?, 1)"
+    " ON CONFLICT (key) DO UPDATE SET token = lease_tokens.token + 1 RETURNING token"
+)
 _UPSERT_DEAD_LETTER = (
     "INSERT INTO dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
     " VALUES (?,?,?,?,?,?,?) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
@@ -102,7 +115,8 @@ class ShardResult:
     billed_tokens: int = 0  # what the provider charged for (online or batch usage fields)
     vanished: int = 0  # documents deleted from the source before their vectors could be written
     texts: Sequence[tuple[str, str]] = ()  # (content_hash, "written" | "dead:<reason>") this shard embedded
-    owners: Mapping[str, str] = field(default_factory=dict)  # content_hash -> new owner doc (re-embedded copies)
+    # content_hash -> the document that now owns the text (re-embedded copies); recorded with the shard
+    owners: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +135,7 @@ class Job:
     job_id: str | None
     after_cursor: str | None
     last_cursor: str
-    items: tuple[tuple[str, str, str, int, str], ...]  # (custom_id, doc_id, content_hash, tokens, text)
+    items: tuple[tuple[str, str, str, int], ...]  # (custom_id, doc_id, content_hash, tokens); never text
     documents: int = 0  # shard documents, on attempt 0 only
     duplicates: int = 0
     truncated: int = 0
@@ -129,7 +143,9 @@ class Job:
     written: int = 0
     billed_tokens: int = 0
     vanished: int = 0  # finished lines whose documents had left the source
-    copies: tuple[tuple[str, str, str], ...] = ()  # (doc_id, content_hash, owner doc) embedded elsewhere
+    # attempt 0: (doc_id, content_hash, owner doc) of texts embedded elsewhere; later attempts: the copies
+    # this job took over (embeds itself) because no stored vector carried their text any more
+    copies: tuple[tuple[str, str, str], ...] = ()
 
 
 def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
@@ -157,7 +173,9 @@ def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
 
 
 def job_from_row(row: Sequence[Any]) -> Job:
-    items = tuple(tuple(item) for item in json.loads(row[13]))
+    """A job from its row. Rows written before texts left the ledger carry a fifth item field (the text):
+    it is ignored, and gone once the job is recorded again."""
+    items = tuple((str(i[0]), str(i[1]), str(i[2]), int(i[3])) for i in json.loads(row[13]))
     dead = tuple(DeadLetter(**d) for d in json.loads(row[14]))
     return Job(
         key=row[1],
@@ -175,7 +193,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         items=items,
         dead=dead,
         vanished=row[16],
-        copies=tuple(tuple(copy) for copy in json.loads(row[17])),
+        copies=tuple((str(c[0]), str(c[1]), str(c[2])) for c in json.loads(row[17])),
     )
 
 
@@ -312,8 +330,98 @@ class Ledger(Protocol):
     def close(self) -> None: ...
 
 
+def settlement_rows(
+    states: Sequence[tuple[str, str]], owners: Mapping[str, str]
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
+    """Split text settlements into (hash, state) updates of existing rows and (hash, owner, state) upserts
+    that hand a text to a new owner document (state from `states`, else 'written')."""
+    given = dict(states)
+    updates = [(digest, state) for digest, state in states if digest not in owners]
+    upserts = [(digest, owner, given.get(digest, "written")) for digest, owner in owners.items()]
+    return updates, upserts
+
+
+def is_replay(plan_id: str, shard: ShardResult, recorded: Mapping[int, tuple[str | None, str]]) -> bool:
+    """Check a shard against the recorded shards seq-1, seq and seq+1 ({seq: (after, last)}): True when this
+    very shard is already recorded (a replayed commit); BackendError when it does not join its neighbours."""
+    hint = "two runs wrote this migration; check who holds its lease"
+    if shard.seq in recorded:
+        if recorded[shard.seq] != (shard.after_cursor, shard.last_cursor):
+            raise BackendError(
+                f"shard {shard.seq} of plan {plan_id} is already recorded, up to {recorded[shard.seq][1]!r}",
+                hint=hint,
+            )
+        return True
+    before, after = recorded.get(shard.seq - 1), recorded.get(shard.seq + 1)
+    if before is not None and before[1] != shard.after_cursor:
+        raise BackendError(
+            f"shard {shard.seq} of plan {plan_id} starts after {shard.after_cursor!r},"
+            f" but shard {shard.seq - 1} ends at {before[1]!r}",
+            hint=hint,
+        )
+    if after is not None and after[0] != shard.last_cursor:
+        raise BackendError(
+            f"shard {shard.seq} of plan {plan_id} ends at {shard.last_cursor!r},"
+            f" but shard {shard.seq + 1} starts after {after[0]!r}",
+            hint=hint,
+        )
+    return False
+
+
+def shard_row(plan_id: str, shard: ShardResult, now: float) -> tuple[Any, ...]:
+    """The shards columns both ledgers insert, in the order of their INSERT statements."""
+    return (
+        plan_id,
+        shard.seq,
+        shard.after_cursor,
+        shard.last_cursor,
+        shard.documents,
+        shard.written,
+        len(shard.dead_letters),
+        shard.duplicates,
+        shard.reused,
+        shard.tokens,
+        shard.truncated,
+        shard.seconds,
+        now,
+        shard.billed_tokens,
+        shard.vanished,
+    )
+
+
+def lease_lost(key: str, token: int, stored: int | None) -> LeaseLost:
+    return LeaseLost(
+        f"the lease {key!r} (token {token}) was taken over (now {stored}): this run writes nothing more",
+        hint="another run continues this migration; rerun only once none is running",
+    )
+
+
+def alias_busy(alias: str, wait_seconds: float) -> CutoverRefused:
+    return CutoverRefused(
+        f"alias {alias!r} is locked: another cutover, rollback or prune holds it (waited {wait_seconds:g} s)",
+        hint="wait for it to finish, then retry",
+    )
+
+
+def run_info_from_row(row: Sequence[Any]) -> RunInfo:
+    """(plan_id, alias, target, fingerprint, model, nonce, config_key) as both ledgers select them."""
+    return RunInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5] or "", row[6])
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+_RUN_COLUMNS = "plan_id, alias, target, fingerprint, model, nonce, config_key"
+_FORGET_TABLES = ("shards", "dead_letters", "texts", "jobs", "verifications", "runs")
+
+
 class SqliteLedger:
-    """WAL + synchronous=FULL: a committed shard survives kill -9 and power loss."""
+    """WAL + synchronous=FULL: a committed shard survives kill -9 and power loss.
+
+    Leases are flock files beside the database (the kernel frees them when the holder dies) plus a
+    fencing token per key in `lease_tokens`; alias locks are flock files too.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -328,6 +436,7 @@ class SqliteLedger:
                 hint="set [run] state to a writable path",
             ) from None
         self._lock = threading.Lock()
+        self._leases: dict[str, Lease] = {}  # held by this object: every write is fenced by them
         self._migrate()
 
     def _migrate(self) -> None:
@@ -357,20 +466,67 @@ class SqliteLedger:
                     self._db.execute("ROLLBACK")
                 raise
 
+    @contextmanager
+    def _fenced(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that first checks, under the write lock, that this object's leases still
+        hold the newest token of their keys (LeaseLost, nothing written, otherwise)."""
+        with self._transaction() as db:
+            db.execute("BEGIN IMMEDIATE")
+            for lease in self._leases.values():
+                row = db.execute("SELECT token FROM lease_tokens WHERE key = ?", (lease.key,)).fetchone()
+                if lease.lost.is_set() or row is None or row[0] != lease.token:
+                    lease.lost.set()
+                    raise lease_lost(lease.key, lease.token, None if row is None else row[0])
+            yield db
+
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
     def begin(
-        self, plan_id: str, *, alias: str, target: str, fingerprint: str, model: dict[str, Any]
-    ) -> None:
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
-            db.execute(
-                "INSERT INTO runs (plan_id, alias, target, fingerprint, model, created_at) VALUES (?,?,?,?,?,?)"
-                " ON CONFLICT (plan_id) DO UPDATE SET state = 'running', finished_at = NULL",
-                (plan_id, alias, target, fingerprint, json.dumps(model), time.time()),
-            )
+        self,
+        plan_id: str,
+        *,
+        alias: str,
+        target: str,
+        fingerprint: str,
+        model: dict[str, Any],
+        config_key: str | None = None,
+    ) -> str:
+        with self._fenced() as db:
+            row = db.execute(
+                "INSERT INTO runs (plan_id, alias, target, fingerprint, model, created_at, nonce, config_key)"
+                " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (plan_id) DO UPDATE SET state = 'running',"
+                " finished_at = NULL, nonce = coalesce(runs.nonce, excluded.nonce),"
+                " config_key = coalesce(excluded.config_key, runs.config_key) RETURNING nonce",
+                (
+                    plan_id,
+                    alias,
+                    target,
+                    fingerprint,
+                    json.dumps(model),
+                    time.time(),
+                    new_nonce(),
+                    config_key,
+                ),
+            ).fetchone()
+        return str(row[0])
+
+    def run_info(self, plan_id: str) -> RunInfo | None:
+        rows = self._query(f"SELECT {_RUN_COLUMNS} FROM runs WHERE plan_id = ?", (plan_id,))
+        return run_info_from_row(rows[0]) if rows else None
+
+    def find_run(self, config_key: str) -> RunInfo | None:
+        rows = self._query(
+            f"SELECT {_RUN_COLUMNS} FROM runs WHERE config_key = ? ORDER BY created_at DESC, rowid DESC LIMIT 1",
+            (config_key,),
+        )
+        return run_info_from_row(rows[0]) if rows else None
+
+    def forget(self, plan_id: str) -> None:
+        with self._fenced() as db:
+            for table in _FORGET_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE plan_id = ?", (plan_id,))
 
     def resume_point(self, plan_id: str) -> tuple[str | None, int]:
         """The cursor after the last written shard and the next shard number."""
@@ -380,31 +536,21 @@ class SqliteLedger:
         return (None, 0) if not rows else (rows[0][1], rows[0][0] + 1)
 
     def record_shard(self, plan_id: str, shard: ShardResult) -> None:
-        """Mark a shard written, with its dead letters, atomically. Call only after the sink's write."""
+        """Mark a shard written, with its dead letters and texts, atomically. Call only after the sink's
+        write. Replaying it changes nothing; a shard that does not join its neighbours is refused."""
         now = time.time()
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
+        with self._fenced() as db:
+            recorded = db.execute(
+                "SELECT seq, after_cursor, last_cursor FROM shards WHERE plan_id = ? AND seq BETWEEN ? AND ?",
+                (plan_id, shard.seq - 1, shard.seq + 1),
+            ).fetchall()
+            if is_replay(plan_id, shard, {row[0]: (row[1], row[2]) for row in recorded}):
+                return
             db.execute(
                 "INSERT INTO shards (plan_id, seq, after_cursor, last_cursor, documents, written, dead_letters,"
                 " duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens, vanished)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT (plan_id, seq) DO NOTHING",
-                (
-                    plan_id,
-                    shard.seq,
-                    shard.after_cursor,
-                    shard.last_cursor,
-                    shard.documents,
-                    shard.written,
-                    len(shard.dead_letters),
-                    shard.duplicates,
-                    shard.reused,
-                    shard.tokens,
-                    shard.truncated,
-                    shard.seconds,
-                    now,
-                    shard.billed_tokens,
-                    shard.vanished,
-                ),
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                shard_row(plan_id, shard, now),
             )
             db.executemany(
                 _UPSERT_DEAD_LETTER,
@@ -413,15 +559,14 @@ class SqliteLedger:
                     for d in shard.dead_letters
                 ],
             )
-            db.executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in shard.texts])
+            self._settle_texts(db, plan_id, shard.texts, shard.owners)
 
     def settle_retry(
         self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
     ) -> None:
         """Apply a dead-letter retry: written and vanished ids leave the dead letters (their shards'
         counts move with them, so reconciliation still holds); the rest keep their newest reason."""
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
+        with self._fenced() as db:
             for doc_id, column in [(i, "written") for i in written] + [(i, "vanished") for i in vanished]:
                 row = db.execute(
                     "DELETE FROM dead_letters WHERE plan_id = ? AND doc_id = ? RETURNING seq",
@@ -441,15 +586,14 @@ class SqliteLedger:
 
     def record_dead_letters(self, plan_id: str, letters: Sequence[DeadLetter]) -> None:
         """Upsert dead letters found outside a shard (sync): listed by `dlq`, not in shard totals."""
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
+        with self._fenced() as db:
             db.executemany(
                 _UPSERT_DEAD_LETTER,
                 [(plan_id, d.doc_id, d.reason, d.detail, d.content_hash, None, time.time()) for d in letters],
             )
 
     def finish(self, plan_id: str) -> None:
-        with self._transaction() as db:
+        with self._fenced() as db:
             db.execute(
                 "UPDATE runs SET state = 'complete', finished_at = ? WHERE plan_id = ?",
                 (time.time(), plan_id),
@@ -548,11 +692,9 @@ class SqliteLedger:
 
     def record_job(self, plan_id: str, job: Job) -> None:
         """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
-        with self._transaction() as db:
-            db.execute(
-                "INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                job_row(plan_id, job),
-            )
+        row = job_row(plan_id, job)
+        with self._fenced() as db:
+            db.execute(f"INSERT OR REPLACE INTO jobs VALUES ({','.join('?' * len(row))})", row)
 
     def jobs(self, plan_id: str) -> list[Job]:
         return [
@@ -563,8 +705,7 @@ class SqliteLedger:
     def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
         """Claim each text (content hash -> the document that will carry its vector) unless another
         document already did; return {hash: (owner, state)} for the texts owned elsewhere."""
-        with self._transaction() as db:
-            db.execute("BEGIN IMMEDIATE")
+        with self._fenced() as db:
             inserted = db.execute(
                 "INSERT INTO texts (plan_id, content_hash, owner, state) SELECT ?, key, value, 'claimed'"
                 " FROM json_each(?) WHERE true ON CONFLICT DO NOTHING RETURNING content_hash",
@@ -588,14 +729,30 @@ class SqliteLedger:
         ).fetchall()
         return {row[0]: (row[1], row[2]) for row in rows}
 
-    def settle_texts(self, plan_id: str, states: Sequence[tuple[str, str]]) -> None:
-        with self._transaction() as db:
-            db.executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in states])
+    def settle_texts(
+        self, plan_id: str, states: Sequence[tuple[str, str]], *, owners: Mapping[str, str] | None = None
+    ) -> None:
+        """Set each text's state; a text in `owners` moves to that document (state from `states`, else
+        'written'), whoever held it before."""
+        with self._fenced() as db:
+            self._settle_texts(db, plan_id, states, owners or {})
+
+    @staticmethod
+    def _settle_texts(
+        db: sqlite3.Connection, plan_id: str, states: Sequence[tuple[str, str]], owners: Mapping[str, str]
+    ) -> None:
+        updates, upserts = settlement_rows(states, owners)
+        db.executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in updates])
+        db.executemany(
+            "INSERT INTO texts (plan_id, content_hash, owner, state) VALUES (?,?,?,?) ON CONFLICT"
+            " (plan_id, content_hash) DO UPDATE SET owner = excluded.owner, state = excluded.state",
+            [(plan_id, digest, owner, state) for digest, owner, state in upserts],
+        )
 
     def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None:
         """Forget claims that no durable work will fulfil (their shard died in flight)."""
         keep = set(keep_owners)
-        with self._transaction() as db:
+        with self._fenced() as db:
             rows = db.execute(
                 "SELECT content_hash, owner FROM texts WHERE plan_id = ? AND state = 'claimed'", (plan_id,)
             ).fetchall()
@@ -605,11 +762,10 @@ class SqliteLedger:
             )
 
     @contextmanager
-    def lease(self, plan_id: str) -> Iterator[None]:
-        """Hold the one-run-at-a-time lock of a migration. The kernel drops it when the process dies,
-        so a run after kill -9 takes over with no manual cleanup."""
-        path = self.path.with_name(f"{self.path.name}.{plan_id}.lock")
-        with path.open("a+") as handle:
+    def lease(self, key: str) -> Iterator[Lease]:
+        """Hold the one-run-at-a-time lock of `key` and fence this object's writes with a new token. The
+        kernel drops the lock when the process dies, so a run after kill -9 takes over with no cleanup."""
+        with self._lock_file("lease", key).open("a+") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -619,15 +775,46 @@ class SqliteLedger:
                     f"another `reindex run` of this migration is running ({holder})",
                     hint="wait for it, or stop it; a killed run releases the lock",
                 ) from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}")
-            handle.flush()
             try:
-                yield
+                handle.seek(0)
+                handle.truncate()
+                handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}")
+                handle.flush()
+                with self._transaction() as db:
+                    db.execute("BEGIN IMMEDIATE")
+                    token = db.execute(_NEXT_TOKEN, (key,)).fetchone()[0]
+                lease = Lease(key, int(token))
+                self._leases[key] = lease
+                try:
+                    yield lease
+                finally:
+                    self._leases.pop(key, None)
             finally:
                 handle.truncate(0)
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @contextmanager
+    def alias_lock(self, alias: str, *, wait_seconds: float = 5.0) -> Iterator[None]:
+        """Serialise cutover, rollback and prune of one alias (a flock file beside the ledger)."""
+        deadline = time.monotonic() + wait_seconds
+        with self._lock_file("alias", alias).open("a+") as handle:
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise alias_busy(alias, wait_seconds) from None
+                    time.sleep(0.05)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _lock_file(self, kind: str, name: str) -> Path:
+        """`<ledger>.<kind>-<hash of name>.lock`: any string is a safe file name this way."""
+        digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+        return self.path.with_name(f"{self.path.name}.{kind}-{digest}.lock")
 
     def close(self) -> None:
         with self._lock:

@@ -9,13 +9,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from reindex.errors import AlreadyRunning, BackendError, ConfigError
-from reindex.ledger import DeadLetter, Ledger, ShardResult, SqliteLedger
+from reindex.errors import AlreadyRunning, BackendError, ConfigError, CutoverRefused, LeaseLost
+from reindex.ledger import DeadLetter, Job, Ledger, ShardResult, SqliteLedger
 
 PLAN = "plan-0001"
 Opener = Callable[[], Ledger]
@@ -57,11 +58,17 @@ def ledger(open_ledger: Opener) -> Ledger:
 
 
 def shard(
-    seq: int, documents: int = 10, dead: tuple[DeadLetter, ...] = (), duplicates: int = 0
+    seq: int,
+    documents: int = 10,
+    dead: tuple[DeadLetter, ...] = (),
+    duplicates: int = 0,
+    *,
+    after: str | None = "follows",
+    owners: dict[str, str] | None = None,
 ) -> ShardResult:
     return ShardResult(
         seq=seq,
-        after_cursor=None if seq == 0 else f"doc-{seq * 10 - 1:04d}",
+        after_cursor=(None if seq == 0 else f"doc-{seq * 10 - 1:04d}") if after == "follows" else after,
         last_cursor=f"doc-{seq * 10 + 9:04d}",
         documents=documents,
         written=documents - len(dead) - duplicates,
@@ -71,6 +78,7 @@ def shard(
         tokens=100,
         truncated=0,
         seconds=0.5,
+        owners=owners or {},
     )
 
 
@@ -237,6 +245,263 @@ with ledger.lease("migration-a"):
     print("held", flush=True)
     time.sleep(60)
 """
+
+
+def begin(ledger: Ledger, plan_id: str = PLAN, config_key: str | None = None) -> str:
+    return ledger.begin(
+        plan_id,
+        alias="docs",
+        target=f"docs__{plan_id[-8:]}",
+        fingerprint="f" * 16,
+        model={"model": "m", "dim": 4},
+        config_key=config_key,
+    )
+
+
+def test_a_run_keeps_its_nonce_across_begins_and_gets_a_new_one_after_forget(ledger: Ledger) -> None:
+    first = begin(ledger)
+    ledger.finish(PLAN)
+    assert begin(ledger) == first and len(first) == 32 and int(first, 16) >= 0
+    ledger.forget(PLAN)
+    assert ledger.run_info(PLAN) is None
+    renewed = begin(ledger)
+    assert renewed != first
+    info = ledger.run_info(PLAN)
+    assert info is not None and info.nonce == renewed
+
+
+def test_run_info_returns_what_begin_stored_and_find_run_the_newest_run_of_a_config_key(
+    open_ledger: Opener,
+) -> None:
+    ledger = open_ledger()
+    assert ledger.find_run("key-a") is None and ledger.run_info(PLAN) is None
+    nonce = begin(ledger, "plan-00000001", config_key="key-a")
+    time.sleep(0.01)
+    begin(ledger, "plan-00000002", config_key="key-b")
+    time.sleep(0.01)
+    newest = begin(ledger, "plan-00000003", config_key="key-a")
+    begin(ledger, "plan-00000001")  # a later begin without a key keeps the stored one
+    info = ledger.run_info("plan-00000001")
+    assert info is not None
+    assert (info.alias, info.target, info.fingerprint, info.nonce, info.config_key) == (
+        "docs",
+        "docs__00000001",
+        "f" * 16,
+        nonce,
+        "key-a",
+    )
+    assert info.model == {"model": "m", "dim": 4}
+    found = ledger.find_run("key-a")
+    assert found is not None and (found.plan_id, found.nonce) == ("plan-00000003", newest)
+    assert ledger.find_run("key-c") is None
+
+
+def test_forget_deletes_everything_of_a_run_but_its_cutovers(ledger: Ledger, state: str) -> None:
+    other = "plan-00000002"
+    begin(ledger, other)
+    for plan_id in (PLAN, other):
+        ledger.record_shard(plan_id, shard(0, dead=(letter("doc-0001"),)))
+        ledger.claim_texts(plan_id, {"hash-1": "doc-0002"})
+        ledger.record_job(plan_id, _job())
+        ledger.record_verification(plan_id, True, {})
+    ledger.cutover_intent(
+        "docs", None, "docs__aaaa0001", fingerprint="f" * 16, action="cutover", forced=False
+    )
+    ledger.forget(PLAN)
+    assert ledger.summary(PLAN) is None and ledger.dead_letters(PLAN) == []
+    assert ledger.jobs(PLAN) == [] and ledger.text_states(PLAN, ["hash-1"]) == {}
+    assert ledger.resume_point(PLAN) == (None, 0)
+    assert _count(state, "verifications", PLAN) == 0
+    assert len(ledger.cutovers("docs")) == 1
+    kept = ledger.summary(other)
+    assert kept is not None and kept.shards == 1 and len(ledger.jobs(other)) == 1
+    assert ledger.text_states(other, ["hash-1"]) == {"hash-1": ("doc-0002", "claimed")}
+
+
+def test_an_alias_lock_refuses_another_ledger_after_the_wait_until_it_is_released(
+    open_ledger: Opener,
+) -> None:
+    first, second = open_ledger(), open_ledger()
+    with first.alias_lock("docs"):
+        started = time.monotonic()
+        with pytest.raises(CutoverRefused) as refused, second.alias_lock("docs", wait_seconds=0.3):
+            pass
+        assert 0.25 <= time.monotonic() - started < 3
+        assert refused.value.exit_code == 4
+        assert "'docs'" in str(refused.value) and "another cutover, rollback or prune" in str(refused.value)
+        with second.alias_lock("other/alias: with odd characters", wait_seconds=0):
+            pass
+    with second.alias_lock("docs", wait_seconds=0):
+        pass
+
+
+def test_an_alias_lock_waits_for_a_holder_that_finishes_within_the_wait(open_ledger: Opener) -> None:
+    first, second = open_ledger(), open_ledger()
+    held, entered = threading.Event(), []
+
+    def hold() -> None:
+        with first.alias_lock("docs"):
+            held.set()
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    held.wait(5)
+    with second.alias_lock("docs", wait_seconds=5):
+        entered.append(time.monotonic())
+    thread.join()
+    assert len(entered) == 1
+
+
+def test_settling_texts_with_owners_hands_each_text_to_its_new_document(ledger: Ledger) -> None:
+    ledger.claim_texts(PLAN, {"hash-1": "doc-0001", "hash-2": "doc-0002"})
+    ledger.settle_texts(
+        PLAN,
+        [("hash-1", "lost"), ("hash-2", "written"), ("hash-3", "dead:too_long")],
+        owners={"hash-1": "doc-0011", "hash-3": "doc-0013", "hash-4": "doc-0014"},
+    )
+    assert ledger.text_states(PLAN, ["hash-1", "hash-2", "hash-3", "hash-4"]) == {
+        "hash-1": ("doc-0011", "lost"),
+        "hash-2": ("doc-0002", "written"),
+        "hash-3": ("doc-0013", "dead:too_long"),
+        "hash-4": ("doc-0014", "written"),
+    }
+    ledger.settle_texts(PLAN, [("hash-2", "lost")])
+    assert ledger.text_states(PLAN, ["hash-2"]) == {"hash-2": ("doc-0002", "lost")}
+
+
+def test_a_recorded_shard_hands_its_owned_texts_to_their_new_documents(ledger: Ledger) -> None:
+    ledger.claim_texts(PLAN, {"hash-1": "doc-0001"})
+    ledger.record_shard(PLAN, shard(0, owners={"hash-1": "doc-0005", "hash-2": "doc-0006"}))
+    assert ledger.text_states(PLAN, ["hash-1", "hash-2"]) == {
+        "hash-1": ("doc-0005", "written"),
+        "hash-2": ("doc-0006", "written"),
+    }
+
+
+def test_lease_tokens_increase_with_every_acquisition_of_a_key(open_ledger: Opener) -> None:
+    first, second = open_ledger(), open_ledger()
+    tokens = []
+    for ledger in (first, second, first):
+        with ledger.lease("run:docs") as lease:
+            assert lease.key == "run:docs" and not lease.lost.is_set()
+            tokens.append(lease.token)
+    with first.lease("run:other") as other:
+        assert other.token == 1
+    assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
+
+
+def test_every_write_under_a_stale_lease_token_raises_lease_lost_and_changes_nothing(
+    open_ledger: Opener, state: str
+) -> None:
+    ledger = open_ledger()
+    with ledger.lease("run:docs") as lease:
+        begin(ledger)
+        ledger.record_shard(PLAN, shard(0, dead=(letter("doc-0001"),)))
+        ledger.claim_texts(PLAN, {"hash-1": "doc-0002"})
+        _rows(state, "UPDATE {}lease_tokens SET token = token + 1")
+        writes: list[Callable[[], object]] = [
+            lambda: begin(ledger, "plan-00000002"),
+            lambda: ledger.record_shard(PLAN, shard(1)),
+            lambda: ledger.settle_retry(PLAN, written=["doc-0001"], vanished=[], dead=[]),
+            lambda: ledger.record_dead_letters(PLAN, [letter("doc-0099")]),
+            lambda: ledger.finish(PLAN),
+            lambda: ledger.record_job(PLAN, _job()),
+            lambda: ledger.claim_texts(PLAN, {"hash-2": "doc-0003"}),
+            lambda: ledger.settle_texts(PLAN, [("hash-1", "written")], owners={"hash-3": "doc-0004"}),
+            lambda: ledger.release_claims(PLAN),
+            lambda: ledger.forget(PLAN),
+        ]
+        for write in writes:
+            lease.lost.clear()  # the stored token alone refuses each write
+            with pytest.raises(LeaseLost) as raised:
+                write()
+            assert raised.value.exit_code == 75 and "run:docs" in str(raised.value)
+            assert lease.lost.is_set()
+        ledger.record_verification(PLAN, True, {})  # verify and cutover history are not fenced
+        ledger.cutover_intent(
+            "docs", None, "docs__aaaa0001", fingerprint=None, action="cutover", forced=False
+        )
+    summary = ledger.summary(PLAN)
+    assert summary is not None and (summary.state, summary.shards, summary.dead_letters) == ("running", 1, 1)
+    assert ledger.run_info("plan-00000002") is None and ledger.jobs(PLAN) == []
+    assert ledger.dead_letters(PLAN) == [letter("doc-0001")]
+    assert ledger.text_states(PLAN, ["hash-1", "hash-2", "hash-3"]) == {"hash-1": ("doc-0002", "claimed")}
+    ledger.finish(PLAN)  # holding no lease again: not fenced
+    assert ledger.summary(PLAN).state == "complete"  # type: ignore[union-attr]
+
+
+def test_a_stale_runner_cannot_release_the_claims_of_the_run_that_took_its_lease(
+    open_ledger: Opener, state: str
+) -> None:
+    stale, fresh = open_ledger(), open_ledger()
+    with stale.lease("run:docs"):
+        begin(stale)
+        stale.claim_texts(PLAN, {"hash-1": "doc-0001"})
+        _rows(state, "UPDATE {}lease_tokens SET token = token + 1")  # as if its lock had been lost
+        fresh.claim_texts(PLAN, {"hash-2": "doc-0002"})
+        with pytest.raises(LeaseLost):
+            stale.release_claims(PLAN)
+    assert fresh.text_states(PLAN, ["hash-1", "hash-2"]) == {
+        "hash-1": ("doc-0001", "claimed"),
+        "hash-2": ("doc-0002", "claimed"),
+    }
+
+
+def test_a_ledger_holding_no_lease_writes_while_another_holds_one(open_ledger: Opener) -> None:
+    holder, other = open_ledger(), open_ledger()
+    with holder.lease("run:docs"):
+        begin(holder)
+        other.record_shard(PLAN, shard(0))
+        holder.record_shard(PLAN, shard(1))
+    assert holder.resume_point(PLAN) == ("doc-0019", 2)
+
+
+def test_a_shard_that_does_not_join_its_neighbours_is_refused_and_a_replay_changes_nothing(
+    ledger: Ledger,
+) -> None:
+    ledger.record_shard(PLAN, shard(0, dead=(letter("doc-0001"),)))
+    ledger.record_shard(PLAN, shard(0, dead=(letter("doc-0001"),)))  # replayed commit
+    with pytest.raises(BackendError, match="already recorded"):
+        ledger.record_shard(PLAN, shard(0, after="doc-0000"))
+    with pytest.raises(BackendError, match="starts after 'doc-0005'"):
+        ledger.record_shard(PLAN, shard(1, after="doc-0005"))
+    ledger.record_shard(
+        PLAN, shard(3)
+    )  # out of order (deferred jobs settle as they finish): no neighbour yet
+    with pytest.raises(BackendError, match="shard 3 starts after"):
+        ledger.record_shard(PLAN, replace(shard(2), last_cursor="doc-0030"))
+    ledger.record_shard(PLAN, shard(1))
+    ledger.record_shard(PLAN, shard(2))
+    summary = ledger.summary(PLAN)
+    assert summary is not None and (summary.shards, summary.documents, summary.dead_letters) == (4, 40, 1)
+    assert summary.reconciled and ledger.resume_point(PLAN) == ("doc-0039", 4)
+
+
+def _job() -> Job:
+    return Job(
+        key=f"{PLAN}-0-0",
+        seq=0,
+        attempt=0,
+        state="intent",
+        job_id=None,
+        after_cursor=None,
+        last_cursor="doc-0009",
+        items=(("0-0", "doc-0000", "hash-0", 3, "text"),),
+    )
+
+
+def _count(state: str, table: str, plan_id: str) -> int:
+    if state.startswith("postgresql://"):
+        with psycopg.connect(state) as conn:
+            row = conn.execute(
+                f"SELECT count(*) FROM reindex.{table} WHERE plan_id = %s", (plan_id,)
+            ).fetchone()  # test-only: fixed names
+    else:
+        with sqlite3.connect(state) as db:
+            row = db.execute(f"SELECT count(*) FROM {table} WHERE plan_id = ?", (plan_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def _take_within(ledger: Ledger, key: str, seconds: float) -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +14,8 @@ import psycopg
 import pytest
 
 from adapters.postgres_ledger import MIGRATIONS, PostgresLedger
-from reindex.errors import BackendError, ConfigError, TransientError
-from reindex.ledger import ShardResult
+from reindex.errors import AlreadyRunning, BackendError, ConfigError, LeaseLost, TransientError
+from reindex.ledger import Lease, ShardResult
 from tests.durability.support import Tool, config_text, write_corpus
 
 
@@ -112,3 +115,101 @@ def test_machines_starting_at_once_migrate_the_schema_once(pg_dsn: str) -> None:
     with psycopg.connect(pg_dsn) as conn:
         versions = conn.execute("SELECT version FROM reindex.schema_version ORDER BY version").fetchall()
     assert versions == [(n,) for n in range(1, len(MIGRATIONS) + 1)]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://reindex:hunter22@127.0.0.1:1/ledger?connect_timeout=2",
+        "postgres://reindex:hunter22@127.0.0.1:1,127.0.0.1:2/ledger?connect_timeout=2",
+        "postgresql://reindex:hun%40ter22@127.0.0.1:1/ledger?connect_timeout=2",
+        "postgresql://reindex:hun@ter22@127.0.0.1:1/ledger?connect_timeout=2",
+        "postgresql://reindex@127.0.0.1:1/ledger?password=hunter22&connect_timeout=2",
+        "postgresql://reindex:hunter22@127.0.0.1:1/ledger?connect_timeout=2&sslmode=bogus",
+        "host=127.0.0.1 port=1 user=reindex password=hunter22 connect_timeout=2",
+        "host=127.0.0.1 port=1 user=reindex password = 'hunter22 x' connect_timeout=2",
+        "host=127.0.0.1 port=1 user=reindex password='hunter22 x' bogus",
+    ],
+)
+def test_no_ledger_error_names_the_password_whatever_form_the_url_gives_it(url: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        PostgresLedger(url)
+    assert "hunter22" not in str(raised.value) and "ter22" not in str(raised.value)
+
+
+def _shard(seq: int) -> ShardResult:
+    return ShardResult(seq, None if seq == 0 else f"doc-{seq - 1}", f"doc-{seq}", 1, 1, (), 0, 0, 5, 0, 0.1)
+
+
+def _lease_backends(dsn: str) -> list[int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'reindex-lease' AND datname = current_database()"
+        ).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def _terminate(dsn: str, pids: list[int]) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+
+
+@contextmanager
+def _lease_within(ledger: PostgresLedger, key: str, seconds: float) -> Iterator[Lease]:
+    """Take `key` once the terminated holder's backend has exited (it frees its locks a moment later)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with ExitStack() as stack:
+            try:
+                lease = stack.enter_context(ledger.lease(key))
+            except AlreadyRunning:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+                continue
+            yield lease
+            return
+
+
+def test_a_terminated_lease_connection_is_lost_within_seconds_and_fences_the_stale_runner(
+    pg_dsn: str,
+) -> None:
+    stale, fresh = PostgresLedger(pg_dsn), PostgresLedger(pg_dsn)
+    stale.begin("p", alias="docs", target="docs__aaaa0001", fingerprint="f" * 16, model={})
+    with stale.lease("run:docs") as lease:
+        stale.record_shard("p", _shard(0))
+        stale.claim_texts("p", {"hash-0": "doc-0"})
+        time.sleep(1.5)  # a few healthy pings: the watchdog does not cry wolf
+        assert not lease.lost.is_set()
+        (pid,) = _lease_backends(pg_dsn)
+        _terminate(pg_dsn, [pid])
+        started = time.monotonic()
+        assert lease.lost.wait(3), "the watchdog noticed the dropped lease connection"
+        lost_after = time.monotonic() - started
+        with _lease_within(fresh, "run:docs", seconds=5) as taken:
+            assert taken.token == lease.token + 1
+            fresh.release_claims("p")  # the new runner's recovery: the stale claim goes
+            fresh.claim_texts("p", {"hash-1": "doc-1"})
+            for write in (lambda: stale.record_shard("p", _shard(1)), lambda: stale.release_claims("p")):
+                lease.lost.clear()  # the stored token refuses it even before the watchdog speaks
+                with pytest.raises(LeaseLost):
+                    write()
+            fresh.record_shard("p", _shard(1))
+            assert fresh.text_states("p", ["hash-1"]) == {"hash-1": ("doc-1", "claimed")}
+    assert lost_after < 3
+    assert not [t for t in threading.enumerate() if t.name == "reindex-lease-watchdog"]
+    assert stale.resume_point("p") == ("doc-1", 2)
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM reindex.leases").fetchone() == (0,)
+        assert conn.execute("SELECT token FROM reindex.lease_tokens").fetchall() == [(lease.token + 1,)]
+    stale.close()
+    fresh.close()
+
+
+def test_the_watchdog_marks_a_lease_lost_when_its_token_moves_on(pg_dsn: str) -> None:
+    ledger = PostgresLedger(pg_dsn)
+    with ledger.lease("run:docs") as lease:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("UPDATE reindex.lease_tokens SET token = token + 1")
+        assert lease.lost.wait(3)
+    ledger.close()
