@@ -1,6 +1,7 @@
 """Postgres source (keyset scan of a table or view) and pgvector sink (target = table, alias = view).
 
-Cutover is one transaction: DROP VIEW + CREATE VIEW under `SET LOCAL lock_timeout`, retried with backoff.
+Cutover is one compare-and-swap transaction: lock the view, re-read what it serves, DROP VIEW + CREATE VIEW
+under `SET LOCAL lock_timeout`, retried with backoff. Errors are translated here, with passwords hidden.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import random
 import re
 import struct
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,7 +25,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reindex import crashpoints
-from reindex.errors import BackendError, ConfigError, CutoverRefused, MissingDependency, TransientError
+from reindex.errors import (
+    BackendError,
+    ConfigError,
+    CutoverRefused,
+    MissingDependency,
+    RowsRejected,
+    TransientError,
+)
 from reindex.ports import (
     AliasInfo,
     Column,
@@ -53,7 +62,7 @@ _DISTANCES: dict[str, Distance] = {"_cosine_ops": "cosine", "_ip_ops": "dot", "_
 _PRIVILEGES = frozenset(
     {"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER", "MAINTAIN"}
 )
-_RESERVED = ("reindex_fingerprint", "reindex_content_hash")
+_RESERVED = ("reindex_fingerprint", "reindex_content_hash")  # bookkeeping the sink adds to every target
 _TEXT_OID = 25
 _cursor_names = itertools.count()
 
@@ -107,6 +116,8 @@ class PostgresSource:
         self.page_size = page_size
         with self._db.setup() as conn:
             self._shape = _read_source_shape(conn, table, id_column, text_column, vector_column)
+            relation = _qualified_name(conn, self._shape.oid)
+            self._identity = f"postgres:{_server_identity(conn)}/{relation}#{id_column},{text_column}"
 
     @classmethod
     def from_config(cls, config: Config) -> PostgresSource:
@@ -145,6 +156,10 @@ class PostgresSource:
             if len(page) < self.page_size:
                 return
             after = page[-1].id
+
+    def identity(self) -> str:
+        """`postgres:<system identifier>/<database>/<schema>.<table>#<id>,<text>`: no DSN, no knobs."""
+        return self._identity
 
     def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
         from psycopg import sql
@@ -217,6 +232,7 @@ class PgvectorSink:
         self.maintenance_work_mem = maintenance_work_mem
         self.hnsw = (hnsw_m, hnsw_ef_construction)
         self._layouts: dict[str, _Layout] = {}
+        self._identity: str | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> PgvectorSink:
@@ -230,6 +246,15 @@ class PgvectorSink:
             hnsw_ef_construction=config.hnsw_ef_construction,
         )
 
+    def identity(self) -> str:
+        """`pgvector:<system identifier>/<database>/<schema>`: where unqualified targets are created."""
+        if self._identity is None:
+            with self._db.errors():
+                conn = self._db.connection()
+                schema = _one(conn.execute("SELECT current_schema()").fetchone())
+                self._identity = f"pgvector:{_server_identity(conn)}/{schema}"
+        return self._identity
+
     def prepare(self, spec: TargetSpec) -> None:
         _identifier(spec.name)
         self._layouts.pop(spec.name, None)
@@ -241,13 +266,17 @@ class PgvectorSink:
                 _check_same_target(spec, layout)
 
     def write(self, target: str, rows: Rows) -> None:
-        """Upsert by id: binary COPY into a temporary stage, then one INSERT ... ON CONFLICT."""
+        """Upsert by id: binary COPY into a temporary stage, then one INSERT ... ON CONFLICT.
+
+        A batch refused for its rows' content (a NUL byte, a value its column type cannot hold) is
+        rolled back whole and raised as RowsRejected; the core bisects it (replaying halves is safe).
+        """
         from psycopg import sql
 
         layout = self._layout(target)
         if not rows.records:
             return
-        with self._db.transaction() as conn:
+        with self._db.transaction() as conn, _rejections(target):
             binary, types = _copy_format(conn, layout)
             copy = sql.SQL("COPY reindex_stage ({}) FROM STDIN (FORMAT {})").format(
                 sql.SQL(", ").join(a.ident for a in layout.columns), sql.SQL("BINARY" if binary else "TEXT")
@@ -298,7 +327,16 @@ class PgvectorSink:
                 _one(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(layout.ident)).fetchone())
             )
         dim = layout.vector.typmod if layout.vector is not None and layout.vector.typmod > 0 else None
-        return TargetInfo(target, count, dim, layout.meta.get("fingerprint"), layout.meta.get("model"))
+        meta = layout.meta
+        return TargetInfo(
+            target,
+            count,
+            dim,
+            meta.get("fingerprint"),
+            meta.get("model"),
+            plan_id=meta.get("plan_id") or None,
+            nonce=meta.get("nonce") or None,
+        )
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
         layout = self._layout(target)
@@ -320,6 +358,23 @@ class PgvectorSink:
         )
         with self._db.errors():
             rows = self._db.connection().execute(query, [list(ids)]).fetchall()
+        return {key: _as_vector(value) for key, value in rows if value is not None}
+
+    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
+        """One query: the vectors of the ids whose stored content hash is still the expected one."""
+        from psycopg import sql
+
+        layout = self._layout(target)
+        has_hash = any(a.name == "reindex_content_hash" for a in layout.columns)
+        if layout.vector is None or not has_hash or not expected:
+            return {}
+        query = sql.SQL(
+            "SELECT t.{k}::text, t.{v} FROM {t} AS t"
+            " JOIN unnest(%s::{cast}[], %s::text[]) AS e(id, content_hash)"
+            " ON t.{k} = e.id AND t.reindex_content_hash = e.content_hash"
+        ).format(k=layout.key.ident, v=layout.vector.ident, t=layout.ident, cast=layout.key.cast)
+        with self._db.errors():
+            rows = self._db.connection().execute(query, [list(expected), list(expected.values())]).fetchall()
         return {key: _as_vector(value) for key, value in rows if value is not None}
 
     def alias(self, alias: str) -> AliasInfo:
@@ -417,10 +472,10 @@ class PgvectorSink:
         conn = self._db.connection()
         with conn.transaction():
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"reindex alias {alias}"])
+            _lock_alias(conn, alias)
             if _regclass(conn, target) is None:
                 raise CutoverRefused(f"target {target!r} does not exist")
-            resolved = _resolve_alias(conn, alias)
+            resolved = _resolve_alias(conn, alias)  # re-read under the lock: what it serves now
             if resolved.info.is_physical:
                 previous = _adopt(conn, resolved, target, expected, meta)
                 crashpoints.crash_if_armed("cutover_before_commit")
@@ -441,10 +496,24 @@ class PgvectorSink:
             raise BackendError(f"alias {alias!r} does not serve {target!r} after the swap")
 
 
+@contextmanager
+def _rejections(target: str) -> Iterator[None]:
+    """Refusals caused by the rows' content (SQLSTATE class 22, psycopg's NUL check) → RowsRejected."""
+    psycopg = _psycopg()
+    try:
+        yield
+    except psycopg.DataError as exc:
+        code = exc.sqlstate or ("nul_byte" if "NUL" in str(exc) else "invalid_value")
+        raise RowsRejected(
+            f"Postgres refused rows for {target!r}: {_first_line(exc)}", reason=f"sink_rejected:{code}"
+        ) from exc
+
+
 class _Database:
     """One autocommit connection, reopened after a drop, and the adapter's only error translator."""
 
     def __init__(self, dsn: str, section: str, *, vectors: bool) -> None:
+        self._secrets = _check_dsn(dsn, section)
         self.dsn = dsn
         self.section = section
         self.vectors = vectors
@@ -464,11 +533,11 @@ class _Database:
             yield
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             raise TransientError(
-                f"Postgres: {_first_line(exc)}",
+                f"Postgres: {_scrub(_first_line(exc), self._secrets)}",
                 hint="retry; a dropped connection is reopened on the next call",
             ) from exc
         except psycopg.Error as exc:
-            raise BackendError(f"Postgres: {_first_line(exc)}") from exc
+            raise BackendError(f"Postgres: {_scrub(_first_line(exc), self._secrets)}") from exc
 
     @contextmanager
     def setup(self) -> Iterator[Connection]:
@@ -496,7 +565,8 @@ class _Database:
         try:
             conn: Connection = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
         except psycopg.Error as exc:
-            message = f"cannot connect to Postgres at {mask_dsn(self.dsn)}: {mask_dsn(_first_line(exc))}"
+            reason = _scrub(_first_line(exc), self._secrets)
+            message = f"cannot connect to Postgres at {_scrub(self.dsn, self._secrets)}: {reason}"
             if self._has_connected:
                 raise TransientError(message) from None
             raise ConfigError(message, hint=f"check [{self.section}] dsn") from None
@@ -548,7 +618,8 @@ class _Attribute:
 
 @dataclass(frozen=True, slots=True)
 class _SourceShape:
-    columns: tuple[_Attribute, ...]  # every non-vector column, in attnum order
+    oid: int
+    columns: tuple[_Attribute, ...]  # every column but vectors and the sink's bookkeeping, in attnum order
     key: _Attribute
     text: _Attribute
     vector: _Attribute | None
@@ -579,6 +650,23 @@ class _ResolvedAlias:
     target_oid: int | None
 
 
+_ALIAS_SQL = """
+WITH rel AS (
+  SELECT c.oid, c.relkind::text AS relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE c.relname = %(name)s::name AND CASE WHEN %(schema)s::name IS NULL
+    THEN n.nspname = ANY (current_schemas(true)) ELSE n.nspname = %(schema)s::name END
+  ORDER BY array_position(current_schemas(true), n.nspname) LIMIT 1
+)
+SELECT rel.oid::int8, rel.relkind,
+  (SELECT d.description FROM pg_description d
+   WHERE d.objoid = rel.oid AND d.classoid = 'pg_class'::regclass AND d.objsubid = 0),
+  (SELECT coalesce(json_agg(json_build_array(b.oid::int8, bn.nspname, b.relname, pg_table_is_visible(b.oid))),
+                   '[]')
+   FROM pg_class b JOIN pg_namespace bn ON bn.oid = b.relnamespace
+   WHERE b.oid IN (
+     SELECT d.refobjid FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+     WHERE r.ev_class = rel.oid AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> r.ev_class))
+FROM rel"""
 _COLUMNS_SQL = """
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), n.nspname, t.typname, a.atttypid::int8, a.atttypmod
 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid JOIN pg_namespace n ON n.oid = t.typnamespace
@@ -615,10 +703,52 @@ WHERE c.relkind IN ('r', 'p') AND c.relname LIKE %s ESCAPE '\'
   AND ((%s::text IS NULL AND pg_table_is_visible(c.oid)) OR n.nspname = %s::text)"""
 
 
+# `scheme://user:<password>@host`: up to the LAST '@' on the line, so an unescaped '@', ':', '/' or space in
+# the password is hidden too (over-masking a later '@' is the safe side).
+_URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)(.*)@", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"([?&](?:ssl)?password=)[^&#\s]*", re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(
+    r"""(?<![?&])(\b(?:ssl|pg)?password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)""", re.IGNORECASE
+)  # libpq keyword form: a quoted value may hold spaces and \' escapes
+_DSN_HINT = (
+    "percent-encode reserved characters of a URL password (@ %40, / %2F, : %3A, space %20), "
+    "or quote a keyword value: password='a b'"
+)
+
+
 def mask_dsn(text: str) -> str:
-    """Hide passwords in URI (`user:secret@`) and key/value (`password=secret`) DSNs."""
-    text = re.sub(r"(://[^:/@\s]*):[^@\s]*@", r"\1:***@", text)
-    return re.sub(r"(password\s*=\s*)[^\s&]+", r"\1***", text, flags=re.IGNORECASE)
+    """Hide passwords of every DSN form in `text`: URLs (encoded or not), query and keyword parameters."""
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    text = _QUERY_PASSWORD.sub(r"\1***", text)
+    return _KEYWORD_PASSWORD.sub(r"\1***", text)
+
+
+def _check_dsn(dsn: str, section: str) -> tuple[str, ...]:
+    """Refuse a DSN libpq would misread (its errors echo the pieces); return the secrets to scrub."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(dsn)
+    except _psycopg().ProgrammingError:
+        raise ConfigError(
+            f"[{section}] dsn is not a valid Postgres connection string", hint=_DSN_HINT
+        ) from None
+    found = _URL_PASSWORD.match(dsn)
+    raw = found.group(2) if found else ""
+    password = str(params.get("password") or "")
+    port = str(params.get("port") or "")
+    is_port = port.isdigit() and re.split(r"[/?]", raw)[0] == port  # host:port/db?opt=a@b, no password
+    if raw and urllib.parse.unquote(raw) != password and not is_port:
+        raise ConfigError(f"[{section}] dsn has unescaped characters in its password", hint=_DSN_HINT)
+    keyword = _KEYWORD_PASSWORD.search(dsn)
+    candidates = {password, raw, urllib.parse.unquote(raw), keyword.group(2) if keyword else ""}
+    return tuple(sorted((c for c in candidates if len(c) > 1), key=len, reverse=True))
+
+
+def _scrub(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return mask_dsn(text)
 
 
 def _psycopg() -> Any:
@@ -663,6 +793,31 @@ def _regclass(conn: Connection, name: str) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
+def _server_identity(conn: Connection) -> str:
+    """`<system identifier>/<database>`: the cluster's own id survives renamed hosts, ports and users."""
+    psycopg = _psycopg()
+    try:
+        with conn.transaction():
+            system = _one(conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone())
+    except psycopg.errors.InsufficientPrivilege:  # some managed services revoke it: name the server
+        system = _one(
+            conn.execute(
+                "SELECT coalesce(host(inet_server_addr()), 'local') || ':' || current_setting('port')"
+            ).fetchone()
+        )
+    return f"{system}/{_one(conn.execute('SELECT current_database()').fetchone())}"
+
+
+def _qualified_name(conn: Connection, oid: int) -> str:
+    row = conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.oid = %s::oid",
+        [oid],
+    ).fetchone()
+    assert row is not None
+    return f"{row[0]}.{row[1]}"
+
+
 def _attributes(conn: Connection, oid: int) -> tuple[_Attribute, ...]:
     rows = conn.execute(_COLUMNS_SQL, [oid]).fetchall()
     return tuple(
@@ -700,6 +855,10 @@ def _read_source_shape(
         ("text_column", text_column),
         ("vector_column", vector_column),
     ):
+        if column in _RESERVED:
+            raise ConfigError(
+                f"[source] {option} {column!r} is a column this tool writes, not a document field"
+            )
         if column is not None and column not in attributes:
             raise ConfigError(
                 f"column {column!r} not found in {table!r}",
@@ -707,8 +866,10 @@ def _read_source_shape(
             )
     vector = _pick_vector(table, attributes, vector_column)
     distance = _detect_distance(conn, oid, vector.name) if vector else "cosine"
-    columns = tuple(a for a in attributes.values() if not a.is_vector)
-    return _SourceShape(columns, attributes[id_column], attributes[text_column], vector, distance)
+    # A source named like the alias reads an earlier target through the view: its bookkeeping columns
+    # are not the application's data, and the next target adds its own.
+    columns = tuple(a for a in attributes.values() if not a.is_vector and a.name not in _RESERVED)
+    return _SourceShape(oid, columns, attributes[id_column], attributes[text_column], vector, distance)
 
 
 def _pick_vector(table: str, attributes: dict[str, _Attribute], name: str | None) -> _Attribute | None:
@@ -771,6 +932,8 @@ def _create_target(conn: Connection, spec: TargetSpec) -> None:
         "schemaless": not spec.source.columns,
         "id_field": spec.source.id_field,
         "text_field": spec.source.text_field,
+        "plan_id": spec.plan_id,  # the migration that built it; never re-stamped (prepare only creates)
+        "nonce": spec.nonce,
     }
     conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(ident, sql.Literal(json.dumps(meta))))
 
@@ -953,45 +1116,46 @@ def _as_vector(value: Any) -> Vectors:
 
 
 def _resolve_alias(conn: Connection, alias: str) -> _ResolvedAlias:
-    oid = _regclass(conn, alias)
-    if oid is None:
+    """Read the alias, its comment and what it serves in one statement: one snapshot, never half a swap."""
+    parts = _split(alias)
+    schema = parts[0] if len(parts) == 2 else None
+    row = conn.execute(_ALIAS_SQL, {"name": parts[-1], "schema": schema}).fetchone()
+    if row is None:
         return _ResolvedAlias(AliasInfo(alias, None), None, None, None)
-    relkind = str(
-        _one(conn.execute("SELECT relkind::text FROM pg_class WHERE oid = %s::oid", [oid]).fetchone())
-    )
+    oid, relkind, comment, bases = int(row[0]), str(row[1]), row[2], row[3]
     if relkind != "v":
         return _ResolvedAlias(AliasInfo(alias, None, is_physical=True), oid, relkind, None)
-    bases = _base_tables(conn, oid)
     if len(bases) != 1:
         raise BackendError(
             f"view {alias!r} reads {len(bases)} tables, not one target",
             hint="point [target] alias at a view this tool manages",
         )
-    meta = _comment(conn, oid)
-    info = AliasInfo(
-        alias,
-        _display_name(conn, bases[0], qualified="." in alias),
-        fingerprint=meta.get("fingerprint"),
-        model=meta.get("model"),
+    base, base_schema, base_name, is_visible = bases[0]
+    meta = _json_object(comment)
+    shown = f"{base_schema}.{base_name}" if schema is not None or not is_visible else str(base_name)
+    info = AliasInfo(alias, shown, fingerprint=meta.get("fingerprint"), model=meta.get("model"))
+    return _ResolvedAlias(info, oid, relkind, int(base))
+
+
+def _lock_alias(conn: Connection, alias: str) -> None:
+    """Serialise movers of this alias, then hold the alias itself until commit (compare-and-swap)."""
+    from psycopg import sql
+
+    parts = _split(alias)
+    conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended("
+        "'reindex alias ' || coalesce(%s::text, current_schema()) || '.' || %s::text, 0))",
+        [parts[0] if len(parts) == 2 else None, parts[-1]],
     )
-    return _ResolvedAlias(info, oid, relkind, bases[0])
+    if _regclass(conn, alias) is not None:
+        # On a view this also locks the target it reads; the swap is one short transaction.
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_identifier(alias)))
 
 
 def _serves(conn: Connection, resolved: _ResolvedAlias, expected: str | None) -> bool:
     if expected is None or resolved.target_oid is None:
         return expected is None and resolved.target_oid is None
     return resolved.target_oid == _regclass(conn, expected)
-
-
-def _display_name(conn: Connection, oid: int, *, qualified: bool) -> str:
-    row = conn.execute(
-        "SELECT n.nspname, c.relname, pg_table_is_visible(c.oid) FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s::oid",
-        [oid],
-    ).fetchone()
-    assert row is not None
-    schema, relname, is_visible = row
-    return f"{schema}.{relname}" if qualified or not is_visible else str(relname)
 
 
 def _adopt(

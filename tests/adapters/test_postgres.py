@@ -1,11 +1,17 @@
-"""PostgresSource and PgvectorSink details beyond the contract suites: views, typed ids, adoption, locks."""
+"""PostgresSource and PgvectorSink details beyond the contract suites: views, typed ids, adoption, locks,
+identity, rows refused for their content, passwords kept out of errors, compare-and-swap alias moves."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
+import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,7 +19,7 @@ import psycopg
 import pytest
 
 from adapters.postgres import PgvectorSink, PostgresSource, mask_dsn
-from reindex.errors import ConfigError, CutoverRefused, TransientError
+from reindex.errors import ConfigError, CutoverRefused, ReindexError, RowsRejected, TransientError
 from reindex.fingerprint import content_hash
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
 
@@ -295,3 +301,326 @@ def test_a_dropped_connection_is_transient_and_reopened(pg_dsn: str, sink: Pgvec
         sink.describe("docs__aaaa0001")
     info = sink.describe("docs__aaaa0001")
     assert info is not None and info.count == 0
+
+
+# identity -------------------------------------------------------------------------------------------------
+
+
+def keyword_dsn(dsn: str, **extra: str) -> str:
+    """The same database as the URL `dsn`, written in libpq's keyword form."""
+    parts = urllib.parse.urlsplit(dsn)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    fields = {"host": query["host"], "dbname": parts.path.lstrip("/"), "user": parts.username or "", **extra}
+    return " ".join(f"{k}='{v}'" for k, v in fields.items())
+
+
+def test_source_identity_names_the_relation_not_the_dsn_or_knobs(articles: str) -> None:
+    execute(articles, "CREATE TABLE docs (id text PRIMARY KEY, body text)")
+    plain = PostgresSource(articles, table="docs")
+    qualified = PostgresSource(keyword_dsn(articles, connect_timeout="7"), table="public.docs", page_size=3)
+    other_text = PostgresSource(articles, table="app.articles")
+    try:
+        system, database = query(
+            articles, "SELECT system_identifier::text, current_database() FROM pg_control_system()"
+        )[0]
+        assert plain.identity() == qualified.identity() == f"postgres:{system}/{database}/public.docs#id,body"
+        assert other_text.identity().endswith("/app.articles#id,body")
+        assert "connect_timeout" not in qualified.identity() and "postgres:@" not in plain.identity()
+    finally:
+        for source in (plain, qualified, other_text):
+            source.close()
+
+
+def test_sink_identity_ignores_the_dsn_form_and_the_swap_knobs(pg_dsn: str) -> None:
+    first = PgvectorSink(pg_dsn)
+    second = PgvectorSink(keyword_dsn(pg_dsn, application_name="x"), lock_timeout_ms=5, swap_attempts=9)
+    try:
+        assert first.identity() == second.identity()
+        assert re.fullmatch(r"pgvector:\d+/t\d+_\d+/public", first.identity())
+    finally:
+        first.close()
+        second.close()
+
+
+def test_prepare_stamps_plan_and_nonce_once(pg_dsn: str, sink: PgvectorSink) -> None:
+    stamped = dataclasses.replace(spec("docs__aaaa0001"), plan_id="p1", nonce="n1")
+    sink.prepare(stamped)
+    sink.prepare(dataclasses.replace(stamped, nonce="n2"))
+    info = sink.describe("docs__aaaa0001")
+    assert info is not None and (info.plan_id, info.nonce) == ("p1", "n1")
+
+
+def test_fetch_matching_compares_typed_keys_and_hashes_in_one_query(articles: str) -> None:
+    source = PostgresSource(articles, table="app.articles")
+    target = spec("articles__aaaa0001", source.schema(), alias="articles")
+    sink = PgvectorSink(articles)
+    try:
+        sink.prepare(target)
+        records = list(source.scan())
+        sink.write(target.name, rows_for(records, 4))
+        expected = {"3": content_hash("article 3"), "4": content_hash("edited"), "404": content_hash("x")}
+        assert set(sink.fetch_matching(target.name, expected)) == {"3"}
+    finally:
+        sink.close()
+        source.close()
+
+
+# a source named like the alias ---------------------------------------------------------------------------
+
+
+def test_a_source_reading_a_target_through_its_view_leaves_out_the_bookkeeping(articles: str) -> None:
+    first_source = PostgresSource(articles, table="app.articles")
+    first = spec("articles__aaaa0001", first_source.schema(), alias="articles")
+    sink = PgvectorSink(articles)
+    sink.prepare(first)
+    sink.write(first.name, rows_for(list(first_source.scan()), 4))
+    sink.move_alias("articles", first.name, expected=None, meta={})
+    through_view = PostgresSource(articles, table="articles")
+    try:
+        assert through_view.schema().columns == first_source.schema().columns
+        record = next(through_view.scan())
+        assert not {"reindex_fingerprint", "reindex_content_hash", "embedding"} & set(record.payload)
+        second = spec("articles__bbbb0002", through_view.schema(), dim=8, alias="articles")
+        sink.prepare(second)
+        columns = [
+            name
+            for (name,) in query(
+                articles,
+                "SELECT attname FROM pg_attribute"
+                " WHERE attrelid = 'articles__bbbb0002'::regclass AND attnum > 0 ORDER BY attnum",
+            )
+        ]
+        assert columns.count("reindex_content_hash") == 1 and columns.count("embedding") == 1
+    finally:
+        for closing in (sink, through_view, first_source):
+            closing.close()
+
+
+# rows refused for their content (issue 10, defect 5) -------------------------------------------------------
+
+
+def test_nul_byte_in_text_rejects_the_whole_batch_as_rows_rejected(pg_dsn: str, sink: PgvectorSink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    poisoned = [*schemaless(["a", "b"]), Record("c", "bad\x00text", {"id": "c"})]
+    with pytest.raises(RowsRejected) as refused:
+        sink.write("docs__aaaa0001", rows_for(poisoned, 4))
+    assert refused.value.reason == "sink_rejected:22021"
+    assert query(pg_dsn, "SELECT count(*) FROM docs__aaaa0001") == [(0,)]
+    sink.write("docs__aaaa0001", rows_for(poisoned[:2], 4))  # the halves replay on the same connection
+    assert query(pg_dsn, "SELECT count(*) FROM docs__aaaa0001") == [(2,)]
+
+
+def test_nul_byte_inside_a_jsonb_payload_value_is_rows_rejected(pg_dsn: str, sink: PgvectorSink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    poisoned = [Record("a", "fine text", {"note": {"deep": "nul \x00 here"}})]
+    with pytest.raises(RowsRejected) as refused:
+        sink.write("docs__aaaa0001", rows_for(poisoned, 4))
+    assert refused.value.reason == "sink_rejected:22P05"
+
+
+def test_text_copy_refusals_name_the_nul_byte_and_the_sqlstate(pg_dsn: str) -> None:
+    """A column type without a binary dumper (money) sends the batch as text COPY: psycopg refuses NUL."""
+    execute(pg_dsn, "CREATE TABLE src (id bigint PRIMARY KEY, body text, amount money)")
+    source = PostgresSource(pg_dsn, table="src")
+    target = spec("src__aaaa0001", source.schema(), alias="src")
+    sink = PgvectorSink(pg_dsn)
+
+    def write(*payloads: dict[str, Any]) -> None:
+        records = [Record(str(p["id"]), str(p["body"]), p) for p in payloads]
+        sink.write(target.name, rows_for(records, 4))
+
+    try:
+        sink.prepare(target)
+        for payload, reason in (
+            ({"id": 1, "body": "a\x00b"}, "nul_byte"),
+            ({"id": 1, "body": "fine", "amount": "lots"}, "22P02"),
+            ({"id": "one", "body": "fine"}, "invalid_value"),
+        ):
+            with pytest.raises(RowsRejected) as refused:
+                write({"id": 2, "body": "good"}, payload)
+            assert refused.value.reason == f"sink_rejected:{reason}"
+        write({"id": 2, "body": "ok", "amount": "12.50"})
+        assert query(pg_dsn, "SELECT id, amount::numeric FROM src__aaaa0001") == [(2, 12.5)]
+    finally:
+        sink.close()
+        source.close()
+
+
+def test_a_dropped_connection_during_write_stays_transient(pg_dsn: str, sink: PgvectorSink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    execute(
+        pg_dsn,
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    with pytest.raises(TransientError):
+        sink.write("docs__aaaa0001", rows_for(schemaless(["a"]), 4))
+
+
+# passwords never reach an error (issue 10, defect 10) ------------------------------------------------------
+
+SECRET = "s3cret p@ss:w/rd"
+WRONG = "wr0ng s3cret@x:y/z"
+
+
+@pytest.fixture
+def password_role(pg_dsn: str) -> Iterator[tuple[str, str, str]]:
+    """A role that must log in with SECRET over the socket: (role, socket folder, database)."""
+    role = new_role(pg_dsn)
+    escaped = SECRET.replace("'", "''")
+    execute(
+        pg_dsn, f"ALTER ROLE \"{role}\" LOGIN PASSWORD '{escaped}'", f'GRANT ALL ON SCHEMA public TO "{role}"'
+    )
+    hba = Path(query(pg_dsn, "SHOW hba_file")[0][0])
+    original = hba.read_text()
+    hba.write_text(f"local all {role} scram-sha-256\n{original}")
+    execute(pg_dsn, "SELECT pg_reload_conf()")
+    parts = urllib.parse.urlsplit(pg_dsn)
+    try:
+        yield role, dict(urllib.parse.parse_qsl(parts.query))["host"], parts.path.lstrip("/")
+    finally:
+        hba.write_text(original)
+        execute(pg_dsn, "SELECT pg_reload_conf()")
+
+
+def pieces(secret: str) -> list[str]:
+    return [p for p in re.split(r"[\s@:/]", secret) if len(p) >= 3] + [
+        secret,
+        urllib.parse.quote(secret, safe=""),
+    ]
+
+
+def assert_hidden(error: ReindexError, secret: str) -> None:
+    for text in (str(error), error.message, error.hint or ""):
+        for piece in pieces(secret):
+            assert piece not in text, (piece, text)
+
+
+def test_a_wrong_password_in_every_dsn_form_never_reaches_the_error(
+    password_role: tuple[str, str, str],
+) -> None:
+    role, socket, database = password_role
+    encoded = urllib.parse.quote(WRONG, safe="")
+    forms = [
+        f"postgresql://{role}:{encoded}@/{database}?host={socket}",
+        f"postgresql://{role}:{WRONG}@/{database}?host={socket}",
+        f"postgresql:///{database}?host={socket}&user={role}&password={encoded}",
+        f"host={socket} dbname={database} user={role} password='{WRONG}'",
+        f"host={socket} dbname={database} user={role} password={WRONG}",
+    ]
+    for dsn in forms:
+        for kind in (PgvectorSink, PostgresSource):
+            with pytest.raises(ConfigError) as caught:
+                kind(dsn) if kind is PgvectorSink else PostgresSource(dsn, table="docs")
+            assert_hidden(caught.value, WRONG)
+
+
+def test_the_right_password_with_reserved_characters_connects(password_role: tuple[str, str, str]) -> None:
+    role, socket, database = password_role
+    encoded = urllib.parse.quote(SECRET, safe="")
+    for dsn in (
+        f"postgresql://{role}:{encoded}@/{database}?host={socket}",
+        f"host={socket} dbname={database} user={role} password='{SECRET}'",
+    ):
+        sink = PgvectorSink(dsn)
+        assert sink.describe("docs__aaaa0001") is None
+        sink.close()
+
+
+def test_a_closed_port_error_hides_the_password() -> None:
+    encoded = urllib.parse.quote(SECRET, safe="")
+    for dsn in (
+        f"postgresql://app:{encoded}@127.0.0.1:1/db",
+        f"host=127.0.0.1 port=1 dbname=db user=app password='{SECRET}'",
+        f"postgresql://app:{SECRET}@127.0.0.1:1/db",
+    ):
+        with pytest.raises(ConfigError) as caught:
+            PgvectorSink(dsn)
+        assert_hidden(caught.value, SECRET)
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("postgresql://app:p%40ss@h/db", "postgresql://app:***@h/db"),
+        ("postgres://app:a b@c:d/e@h:5432/db", "postgres://app:***@h:5432/db"),
+        ("host=h password='a b\\' c' user=u", "host=h password=*** user=u"),
+        ("host=h PASSWORD = hunter2", "host=h PASSWORD = ***"),
+        (
+            "postgresql://h/db?sslmode=require&password=x%20y&application_name=a",
+            "postgresql://h/db?sslmode=require&password=***&application_name=a",
+        ),
+        ('failed: "postgresql://u:pw@h" refused', 'failed: "postgresql://u:***@h" refused'),
+        ("postgresql://h:5432/db", "postgresql://h:5432/db"),
+    ],
+)
+def test_mask_dsn_hides_the_password_of_every_form(text: str, masked: str) -> None:
+    assert mask_dsn(text) == masked
+
+
+# compare-and-swap alias moves (issue 10, defect 8) -------------------------------------------------------
+
+
+def test_two_concurrent_moves_from_the_same_target_let_exactly_one_win(
+    pg_dsn: str, sink: PgvectorSink
+) -> None:
+    for name in ("docs__aaaa0001", "docs__bbbb0002", "docs__cccc0003"):
+        ready_target(sink, name, ["a"])
+    sink.move_alias("docs", "docs__aaaa0001", expected=None, meta={})
+    movers = [PgvectorSink(pg_dsn) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, object] = {}
+
+    def move(mover: PgvectorSink, target: str) -> None:
+        barrier.wait()
+        try:
+            outcomes[target] = mover.move_alias("docs", target, expected="docs__aaaa0001", meta={})
+        except CutoverRefused as refused:
+            outcomes[target] = refused
+
+    threads = [
+        threading.Thread(target=move, args=(mover, target))
+        for mover, target in zip(movers, ("docs__bbbb0002", "docs__cccc0003"), strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for mover in movers:
+        mover.close()
+    winners = [t for t, outcome in outcomes.items() if outcome == "docs__aaaa0001"]
+    losers = [o for o in outcomes.values() if isinstance(o, CutoverRefused)]
+    assert len(winners) == 1 and len(losers) == 1
+    assert "expected 'docs__aaaa0001'" in str(losers[0])
+    assert sink.alias("docs").target == winners[0]
+
+
+def test_alias_reads_never_see_half_a_swap(pg_dsn: str, sink: PgvectorSink) -> None:
+    targets = ("docs__aaaa0001", "docs__bbbb0002")
+    for name in targets:
+        ready_target(sink, name, ["a"])
+    sink.move_alias("docs", targets[0], expected=None, meta={"fingerprint": targets[0]})
+    done = threading.Event()
+    seen: list[tuple[str | None, str | None]] = []
+    failures: list[BaseException] = []
+
+    def read() -> None:
+        reader = PgvectorSink(pg_dsn)
+        try:
+            while not done.is_set():
+                info = reader.alias("docs")
+                seen.append((info.target, info.fingerprint))
+        except BaseException as exc:  # reported by the assertion below
+            failures.append(exc)
+        finally:
+            reader.close()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    for i in range(60):
+        current, following = targets[i % 2], targets[(i + 1) % 2]
+        sink.move_alias("docs", following, expected=current, meta={"fingerprint": following})
+    done.set()
+    thread.join()
+    assert failures == [] and seen
+    assert all(target == fingerprint and target in targets for target, fingerprint in seen)

@@ -1,18 +1,26 @@
-"""One suite for every Sink: idempotent prepare and upsert, index scan, guarded atomic alias moves."""
+"""One suite for every Sink: idempotent prepare and upsert, index scan, guarded atomic alias moves,
+identity, hash-checked fetches and whole-batch refusals."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from reindex.errors import ConfigError, CutoverRefused
+from reindex.errors import ConfigError, CutoverRefused, RowsRejected
 from reindex.fingerprint import content_hash
 from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
 
 DIM = 8
 
 
-def spec(name: str, fingerprint: str = "f" * 16, dim: int = DIM, alias: str = "docs") -> TargetSpec:
+def spec(
+    name: str,
+    fingerprint: str = "f" * 16,
+    dim: int = DIM,
+    alias: str = "docs",
+    plan_id: str = "",
+    nonce: str = "",
+) -> TargetSpec:
     return TargetSpec(
         name=name,
         alias=alias,
@@ -20,6 +28,8 @@ def spec(name: str, fingerprint: str = "f" * 16, dim: int = DIM, alias: str = "d
         fingerprint=fingerprint,
         model={"model": "test", "fingerprint": fingerprint},
         source=SourceSchema(id_field="id", text_field="text"),
+        plan_id=plan_id,
+        nonce=nonce,
     )
 
 
@@ -116,3 +126,44 @@ def test_targets_lists_this_alias_only_and_drop_removes(sink: Sink) -> None:
     sink.drop("docs__aaaa0001")
     assert sink.targets("docs") == ["docs__bbbb0002"]
     assert sink.describe("docs__aaaa0001") is None
+
+
+def test_identity_is_stable_and_names_the_backend(sink: Sink) -> None:
+    identity = sink.identity()
+    assert identity and identity == sink.identity()
+    assert identity.split(":", 1)[0] in {"memory", "pgvector", "qdrant"}
+
+
+def test_prepare_records_plan_and_nonce_and_never_restamps_an_existing_target(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001", plan_id="plan-1", nonce="nonce-1"))
+    sink.prepare(spec("docs__aaaa0001", plan_id="plan-1", nonce="nonce-2"))
+    info = sink.describe("docs__aaaa0001")
+    assert info is not None and (info.plan_id, info.nonce) == ("plan-1", "nonce-1")
+
+
+def test_fetch_matching_returns_only_vectors_whose_stored_hash_is_expected(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    sink.write("docs__aaaa0001", rows(["a", "b", "c"], seed=3))
+    expected = {
+        "a": content_hash("text of a"),
+        "b": content_hash("an edited text of b"),
+        "zzz": content_hash("text of zzz"),
+    }
+    matched = sink.fetch_matching("docs__aaaa0001", expected)
+    assert set(matched) == {"a"}
+    np.testing.assert_allclose(matched["a"], sink.fetch("docs__aaaa0001", ["a"])["a"], rtol=1e-6)
+    assert sink.fetch_matching("docs__aaaa0001", {}) == {}
+
+
+def test_a_batch_with_a_nul_byte_is_stored_exactly_or_refused_whole(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    batch = rows(["good", "poison"])
+    poisoned = Record("poison", "bad\x00text", {"id": "poison", "note": "nul \x00 inside"})
+    batch = Rows([batch.records[0], poisoned], batch.vectors, batch.content_hashes, batch.fingerprint)
+    try:
+        sink.write("docs__aaaa0001", batch)
+    except RowsRejected as refused:
+        assert refused.reason.startswith("sink_rejected:")
+        assert list(sink.scan_index("docs__aaaa0001", DIM)) == []
+    else:
+        assert {e.id for e in sink.scan_index("docs__aaaa0001", DIM)} == {"good", "poison"}

@@ -51,3 +51,10 @@ def test_payload_carries_the_other_fields(make_source: SourceFactory) -> None:
 def test_schema_names_the_text_field(make_source: SourceFactory) -> None:
     schema = make_source(corpus(3)).schema()
     assert schema.text_field in {"text", "body", "page_content"}
+
+
+def test_identity_is_stable_and_names_the_backend(make_source: SourceFactory) -> None:
+    source = make_source(corpus(3))
+    identity = source.identity()
+    assert identity and identity == source.identity()
+    assert ":" in identity  # `<kind>:<where>`; the adapter tests check what each kind leaves out
