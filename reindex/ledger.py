@@ -386,9 +386,16 @@ def shard_row(plan_id: str, shard: ShardResult, now: float) -> tuple[Any, ...]:
 
 
 def lease_lost(key: str, token: int, stored: int | None) -> LeaseLost:
+    """The refusal of a fenced write: `stored` is the key's newest token, None when the loss was seen first
+    (the lease connection dropped)."""
+    how = (
+        "was lost (its connection dropped, or another run took it)"
+        if stored is None
+        else f"was taken over (token {stored})"
+    )
     return LeaseLost(
-        f"the lease {key!r} (token {token}) was taken over (now {stored}): this run writes nothing more",
-        hint="another run continues this migration; rerun only once none is running",
+        f"the lease {key!r} (token {token}) {how}: this run writes nothing more",
+        hint="rerun the same command to continue once no other run holds the lease",
     )
 
 

@@ -487,7 +487,7 @@ def _job() -> Job:
         job_id=None,
         after_cursor=None,
         last_cursor="doc-0009",
-        items=(("0-0", "doc-0000", "hash-0", 3, "text"),),
+        items=(),
     )
 
 
