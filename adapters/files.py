@@ -87,6 +87,10 @@ class ParquetSource:
             first += rows
         return None, first
 
+    def identity(self) -> str:
+        """The file's absolute path and the fields read (a byte offset resumes only in the same file)."""
+        return f"parquet:{self.path.resolve()}#{self.id_field},{self.text_field}"
+
     def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
         wanted = set(ids)
         return (record for record in self.scan() if record.id in wanted)
@@ -143,6 +147,10 @@ class JsonlSource:
         if obj is None:
             return Record(fallback(), "", {}, cursor=cursor, defect="invalid_json")
         return _record(obj, self.id_field, self.text_field, fallback, cursor)
+
+    def identity(self) -> str:
+        """The file's absolute path and the fields read (a byte offset resumes only in the same file)."""
+        return f"jsonl:{self.path.resolve()}#{self.id_field},{self.text_field}"
 
     def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
         wanted = set(ids)

@@ -121,7 +121,8 @@ class Pipeline:
         shard = self._prepare(0, None, records)
         self._embed([shard])
         self._store(shard)
-        retrying(self.ledger.settle_texts, self.plan_id, text_settlements(shard), shard.owners)
+        settle = functools.partial(self.ledger.settle_texts, owners=shard.owners)
+        retrying(settle, self.plan_id, text_settlements(shard))
         return shard
 
     def _guard(self, stage: Callable[..., None], *args: Any) -> None:
