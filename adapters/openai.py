@@ -185,10 +185,10 @@ def translated_errors(secret: str, key_env: str) -> Iterator[None]:
 
     try:
         yield
-    except openai.APIStatusError as exc:
-        raise _status_error(exc, secret, key_env) from exc
+    except openai.APIStatusError as exc:  # not chained: its message may echo the key
+        raise _status_error(exc, secret, key_env) from None
     except openai.APIConnectionError as exc:  # timeouts included
-        raise ProviderBusy(f"{type(exc).__name__}: {redact(str(exc), secret)}") from exc
+        raise ProviderBusy(f"{type(exc).__name__}: {redact(str(exc), secret)}") from None
 
 
 def _status_error(exc: APIStatusError, secret: str, key_env: str) -> ReindexError:
@@ -588,7 +588,7 @@ class OpenAIBatchEmbedder:
         lines = self._line_items(batch)
         if batch.status == "failed":
             errors = batch.errors.data if batch.errors and batch.errors.data else []
-            code = (errors[0].code if errors else None) or "batch_failed"
+            code = f"batch_failed:{(errors[0].code if errors else None) or 'unknown'}"  # never ran: retried
             failed = {item: code for group in lines.values() for item in group}
             return JobResult(batch.status, True, failed=failed, billed_tokens=billed)
         output, is_deleted = self._download(batch.output_file_id)
@@ -746,18 +746,33 @@ def _json_line(raw: bytes) -> dict[str, Any] | None:
 
 
 def _line_result(line: Mapping[str, Any], size: int, dim: int) -> list[Vectors] | str:
-    """The line's vectors, in input order, or the error code of the whole line."""
+    """The line's vectors, in input order, or the error code of the whole line.
+
+    Both error-file shapes are read: an HTTP answer (`response.status_code` 4xx/5xx with the API's error
+    body) and a line the batch never ran (`response: null`, `error: {code, message}`). 429 and 408/409/5xx
+    answers become `rate_limit_exceeded` / `server_error` (retried); other 4xx answers keep the provider's
+    code (a refusal of the input: dead-lettered once isolated). See reindex.deferred.RETRYABLE.
+    """
     response, error = line.get("response"), line.get("error")
     if isinstance(response, dict) and response.get("status_code") == 200:
         return _line_vectors(response.get("body"), size, dim)
     if isinstance(response, dict):
-        body = response.get("body")
-        detail = body.get("error") if isinstance(body, dict) else None
-        detail = detail if isinstance(detail, dict) else {}
-        return str(detail.get("code") or detail.get("type") or f"http_{response.get('status_code')}")
+        return _refusal_code(response)
     if isinstance(error, dict):
         return str(error.get("code") or "batch_error")
     return "malformed_output"
+
+
+def _refusal_code(response: Mapping[str, Any]) -> str:
+    status = response.get("status_code")
+    if status == 429:
+        return "rate_limit_exceeded"
+    if not isinstance(status, int) or status in (408, 409) or status >= 500:
+        return "server_error"
+    body = response.get("body")
+    detail = body.get("error") if isinstance(body, dict) else None
+    detail = detail if isinstance(detail, dict) else {}
+    return str(detail.get("code") or detail.get("type") or f"http_{status}")
 
 
 def _line_vectors(body: Any, size: int, dim: int) -> list[Vectors] | str:

@@ -28,6 +28,7 @@ from adapters.openai_faults import (
     FaultPlan,
     check_metadata,
     line_error,
+    line_failure,
     parse_batch_input,
     parse_inputs,
     shape_output,
@@ -161,10 +162,18 @@ def _result_line(request: Mapping[str, Any], status: int, body: Any) -> str:
     return json.dumps(line)
 
 
-def _unfinished_line(request: Mapping[str, Any], code: str) -> str:
-    error = {"code": code, "message": UNFINISHED[code]}
+def _unfinished_line(request: Mapping[str, Any], code: str, message: str | None = None) -> str:
+    """A line the batch did not answer over HTTP: `response: null` and an `error` object."""
+    error = {"code": code, "message": message or UNFINISHED[code]}
     line = {"id": _new_id("batch_req_"), "custom_id": request["custom_id"], "response": None, "error": error}
     return json.dumps(line)
+
+
+def _failure_line(request: Mapping[str, Any], exc: ApiError, plan: FaultPlan) -> str:
+    """A refused request in the error file: an HTTP answer, or (`poison_shape = "error"`) an error object."""
+    if plan.poison_shape == "error" and exc.status == 400:
+        return _unfinished_line(request, "invalid_request", str(exc))
+    return _result_line(request, exc.status, exc.body())
 
 
 class EmulatorState:
@@ -371,9 +380,11 @@ class EmulatorState:
                 failures.append(_unfinished_line(request, unfinished_code))
                 continue
             try:
+                if position < job.plan.failed_lines:
+                    raise line_failure(job.plan.failed_line_status)
                 body = self.embeddings(request["body"], batch_id=job.id, plan=job.plan)
             except ApiError as exc:
-                failures.append(_result_line(request, exc.status, exc.body()))
+                failures.append(_failure_line(request, exc, job.plan))
                 continue
             outputs.append(_result_line(request, 200, body))
             tokens += body["usage"]["prompt_tokens"]

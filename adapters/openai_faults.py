@@ -12,7 +12,7 @@ import random
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
@@ -74,6 +74,11 @@ class FaultPlan:
     server_error_status: int = 500
     server_errors_on: tuple[str, ...] = ("embeddings",)
     poison_substring: str | None = None  # an embeddings request with an input containing it gets 400
+    poison_shape: Literal["response", "error"] = "response"  # a poisoned batch line: HTTP 400 answer, or
+    #   `response: null, error: {code: "invalid_request"}` (both shapes appear in real error files)
+    failed_lines: int = 0  # the first K requests of each batch fail with `failed_line_status` (error file)
+    failed_line_status: int = 500
+    unauthorized: int = 0  # the next N requests get a 401 whose message echoes the API key presented
     seed: int = 0
     faulty_batches: int | None = None  # batch faults hit only the first N batches created (None: all)
 
@@ -90,6 +95,7 @@ class FaultPlan:
             duplicate_output_line=False,
             malformed_output_line=False,
             delete_output=False,
+            failed_lines=0,
         )
 
     @classmethod
@@ -125,6 +131,11 @@ class FaultGate:
         if now < self.retry_at.get(client, -math.inf):
             self.early_requests[client] += 1
         plan = self.plan
+        if plan.unauthorized > 0:
+            self.plan = replace(plan, unauthorized=plan.unauthorized - 1)
+            self.refused[401] += 1
+            message = f"Incorrect API key provided: {client}. You can find your API key at the dashboard."
+            raise ApiError(401, message, code="invalid_api_key")
         if plan.rate_limit > 0 and route in plan.rate_limit_on:
             self.plan = replace(plan, rate_limit=plan.rate_limit - 1)
             self.retry_at[client] = now + plan.retry_after_s
@@ -141,6 +152,15 @@ class FaultGate:
             return 0.0
         self.plan = replace(self.plan, slow_creates=self.plan.slow_creates - 1)
         return self.plan.create_delay_s
+
+
+def line_failure(status: int) -> ApiError:
+    """What a batch line scripted by `failed_lines` answers: a rate limit, a server error, or a refusal."""
+    if status == 429:
+        return rate_limited(1.0)
+    if status >= 500:
+        return ApiError(status, SERVER_ERROR, type="server_error")
+    return ApiError(status, INVALID_INPUT)
 
 
 def rate_limited(retry_after_s: float) -> ApiError:

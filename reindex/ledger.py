@@ -135,7 +135,7 @@ class Job:
     job_id: str | None
     after_cursor: str | None
     last_cursor: str
-    items: tuple[tuple[str, str, str, int, str], ...]  # (custom_id, doc_id, content_hash, tokens, text)
+    items: tuple[tuple[str, str, str, int], ...]  # (custom_id, doc_id, content_hash, tokens); never text
     documents: int = 0  # shard documents, on attempt 0 only
     duplicates: int = 0
     truncated: int = 0
@@ -143,7 +143,9 @@ class Job:
     written: int = 0
     billed_tokens: int = 0
     vanished: int = 0  # finished lines whose documents had left the source
-    copies: tuple[tuple[str, str, str], ...] = ()  # (doc_id, content_hash, owner doc) embedded elsewhere
+    # attempt 0: (doc_id, content_hash, owner doc) of texts embedded elsewhere; later attempts: the copies
+    # this job took over (embeds itself) because no stored vector carried their text any more
+    copies: tuple[tuple[str, str, str], ...] = ()
 
 
 def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
@@ -171,7 +173,9 @@ def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
 
 
 def job_from_row(row: Sequence[Any]) -> Job:
-    items = tuple(tuple(item) for item in json.loads(row[13]))
+    """A job from its row. Rows written before texts left the ledger carry a fifth item field (the text):
+    it is ignored, and gone once the job is recorded again."""
+    items = tuple((str(i[0]), str(i[1]), str(i[2]), int(i[3])) for i in json.loads(row[13]))
     dead = tuple(DeadLetter(**d) for d in json.loads(row[14]))
     return Job(
         key=row[1],
@@ -189,7 +193,7 @@ def job_from_row(row: Sequence[Any]) -> Job:
         items=items,
         dead=dead,
         vanished=row[16],
-        copies=tuple(tuple(copy) for copy in json.loads(row[17])),
+        copies=tuple((str(c[0]), str(c[1]), str(c[2])) for c in json.loads(row[17])),
     )
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import tomllib
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -310,7 +312,7 @@ def test_a_batch_that_fails_validation_fails_every_item(serve: Serve) -> None:
     items = jobs(embedder, TEXTS)
     result = finish(embedder, embedder.submit("key-invalid", items))
     assert result.status == "failed"
-    assert result.failed == {item.custom_id: "invalid_request" for item in items}
+    assert result.failed == {item.custom_id: "batch_failed:invalid_request" for item in items}
     emulator.set_faults(FaultPlan(polls_per_step=0))
     assert embedder.submit("key-invalid", items) != ""  # a failed batch is not adopted
     assert emulator.stats()["batches_created"] == 2
@@ -358,3 +360,64 @@ def test_prices_can_be_overridden_per_model() -> None:
     assert price_per_million(MODEL, batch=False) == 0.02
     assert price_per_million(MODEL, batch=True, overrides={MODEL: {"batch": 0.005}}) == 0.005
     assert price_per_million("my-local-model", batch=False) is None
+
+
+@pytest.mark.parametrize(
+    ("shape", "code"), [("response", "invalid_request_error"), ("error", "invalid_request")]
+)
+def test_both_error_file_shapes_of_a_refused_line_name_the_providers_code(
+    serve: Serve, shape: str, code: str
+) -> None:
+    _, client = serve(poison_substring="POISON", poison_shape=shape, polls_per_step=0)
+    embedder = batcher(client, inputs_per_request=2)
+    texts = [*TEXTS[:3], "a POISON pill"]
+    result = finish(embedder, embedder.submit(f"key-{shape}", jobs(embedder, texts)))
+    assert result.failed == {"doc-2": code, "doc-3": code}  # the whole request line is refused
+    assert set(result.vectors) == {"doc-0", "doc-1"}
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [(429, "rate_limit_exceeded"), (500, "server_error"), (503, "server_error")]
+)
+def test_rate_limited_and_server_error_lines_are_named_for_resubmission(
+    serve: Serve, status: int, code: str
+) -> None:
+    _, client = serve(failed_lines=2, failed_line_status=status, polls_per_step=0)
+    embedder = batcher(client, inputs_per_request=1)
+    result = finish(embedder, embedder.submit(f"key-{status}", jobs(embedder, TEXTS)))
+    assert result.failed == {"doc-0": code, "doc-1": code}
+    assert len(result.vectors) == len(TEXTS) - 2
+
+
+KEY = "sk-test-SECRET-123"
+
+
+def test_the_api_key_is_in_no_error_message_traceback_or_log_line(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    emulator, _ = serve(unauthorized=2)
+    client = OpenAI(base_url=emulator.base_url, api_key=KEY, max_retries=0, timeout=5)
+    failures: list[BaseException] = []
+    for call in (
+        lambda: batcher(client).submit("key-401", jobs(batcher(client), TEXTS)),
+        lambda: online(client).embed(online(client).tokenize(TEXTS)),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            call()
+        failures.append(caught.value)
+    emulator.set_faults(FaultPlan(server_errors=5, server_errors_on=("batch_list", "embeddings")))
+    with pytest.raises(TransientError) as busy:
+        online(client, pacer=Pacer(attempts=2, backoff_s=0.01)).embed(online(client).tokenize(TEXTS))
+    failures.append(busy.value)
+    dead = OpenAI(base_url="http://127.0.0.1:9/v1", api_key=KEY, max_retries=0, timeout=2)
+    with pytest.raises(TransientError) as unreachable:
+        batcher(dead, pacer=Pacer(attempts=2, backoff_s=0.01)).poll("batch_x")
+    failures.append(unreachable.value)
+    for failure in failures:
+        rendered = "".join(traceback.format_exception(failure))
+        assert KEY not in rendered and "SECRET" not in rendered
+    assert emulator.stats()["refused"]["401"] == 2
+    assert all("SECRET" not in record.getMessage() for record in caplog.records)
+    client.close()
+    dead.close()

@@ -357,3 +357,41 @@ def test_faults_are_set_and_stats_read_over_http(serve: Serve, connect: Connect)
             connect(emulator).embeddings.create(input="x", model=MODEL)
         stats = admin.get("/_emulator/stats").json()
     assert stats["refused"] == {"429": 1} and stats["faults"]["rate_limit"] == 0
+
+
+def test_a_poison_input_can_come_back_as_an_error_object_instead_of_an_http_answer(
+    serve: Serve, connect: Connect
+) -> None:
+    emulator = serve(poison_substring="POISON", poison_shape="error")
+    client = connect(emulator)
+    batch_id = submit(client, [line("ok", "fine"), line("bad", ["x", "POISON"])])
+    wait(client, batch_id)
+    [failure] = read_jsonl(client, client.batches.retrieve(batch_id).error_file_id or "")
+    assert failure["custom_id"] == "bad" and failure["response"] is None
+    assert failure["error"] == {"code": "invalid_request", "message": INVALID_INPUT}
+
+
+def test_scripted_failed_lines_answer_with_their_status_and_bill_nothing(
+    serve: Serve, connect: Connect
+) -> None:
+    emulator = serve(failed_lines=1, failed_line_status=429)
+    client = connect(emulator)
+    batch_id = submit(client, [line("a", "first"), line("b", "second")])
+    assert wait(client, batch_id)[-1] == "completed"
+    batch = client.batches.retrieve(batch_id)
+    [failure] = read_jsonl(client, batch.error_file_id or "")
+    assert (failure["custom_id"], failure["response"]["status_code"]) == ("a", 429)
+    assert failure["response"]["body"]["error"]["code"] == "rate_limit_exceeded"
+    assert [x["custom_id"] for x in read_jsonl(client, batch.output_file_id or "")] == ["b"]
+    assert emulator.stats()["billed_tokens"] == len(cl100k().encode_ordinary("second"))
+
+
+def test_an_unauthorized_answer_echoes_the_key_presented_as_the_real_api_does(
+    serve: Serve, connect: Connect
+) -> None:
+    emulator = serve(unauthorized=1)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        connect(emulator, api_key="sk-test-echo-1234").embeddings.create(input="x", model=MODEL)
+    assert "sk-test-echo-1234" in str(caught.value)
+    assert connect(emulator).embeddings.create(input="x", model=MODEL).data
+    assert emulator.stats()["refused"] == {"401": 1}

@@ -200,7 +200,53 @@ def test_api_key_never_leaks(tmp_path, emulator, pg_dsn):
     secret = os.environ[KEY_ENV]
     outputs = [tool.run(verb, "--json")[1] for verb in ("status", "plan", "verify")]
     assert all(secret not in out for out in outputs)
-    assert secret.encode() not in tool.state.read_bytes()
+    ledger_files = [path for path in tool.state.parent.iterdir() if path.name.startswith(tool.state.name)]
+    assert all(secret.encode() not in path.read_bytes() for path in ledger_files)
+
+
+def test_the_ledger_holds_no_document_text(tmp_path, emulator, pg_dsn):
+    """Issue 10, defect 10: jobs keep ids and hashes only; texts are read again from the source."""
+    emulator.set_faults(FaultPlan(expire_after=3, faulty_batches=2))  # lines go out again: texts re-read
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, provider_attempts=4)
+    run_to_end(tool)
+    assert tool.json("verify")["complete"]
+    ledger_files = [path for path in tmp_path.iterdir() if path.name.startswith("state.db")]
+    stored = b"".join(path.read_bytes() for path in ledger_files)
+    assert not [text for text in set(texts) if text.encode() in stored]
+
+
+@pytest.mark.parametrize("shape", ["response", "error"])
+def test_refused_batch_lines_in_either_error_file_shape_end_dead_lettered(tmp_path, emulator, pg_dsn, shape):
+    """Issue 10, defect 4: a line refused with a 400 answer or an error object is dead-lettered for every
+    document with that text; the inputs that shared its request line are written; the run reconciles."""
+    emulator.set_faults(FaultPlan(poison_substring=POISON, poison_shape=shape))
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, poison=True, provider_attempts=1)
+    docs = tmp_path / "docs.jsonl"
+    copy = json.dumps({"id": "a-copy", "text": texts[-1]})
+    docs.write_text(copy + "\n" + docs.read_text())  # the same poison text, in the first shard
+    run_to_end(tool)
+    code = "invalid_request_error" if shape == "response" else "invalid_request"
+    letters = {d["doc_id"]: d["reason"] for d in tool.json("dlq", "list")["dead_letters"]}
+    assert letters == {"a-copy": f"provider_rejected:{code}", "d0312": f"provider_rejected:{code}"}
+    status = tool.json("status")
+    assert status["reconciled"] and status["documents"] == len(texts) + 1
+    assert status["written"] == len(texts) - 1 and status["dead_letters"] == 2
+    assert_verified_once_billed(tool, emulator, texts, skip=POISON)
+
+
+def test_api_key_never_leaks_from_a_failing_endpoint(tmp_path, emulator, pg_dsn):
+    secret = "sk-test-SECRET-123"
+    emulator.set_faults(FaultPlan(unauthorized=1000))  # every answer echoes the key it was sent
+    tool, _ = make_tool(tmp_path, emulator, pg_dsn)
+    code, out, err = tool.run("run", env={KEY_ENV: secret}, timeout=240)
+    assert code == 2 and "SECRET" not in out + err, err
+    text = tool.config.read_text().replace(emulator.base_url, "http://127.0.0.1:9/v1")
+    text = text.replace("dimensions = 64\n", "dimensions = 64\nmax_attempts = 2\ntimeout_s = 2\n")
+    tool.config.write_text(text)
+    code, out, err = tool.run("run", env={KEY_ENV: secret}, timeout=240)
+    assert code == 75 and "SECRET" not in out + err, err
+    ledger_files = [path for path in tmp_path.iterdir() if path.name.startswith("state.db")]
+    assert all(b"SECRET" not in path.read_bytes() for path in ledger_files)
 
 
 def test_stragglers_of_an_expired_batch_go_online_instead_of_a_new_batch(tmp_path, emulator, pg_dsn):
