@@ -172,4 +172,5 @@ def config_text(
         f'[embedder]\nkind = "hash"\ndim = 16\nmax_tokens = 128\nlatency_ms = {latency_ms}\n\n'
         f"[target]\n{target}\n\n"
         f'[run]\nstate = "{state}"\nshard_size = {shard_size}\nbatch_tokens = 2048\ntoo_long = "{too_long}"\n'
+        "max_dead_letters = 50\n"  # the poison lines are dead letters on purpose
     )
