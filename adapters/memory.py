@@ -65,6 +65,7 @@ class MemoryStore:
         self.specs: dict[str, TargetSpec] = {}
         self.aliases: dict[str, tuple[str, Mapping[str, Any]]] = {}
         self._fail_in: int | None = None
+        self._fail_landed = False
 
     # source side ---------------------------------------------------------------------------------------
 
@@ -145,20 +146,24 @@ class MemoryStore:
 
     # sink side -----------------------------------------------------------------------------------------
 
-    def fail_write(self, after: int | None) -> None:
-        """Make the `after`-th sink write from now raise BackendError once (None: never), like a crash."""
-        with self.lock:
-            self._fail_in = after
+    def fail_write(self, after: int | None, *, landed: bool = False) -> None:
+        """Make the `after`-th sink write from now raise BackendError once (None: never), like a crash.
 
-    def before_write(self) -> None:
+        `landed`: the rows are stored first and the error comes after, like a crash before the ledger mark.
+        """
+        with self.lock:
+            self._fail_in, self._fail_landed = after, landed
+
+    def write_fails(self) -> bool | None:
+        """Count one write; None when it goes through, else whether it lands before failing."""
         with self.lock:
             if self._fail_in is None:
-                return
+                return None
             self._fail_in -= 1
             if self._fail_in > 0:
-                return
+                return None
             self._fail_in = None
-        raise BackendError("injected write failure (MemoryStore.fail_write)")
+            return self._fail_landed
 
 
 def _document(doc_id: str, text: str, fields: Mapping[str, Any]) -> Record:
@@ -196,7 +201,7 @@ class MemorySource:
         store: str | None = None  # a named, process-wide store shared with other adapters and commands
 
     def __init__(self, records: Sequence[Record] = (), *, store: MemoryStore | None = None) -> None:
-        self.store = store or MemoryStore()
+        self.store = store if store is not None else MemoryStore()
         if records:
             self.store.load(records)
         self._identity = f"memory:{self.store.name}" if self.store.name else _inline_identity(records)
@@ -321,7 +326,7 @@ class MemorySink:
         reject_nul: bool = False
 
     def __init__(self, store: MemoryStore | None = None, *, reject_nul: bool = False) -> None:
-        self.state = store or MemoryStore()
+        self.state = store if store is not None else MemoryStore()
         self.targets_: dict[str, dict[str, Stored]] = self.state.targets
         self.specs: dict[str, TargetSpec] = self.state.specs
         self.aliases: dict[str, tuple[str, Mapping[str, Any]]] = self.state.aliases
@@ -350,7 +355,9 @@ class MemorySink:
     def write(self, target: str, rows: Rows) -> None:
         """Upsert by id; with `reject_nul`, a batch holding a NUL is refused whole (nothing written)."""
         self.writes += 1
-        self.state.before_write()
+        fails = self.state.write_fails()
+        if fails is False:
+            raise BackendError("injected write failure (MemoryStore.fail_write)")
         if self.reject_nul:
             for record in rows.records:
                 if _holds_nul(record.text) or _holds_nul(record.payload):
@@ -362,6 +369,8 @@ class MemorySink:
             stored = self.targets_[target]
             for record, vector, digest in zip(rows.records, rows.vectors, rows.content_hashes, strict=True):
                 stored[record.id] = (record, vector.copy(), digest, rows.fingerprint)
+        if fails:
+            raise BackendError("injected failure after the write landed (MemoryStore.fail_write)")
 
     def delete(self, target: str, ids: Sequence[str]) -> None:
         with self.state.lock:

@@ -1,0 +1,177 @@
+"""A world for lifecycle tests: one named memory store, TOML configs in a folder, a SQLite ledger, and the
+oracle: what a fresh migration of the current source computes, derived from the spec, not from the core.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adapters import memory
+from adapters.memory import HashEmbedder, MemoryStore
+from reindex import commands
+from reindex.config import Config, load
+from reindex.fingerprint import content_hash, target_name
+from reindex.ports import Record, Vectors
+
+ALIAS = "docs"
+DIM = 8
+MAX_TOKENS = 4
+NUL_REASON = "sink_rejected:22021"
+_worlds = itertools.count()
+
+
+@dataclass
+class Knobs:
+    """Settings that must not matter: changing them keeps the migration (plan id) and its progress."""
+
+    shard_size: int = 3
+    sort_window: int = 4
+    queue_depth: int = 2
+    max_batch: int = 4
+    batch_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """A fresh migration of the source as it is now: the vector of every written id, and the dead ones."""
+
+    vectors: dict[str, Vectors]
+    hashes: dict[str, str]
+    dead: dict[str, str]  # id -> reason
+    documents: int  # source records, duplicates included
+
+
+@dataclass
+class World:
+    """One example's world. Every command reopens its adapters from the TOML files written here."""
+
+    too_long: str = "truncate"
+    reject_nul: bool = True
+    max_dead_letters: int | float = 1.0
+    knobs: dict[str, Knobs] = field(default_factory=dict)
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="reindex-lifecycle-")))
+    store_name: str = field(default_factory=lambda: f"lifecycle-{next(_worlds)}")
+
+    @property
+    def store(self) -> MemoryStore:
+        return memory.store(self.store_name)
+
+    def config(self, seed: str = "A", **run: Any) -> Config:
+        """Write `<seed>.toml` (embedder `hash` with this seed) with the current knobs, and load it."""
+        knobs = {k: v for k, v in asdict(self.knobs.setdefault(seed, Knobs())).items() if v is not None}
+        sections: dict[str, dict[str, Any]] = {
+            "source": {"kind": "memory", "store": self.store_name},
+            "embedder": {"kind": "hash", "dim": DIM, "max_tokens": MAX_TOKENS, "seed": seed},
+            "target": {
+                "kind": "memory",
+                "store": self.store_name,
+                "alias": ALIAS,
+                "reject_nul": self.reject_nul,
+            },
+            "run": {
+                "state": str(self.root / "state.db"),
+                "too_long": self.too_long,
+                "max_dead_letters": self.max_dead_letters,
+                **knobs,
+                **run,
+            },
+        }
+        path = self.root / f"{seed}{'-variant' if run else ''}.toml"
+        path.write_text(toml(sections))
+        return load(path)
+
+    def embedder(self, seed: str) -> HashEmbedder:
+        return HashEmbedder(DIM, MAX_TOKENS, seed)
+
+    def target(self, seed: str) -> str:
+        return target_name(ALIAS, self.embedder(seed).info.fingerprint)
+
+    def expected(self, seed: str) -> Expected:
+        return fresh_migration(
+            self.store.records(), self.embedder(seed), too_long=self.too_long, reject_nul=self.reject_nul
+        )
+
+    def ceiling(self, documents: int, limit: int | float | None = None) -> int:
+        limit = self.max_dead_letters if limit is None else limit
+        return limit if isinstance(limit, int) else int(limit * documents)
+
+    def served_problems(self, seed: str) -> list[str]:
+        """How the target of `seed` differs from a fresh migration of the current source (empty: exact)."""
+        return served_problems(self.store, self.target(seed), self.expected(seed), self.embedder(seed))
+
+    def reconciled(self, config: Config) -> None:
+        status = commands.status(config)
+        assert status.reconciled, f"ledger does not reconcile: {status.to_json()}"
+
+    def close(self) -> None:
+        memory.forget_store(self.store_name)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def toml(sections: dict[str, dict[str, Any]]) -> str:
+    """Flat TOML: JSON scalars are valid TOML scalars (strings, integers, floats, booleans)."""
+    lines = []
+    for name, values in sections.items():
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in values.items() if value is not None]
+    return "\n".join(lines) + "\n"
+
+
+def fresh_migration(
+    records: Sequence[Record], embedder: HashEmbedder, *, too_long: str, reject_nul: bool
+) -> Expected:
+    """The spec, applied to every document id once: one id with two different texts → dead (both
+    records); blank → dead; over `max_tokens` words → dead or truncated by policy; a NUL → refused by a
+    sink that refuses it; otherwise the embedder's vector of the (truncated) text."""
+    texts: dict[str, list[str]] = defaultdict(list)
+    for record in records:
+        texts[record.id].append(record.text)
+    limit = embedder.info.max_tokens
+    vectors: dict[str, Vectors] = {}
+    hashes: dict[str, str] = {}
+    dead: dict[str, str] = {}
+    for doc_id, versions in texts.items():
+        text = versions[0]
+        words = text.split()
+        if len(set(versions)) > 1:
+            dead[doc_id] = "duplicate_id_conflict"
+        elif not text.strip():
+            dead[doc_id] = "empty_text"
+        elif len(words) > limit and too_long == "dead-letter":
+            dead[doc_id] = "too_long"
+        elif reject_nul and "\x00" in text:
+            dead[doc_id] = NUL_REASON
+        else:
+            vectors[doc_id] = embedder.vector(" ".join(words[:limit]))
+            hashes[doc_id] = content_hash(text)
+    return Expected(vectors, hashes, dead, len(records))
+
+
+def served_problems(store: MemoryStore, target: str, expected: Expected, embedder: HashEmbedder) -> list[str]:
+    """Compare a target with the oracle id by id: presence, vector, content hash, fingerprint."""
+    stored = store.targets.get(target)
+    if stored is None:
+        return [f"target {target!r} does not exist"]
+    problems = [f"{i}: missing (expected a vector)" for i in sorted(set(expected.vectors) - set(stored))]
+    for doc_id in sorted(set(stored) - set(expected.vectors)):
+        why = expected.dead.get(doc_id, "not in the source")
+        problems.append(f"{doc_id}: has a vector but a fresh migration gives none ({why})")
+    for doc_id in sorted(set(stored) & set(expected.vectors)):
+        _, vector, digest, fingerprint = stored[doc_id]
+        if not np.allclose(vector, expected.vectors[doc_id], atol=1e-6):
+            problems.append(f"{doc_id}: holds a vector that is not its current text's")
+        if digest != expected.hashes[doc_id]:
+            problems.append(f"{doc_id}: content hash {digest} is not its current text's")
+        if fingerprint != embedder.info.fingerprint:
+            problems.append(f"{doc_id}: fingerprint {fingerprint} is not {embedder.info.fingerprint}")
+    return problems

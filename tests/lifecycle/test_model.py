@@ -1,0 +1,329 @@
+"""The whole lifecycle, model-checked: random source edits, runs (stopped or failing midway), syncs, retries,
+verifies, cutovers, rollbacks, prunes and knob changes, driven through `reindex.commands` by TOML.
+
+The invariant (issue 10): whenever verify says complete, the target serves exactly what a fresh migration of
+the current source computes (support.fresh_migration, written from the spec). Also: the ledger reconciles
+after every run, sync and retry that returned; a served index holds one fingerprint; a sync after a finished
+run leaves the target complete unless dead letters exceed the ceiling; knobs never restart a migration.
+
+Budget: CI runs a bounded number of examples; `REINDEX_SOAK=<n>` multiplies them for a long soak.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from reindex import commands
+from reindex.config import Config
+from reindex.errors import (
+    BackendError,
+    ConfigError,
+    CutoverRefused,
+    Interrupted,
+    RowsRejected,
+    VerificationFailed,
+)
+from reindex.pipeline import Progress
+from tests.lifecycle.support import ALIAS, MAX_TOKENS, Knobs, World
+
+SOAK = max(1, int(os.environ.get("REINDEX_SOAK", "1")))
+IDS = tuple(f"d{i:02}" for i in range(10))
+SEEDS = st.sampled_from(("A", "B"))  # two embedders, one alias: cutover, rollback and prune have choices
+WORD = st.sampled_from(("alpha", "beta", "gamma"))
+SHORT = st.lists(WORD, min_size=1, max_size=2).map(" ".join)
+LONG = st.lists(WORD, min_size=MAX_TOKENS + 1, max_size=MAX_TOKENS + 2).map(" ".join)
+POISON = st.sampled_from(("", "   ", "alpha \x00 beta", "\x00"))
+ODD_SPACING = st.sampled_from(("alpha  beta", " alpha", "beta\tgamma"))  # same vector, other content hash
+STOP = st.tuples(st.just("stop"), st.integers(1, 2), st.just(False))  # stop after k shards
+FAIL = st.tuples(st.just("fail"), st.integers(1, 3), st.booleans())  # k-th write fails (after landing?)
+HOW = st.one_of(st.none(), STOP, FAIL)
+KNOBS = st.builds(
+    Knobs,
+    shard_size=st.integers(1, 6),
+    sort_window=st.integers(1, 8),
+    queue_depth=st.integers(1, 3),
+    max_batch=st.integers(1, 4),
+    batch_tokens=st.none() | st.integers(4, 16),
+)
+
+
+class Lifecycle(RuleBasedStateMachine):
+    """One world per example; rules may run in any order, so every outcome a rule accepts is spelled out."""
+
+    DUPLICATE_IDS = False  # records sharing an id, as in a JSONL file: a second, separate machine
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.world = World()
+        self.edited_away: list[str] = []  # texts documents had before an edit: new documents may carry them
+        self.finished: set[str] = set()  # seeds whose last run returned normally, target not dropped since
+
+    def teardown(self) -> None:
+        self.world.close()
+
+    @initialize(
+        too_long=st.sampled_from(("truncate", "dead-letter")),
+        reject_nul=st.booleans(),
+        knobs=KNOBS,
+        corpus=st.dictionaries(st.sampled_from(IDS), st.one_of(SHORT, SHORT, LONG, POISON), max_size=8),
+    )
+    def settings(self, too_long: str, reject_nul: bool, knobs: Knobs, corpus: dict[str, str]) -> None:
+        self.world.too_long, self.world.reject_nul = too_long, reject_nul
+        self.world.knobs = {"A": knobs, "B": replace(knobs)}
+        for doc_id, text in corpus.items():
+            self.world.store.put(doc_id, text)
+
+    # the application edits the source ---------------------------------------------------------------------
+
+    def _text(self, data: st.DataObject, *, blank: bool = True) -> str:
+        carried = [r.text for r in self.world.store.records()]
+        choices = [SHORT, SHORT, LONG, ODD_SPACING, POISON if blank else st.just("alpha \x00")]
+        choices += [st.sampled_from(carried)] if carried else []
+        choices += [st.sampled_from(self.edited_away)] if self.edited_away else []
+        text: str = data.draw(st.one_of(choices), label="text")
+        return text
+
+    @precondition(lambda self: len(self.world.store.ids()) < len(IDS))
+    @rule(data=st.data())
+    def insert(self, data: st.DataObject) -> None:
+        absent = [i for i in IDS if i not in self.world.store.ids()]
+        chosen = data.draw(
+            st.lists(st.sampled_from(absent), min_size=1, max_size=3, unique=True), label="ids"
+        )
+        for doc_id in chosen:
+            self.world.store.put(doc_id, self._text(data))
+
+    @precondition(lambda self: self.world.store.ids())
+    @rule(data=st.data())
+    def edit(self, data: st.DataObject) -> None:
+        doc_id = data.draw(st.sampled_from(self.world.store.ids()), label="id")
+        self.edited_away += [r.text for r in self.world.store.get(doc_id)]
+        self.world.store.edit(doc_id, self._text(data))
+
+    @precondition(lambda self: self.world.store.ids())
+    @rule(data=st.data())
+    def delete(self, data: st.DataObject) -> None:
+        self.world.store.delete(data.draw(st.sampled_from(self.world.store.ids()), label="id"))
+
+    @precondition(lambda self: self.DUPLICATE_IDS and self.world.store.ids())
+    @rule(data=st.data())
+    def add_a_record_with_an_existing_id(self, data: st.DataObject) -> None:
+        doc_id = data.draw(st.sampled_from(self.world.store.ids()), label="id")
+        self.world.store.append(doc_id, self._text(data, blank=False))
+
+    # the operator runs commands ---------------------------------------------------------------------------
+
+    @rule(seed=SEEDS, how=HOW)
+    def run(self, seed: str, how: tuple[str, int, bool] | None) -> None:
+        config = self.world.config(seed)
+        stop, shards = threading.Event(), [0]
+
+        def on_progress(progress: Progress) -> None:
+            shards[0] += 1
+            if how and how[0] == "stop" and shards[0] >= how[1]:
+                stop.set()
+
+        if how and how[0] == "fail":
+            self.world.store.fail_write(how[1], landed=how[2])
+        try:
+            report = self._run(config, stop, on_progress)
+        except Interrupted:
+            assert stop.is_set(), "the run stopped although nobody asked it to"
+            event("run stopped")
+            self.finished.discard(seed)
+            return
+        except BackendError as exc:
+            assert not isinstance(exc, RowsRejected), f"a refused row failed the whole run: {exc}"
+            assert how and how[0] == "fail" and "injected" in str(exc), f"the run failed: {exc!r}"
+            event("run failed at a write")
+            self.finished.discard(seed)
+            return
+        finally:
+            self.world.store.fail_write(None)
+        assert report.reconciled, f"run report does not reconcile: {report.to_json()}"
+        self.world.reconciled(config)
+        self.finished.add(seed)
+        event("run finished")
+
+    def _run(self, config: Config, stop: threading.Event, on_progress: Any) -> commands.RunReport:
+        """A run; where the target was dropped (prune), the refusal names `--fresh`, and that starts over."""
+        target = self.world.target(config.embedder["seed"])
+        try:
+            return commands.run(config, stop=stop, on_progress=on_progress)
+        except ConfigError as exc:
+            assert target not in self.world.store.targets, f"run refused with the target present: {exc}"
+            assert "--fresh" in str(exc), f"the refusal does not say how to start afresh: {exc}"
+        event("run --fresh after the target was dropped")
+        return commands.run(config, stop=stop, on_progress=on_progress, fresh=True)
+
+    @rule(seed=SEEDS)
+    def sync(self, seed: str) -> None:
+        config = self.world.config(seed)
+        try:
+            commands.sync(config)
+        except ConfigError as exc:
+            self._refused_for_want_of_a_run(seed, exc)
+            return
+        self.world.reconciled(config)
+        if seed in self.finished:
+            expected = self.world.expected(seed)
+            coverage = commands.verify(config)
+            if len(expected.dead) <= self.world.ceiling(expected.documents):
+                assert coverage.complete, f"sync after a finished run left: {coverage.problems()}"
+            self._check_complete(seed, coverage)
+
+    @rule(seed=SEEDS)
+    def dlq_retry(self, seed: str) -> None:
+        config = self.world.config(seed)
+        try:
+            commands.dlq_retry(config)
+        except ConfigError as exc:
+            self._refused_for_want_of_a_run(seed, exc)
+            return
+        self.world.reconciled(config)
+
+    def _refused_for_want_of_a_run(self, seed: str, exc: Exception) -> None:
+        started = commands.status(self.world.config(seed)).state != "not-started"
+        gone = self.world.target(seed) not in self.world.store.targets
+        assert gone or not started, f"refused although the run and its target exist: {exc}"
+
+    @rule(seed=SEEDS)
+    def verify(self, seed: str) -> None:
+        try:
+            coverage = commands.verify(self.world.config(seed))
+        except VerificationFailed as exc:
+            assert self.world.target(seed) not in self.world.store.targets, f"verify failed: {exc}"
+            return
+        self._check_complete(seed, coverage)
+
+    def _check_complete(self, seed: str, coverage: Any) -> None:
+        """(a): complete means exactly a fresh migration of the current source, within the ceiling."""
+        event(f"verify complete: {coverage.complete}")
+        if not coverage.complete:
+            return
+        expected = self.world.expected(seed)
+        problems = self.world.served_problems(seed)
+        assert not problems, f"verify says complete, but: {problems}"
+        ceiling = self.world.ceiling(expected.documents)
+        assert len(expected.dead) <= ceiling, f"complete with {len(expected.dead)} dead > ceiling {ceiling}"
+
+    @rule(seed=SEEDS, sync=st.booleans())
+    def cutover(self, seed: str, sync: bool) -> None:
+        before = self.world.store.aliases.get(ALIAS)
+        try:
+            move = commands.cutover(self.world.config(seed), sync=sync)
+        except VerificationFailed:
+            assert self.world.store.aliases.get(ALIAS) == before, "a refused cutover moved the alias"
+            return
+        except ConfigError as exc:
+            assert sync, f"cutover failed: {exc}"
+            self._refused_for_want_of_a_run(seed, exc)
+            return
+        assert move.target == self.world.target(seed)
+        event("cutover moved the alias" if move.changed else "cutover: already live")
+        assert self.world.store.aliases[ALIAS][0] == move.target
+        problems = self.world.served_problems(seed)
+        assert not problems, f"cutover promoted a target that is not a fresh migration: {problems}"
+
+    @rule(seed=SEEDS)
+    def rollback(self, seed: str) -> None:
+        try:
+            move = commands.rollback(self.world.config(seed))
+        except CutoverRefused:
+            event("rollback refused")
+            return  # nothing to roll back to, or it was pruned
+        event("rollback moved the alias")
+        assert self.world.store.aliases[ALIAS][0] == move.target
+        assert move.target in self.world.store.targets
+
+    @rule(seed=SEEDS, keep=st.integers(1, 2))
+    def prune(self, seed: str, keep: int) -> None:
+        live = self.world.store.aliases.get(ALIAS, (None, {}))[0]
+        commands.prune(self.world.config(seed), keep=keep)
+        assert live is None or live in self.world.store.targets, "prune dropped the live target"
+        self.finished &= {s for s in ("A", "B") if self.world.target(s) in self.world.store.targets}
+
+    @rule(seed=SEEDS, knobs=KNOBS)
+    def change_settings_that_must_not_matter(self, seed: str, knobs: Knobs) -> None:
+        before = commands.status(self.world.config(seed))
+        self.world.knobs[seed] = knobs
+        after = commands.status(self.world.config(seed))
+        assert (after.plan_id, after.documents, after.shards_done) == (
+            before.plan_id,
+            before.documents,
+            before.shards_done,
+        ), "a knob changed the migration's identity or lost its progress"
+
+    @rule(seed=SEEDS, data=st.data())
+    def a_lower_dead_letter_ceiling_refuses(self, seed: str, data: st.DataObject) -> None:
+        expected = self.world.expected(seed)
+        if not expected.dead:
+            return
+        count = data.draw(st.integers(0, len(expected.dead) - 1), label="count")
+        fraction = (len(expected.dead) - 0.5) / expected.documents  # floor(fraction * documents) < dead
+        limit: int | float = data.draw(st.sampled_from((count, fraction)), label="max_dead_letters")
+        config = self.world.config(seed, max_dead_letters=limit)
+        before = self.world.store.aliases.get(ALIAS)
+        try:
+            coverage = commands.verify(config)
+        except VerificationFailed:
+            return  # no target
+        assert not coverage.complete, f"complete with {len(expected.dead)} dead letters over max {limit}"
+        try:
+            commands.cutover(config)
+        except VerificationFailed:
+            pass
+        else:
+            raise AssertionError(f"cutover promoted a target with {len(expected.dead)} dead over max {limit}")
+        assert self.world.store.aliases.get(ALIAS) == before
+
+    @rule(seed=SEEDS)
+    def status(self, seed: str) -> None:
+        commands.status(self.world.config(seed))
+
+    # after every step ----------------------------------------------------------------------------------
+
+    @invariant()
+    def a_served_index_holds_one_fingerprint(self) -> None:
+        """(c): the alias points at an existing target whose vectors all carry the alias's fingerprint."""
+        store = self.world.store
+        for alias, (target, meta) in list(store.aliases.items()):
+            assert target in store.targets, f"alias {alias!r} points at a dropped target {target!r}"
+            fingerprints = {entry[3] for entry in store.targets[target].values()}
+            assert fingerprints <= {meta.get("fingerprint")}, f"{target} serves {fingerprints}"
+            assert store.specs[target].fingerprint == meta.get("fingerprint")
+
+
+class LifecycleWithDuplicateIds(Lifecycle):
+    DUPLICATE_IDS = True
+
+
+def _settings(examples: int, steps: int) -> settings:
+    return settings(
+        max_examples=examples * SOAK,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+def test_verified_alias_serves_exactly_a_fresh_migration_of_the_current_source() -> None:
+    run_state_machine_as_test(Lifecycle, settings=_settings(20, 30))
+
+
+def test_with_duplicate_ids_verify_still_means_a_fresh_migration() -> None:
+    run_state_machine_as_test(LifecycleWithDuplicateIds, settings=_settings(8, 25))

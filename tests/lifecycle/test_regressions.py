@@ -1,0 +1,236 @@
+"""One named regression per defect of issue 10 that the memory backends can show through `reindex.commands`.
+
+Each test states the spec; `support.World.served_problems` compares a target with a fresh migration of the
+current source, id by id and vector by vector.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pytest
+
+from adapters import memory
+from adapters.memory import HashEmbedder
+from reindex import commands, registry
+from reindex.config import load
+from reindex.errors import ConfigError, Interrupted, VerificationFailed
+from reindex.pipeline import Progress
+from reindex.ports import Tokens, Vectors
+from tests.lifecycle.support import ALIAS, NUL_REASON, Knobs, World
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    built = World()
+    yield built
+    built.close()
+
+
+def level(world: World, seed: str = "A") -> None:
+    """verify says complete, and the target is exactly a fresh migration of the current source."""
+    coverage = commands.verify(world.config(seed))
+    assert coverage.complete, coverage.problems()
+    assert world.served_problems(seed) == []
+
+
+# 1. sync and dlq retry lose documents whose text another document carries ---------------------------------
+
+
+def test_sync_writes_a_new_document_whose_text_another_document_carries(world: World) -> None:
+    world.store.put("a", "alpha beta")
+    world.store.put("b", "gamma")
+    commands.run(world.config())
+    world.store.put("c", "alpha beta")  # after the run: only sync sees it
+    commands.sync(world.config())
+    level(world)
+    assert commands.sync(world.config()).added == 0
+
+
+def test_dlq_retry_writes_a_document_whose_text_another_document_carries(world: World) -> None:
+    world.reject_nul = True
+    world.store.put("a", "alpha beta")
+    world.store.put("b", "alpha \x00 beta")
+    commands.run(world.config())
+    assert [d["doc_id"] for d in commands.dlq_list(world.config()).dead_letters] == ["b"]
+    world.store.edit("b", "alpha beta")  # the application fixes the poison text: now a's text
+    commands.dlq_retry(world.config())
+    level(world)
+    world.reconciled(world.config())
+
+
+# 2. a copy can carry another text's vector -----------------------------------------------------------------
+
+
+def test_copy_never_takes_the_vector_of_an_owner_whose_text_was_edited(world: World) -> None:
+    world.store.put("a", "alpha beta")
+    world.store.put("b", "gamma")
+    commands.run(world.config())
+    world.store.edit("a", "delta")
+    commands.sync(world.config())  # a now stores the vector of "delta"
+    world.store.put("e", "alpha beta")  # a's old text, beyond the run's cursor
+    commands.run(world.config())
+    coverage = commands.verify(world.config())
+    if coverage.complete:
+        assert world.served_problems("A") == []
+    commands.sync(world.config())
+    level(world)
+
+
+# 3. verify calls an empty target complete; a wrong-dimension model dead-letters everything -----------------
+
+
+def test_verify_is_not_complete_when_dead_letters_exceed_the_ceiling(world: World) -> None:
+    world.too_long, world.max_dead_letters = "dead-letter", 0.01
+    for i in range(5):
+        world.store.put(f"d{i}", "alpha beta gamma alpha beta gamma")  # over max_tokens: all dead
+    commands.run(world.config())
+    coverage = commands.verify(world.config())
+    assert not coverage.complete
+    with pytest.raises(VerificationFailed) as refused:
+        commands.cutover(world.config())
+    assert refused.value.exit_code == 3
+    assert ALIAS not in world.store.aliases
+
+
+def test_verify_is_complete_when_dead_letters_stay_within_the_ceiling(world: World) -> None:
+    world.too_long, world.max_dead_letters = "dead-letter", 1
+    world.store.put("long", "alpha beta gamma alpha beta gamma")
+    world.store.put("short", "alpha")
+    commands.run(world.config())
+    level(world)
+    assert not commands.verify(world.config(max_dead_letters=0)).complete
+
+
+class WrongDimensionEmbedder(HashEmbedder):
+    """Declares `dim` but returns one column more, like a model swapped under an unchanged config."""
+
+    class Config(HashEmbedder.Config):
+        kind: str  # type: ignore[assignment]
+
+    def embed(self, items: Sequence[Tokens]) -> Vectors:
+        vectors = super().embed(items)
+        return np.hstack([vectors, vectors[:, :1]])
+
+
+@pytest.fixture
+def wrong_dimension(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(registry.EMBEDDERS, "wrong-dim", f"{__name__}:WrongDimensionEmbedder")
+
+
+def test_embedder_of_the_wrong_dimension_fails_the_run_with_exit_2(
+    world: World, wrong_dimension: None
+) -> None:
+    for i in range(5):
+        world.store.put(f"d{i}", f"alpha {i}")
+    config = world.config()
+    path = config.path
+    path.write_text(path.read_text().replace('kind = "hash"', 'kind = "wrong-dim"'))
+    with pytest.raises(ConfigError) as failed:
+        commands.run(load(path))
+    assert failed.value.exit_code == 2
+    assert commands.dlq_list(load(path)).total == 0  # nothing dead-lettered as non_finite_vector
+
+
+# 5. one poison document fails the whole run ----------------------------------------------------------------
+
+
+def test_a_nul_in_one_document_dead_letters_it_and_the_others_land(world: World) -> None:
+    world.reject_nul = True
+    for i in range(6):
+        world.store.put(f"d{i}", f"alpha {i}")
+    world.store.put("d3", "alpha \x00 beta")
+    report = commands.run(world.config())
+    assert report.reconciled and report.dead_letter_reasons == {NUL_REASON: 1}
+    level(world)
+
+
+# 6. migration identity is the raw config -------------------------------------------------------------------
+
+
+def stopped_after_one_shard(world: World, seed: str = "A") -> None:
+    stop = threading.Event()
+
+    def on_progress(progress: Progress) -> None:
+        stop.set()
+
+    with pytest.raises(Interrupted):
+        commands.run(world.config(seed), stop=stop, on_progress=on_progress)
+
+
+def test_changing_shard_size_resumes_the_same_migration(world: World) -> None:
+    for i in range(12):
+        world.store.put(f"d{i:02}", f"alpha {i}")
+    world.knobs["A"] = Knobs(shard_size=3)
+    stopped_after_one_shard(world)
+    before = commands.status(world.config())
+    assert 0 < before.documents < 12
+    world.knobs["A"].shard_size, world.knobs["A"].queue_depth, world.knobs["A"].sort_window = 5, 3, 2
+    after = commands.status(world.config())
+    assert (after.plan_id, after.documents) == (before.plan_id, before.documents)
+    resumed: list[int] = []
+    commands.run(world.config(), on_start=lambda total, done: resumed.append(done))
+    assert resumed == [before.documents]
+    level(world)
+    world.reconciled(world.config())
+
+
+def test_a_target_someone_dropped_is_not_resumed(world: World) -> None:
+    for i in range(9):
+        world.store.put(f"d{i}", f"alpha {i}")
+    stopped_after_one_shard(world)
+    del world.store.targets[world.target("A")]
+    del world.store.specs[world.target("A")]
+    with pytest.raises(ConfigError) as refused:
+        commands.run(world.config())
+    assert refused.value.exit_code == 2 and "--fresh" in str(refused.value)
+    commands.run(world.config(), fresh=True)
+    level(world)
+
+
+def test_the_same_config_pointed_at_another_store_starts_its_own_migration(world: World) -> None:
+    for i in range(9):
+        world.store.put(f"d{i}", f"alpha {i}")
+    stopped_after_one_shard(world)
+    other = World(root=world.root)  # same ledger file, another store: another source and target
+    try:
+        for i in range(9):
+            other.store.put(f"d{i}", f"beta {i}")
+        assert commands.status(other.config()).plan_id != commands.status(world.config()).plan_id
+        commands.run(other.config())
+        level(other)
+    finally:
+        memory.forget_store(other.store_name)
+
+
+# 11. every command loads the model -------------------------------------------------------------------------
+
+
+class ModelThatMustNotLoad(HashEmbedder):
+    """The `hash` kind, except that building it fails: commands that need no model must not build it."""
+
+    @classmethod
+    def from_config(cls, config: HashEmbedder.Config) -> HashEmbedder:
+        raise AssertionError("the model was loaded")
+
+
+def test_status_rollback_and_dlq_list_do_not_load_the_model(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    world.reject_nul = True
+    for i in range(6):
+        world.store.put(f"d{i}", f"alpha {i}")
+    world.store.put("poison", "alpha \x00")
+    world.max_dead_letters = 1
+    for seed in ("A", "B"):
+        commands.run(world.config(seed))
+        commands.cutover(world.config(seed))
+    monkeypatch.setitem(registry.EMBEDDERS, "hash", f"{__name__}:ModelThatMustNotLoad")
+    config = world.config("B")
+    assert commands.status(config).is_live
+    assert commands.dlq_list(config).total == 1
+    moved = commands.rollback(config)
+    assert moved.target == world.target("A") == world.store.aliases[ALIAS][0]
+    commands.prune(config, keep=2)
