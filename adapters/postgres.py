@@ -572,7 +572,11 @@ class _Database:
             raise ConfigError(message, hint=f"check [{self.section}] dsn") from None
         self._has_connected = True
         if self.vectors:
-            self._register_vector(conn)
+            try:
+                self._register_vector(conn)
+            except psycopg.OperationalError as exc:  # terminated right after connecting: a transient fault
+                conn.close()
+                raise TransientError(f"Postgres: {_scrub(_first_line(exc), self._secrets)}") from None
         return conn
 
     def _register_vector(self, conn: Connection) -> None:
