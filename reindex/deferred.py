@@ -34,9 +34,9 @@ from reindex.batching import chunks
 from reindex.config import RunConfig
 from reindex.copies import copy_rows
 from reindex.cost import Budget
-from reindex.errors import ConfigError, Interrupted, RowsRejected
+from reindex.errors import ConfigError, Interrupted
 from reindex.ledger import DeadLetter, Job, Ledger, ShardResult
-from reindex.pipeline import Progress, resumable_scan, retrying
+from reindex.pipeline import Progress, resumable_scan, retrying, write_rows
 from reindex.ports import (
     DeferredEmbedder,
     JobItem,
@@ -414,22 +414,6 @@ class DeferredRun:
     def _save(self, job: Job) -> None:
         retrying(self.ledger.record_job, self.plan_id, job)
         self.jobs[job.key] = job
-
-
-def write_rows(sink: Sink, target: str, rows: Rows) -> list[DeadLetter]:
-    """Upsert `rows`; rows the sink refuses for their content are isolated by bisection and dead-lettered."""
-    if not rows.records:
-        return []
-    try:
-        retrying(sink.write, target, rows)
-        return []
-    except RowsRejected as exc:
-        if len(rows.records) == 1:
-            return [DeadLetter(rows.records[0].id, exc.reason, exc.message[:200], rows.content_hashes[0])]
-        half, end = len(rows.records) // 2, len(rows.records)
-        return write_rows(sink, target, _slice(rows, 0, half)) + write_rows(
-            sink, target, _slice(rows, half, end)
-        )
 
 
 def _text_states(

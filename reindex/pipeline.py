@@ -312,19 +312,23 @@ class Pipeline:
                 shard.settled[letter.content_hash] = f"dead:{letter.reason}"
 
     def _write_rows(self, rows: Rows) -> list[DeadLetter]:
-        """Upsert `rows`; rows the sink refuses for their content are isolated by bisection, not retried."""
-        if not rows.records:
-            return []
-        try:
-            retrying(self.sink.write, self.spec.name, rows)
-            return []
-        except RowsRejected as exc:
-            if len(rows.records) == 1:
-                record, digest = rows.records[0], rows.content_hashes[0]
-                return [DeadLetter(record.id, exc.reason, exc.message[:200], digest)]
-            half = len(rows.records) // 2
-            end = len(rows.records)
-            return self._write_rows(_slice(rows, 0, half)) + self._write_rows(_slice(rows, half, end))
+        return write_rows(self.sink, self.spec.name, rows)
+
+
+def write_rows(sink: Sink, target: str, rows: Rows) -> list[DeadLetter]:
+    """Upsert `rows`; rows the sink refuses for their content are isolated by bisection and dead-lettered."""
+    if not rows.records:
+        return []
+    try:
+        retrying(sink.write, target, rows)
+        return []
+    except RowsRejected as exc:
+        if len(rows.records) == 1:
+            return [DeadLetter(rows.records[0].id, exc.reason, exc.message[:200], rows.content_hashes[0])]
+        half, end = len(rows.records) // 2, len(rows.records)
+        return write_rows(sink, target, _slice(rows, 0, half)) + write_rows(
+            sink, target, _slice(rows, half, end)
+        )
 
 
 def resumable_scan(source: Source, after: str | None) -> Iterator[Record]:
@@ -390,6 +394,3 @@ def retrying(function: Callable[..., T], *args: Any) -> T:
         with attempt:
             return function(*args)
     raise AssertionError("unreachable: stamina re-raises the last error")
-
-
-_retrying = retrying  # the old name, still imported by reindex/deferred.py
