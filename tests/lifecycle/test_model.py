@@ -46,7 +46,8 @@ SEEDS = st.sampled_from(("A", "B"))  # two embedders, one alias: cutover, rollba
 WORD = st.sampled_from(("alpha", "beta", "gamma"))
 SHORT = st.lists(WORD, min_size=1, max_size=2).map(" ".join)
 LONG = st.lists(WORD, min_size=MAX_TOKENS + 1, max_size=MAX_TOKENS + 2).map(" ".join)
-POISON = st.sampled_from(("", "   ", "alpha \x00 beta", "\x00"))
+POISON_TEXTS = ("", "   ", "alpha \x00 beta", "\x00")
+POISON = st.sampled_from(POISON_TEXTS)
 ODD_SPACING = st.sampled_from(("alpha  beta", " alpha", "beta\tgamma"))  # same vector, other content hash
 STOP = st.tuples(st.just("stop"), st.integers(1, 2), st.just(False))  # stop after k shards
 FAIL = st.tuples(st.just("fail"), st.integers(1, 3), st.booleans())  # k-th write fails (after landing?)
@@ -112,7 +113,9 @@ class Lifecycle(RuleBasedStateMachine):
     def edit(self, data: st.DataObject) -> None:
         doc_id = data.draw(st.sampled_from(self.world.store.ids()), label="id")
         self.edited_away += [r.text for r in self.world.store.get(doc_id)]
-        self.world.store.edit(doc_id, self._text(data))
+        text = self._text(data)
+        event(f"edit to a poison text: {text in POISON_TEXTS}")
+        self.world.store.edit(doc_id, text)
 
     @precondition(lambda self: self.world.store.ids())
     @rule(data=st.data())
@@ -183,6 +186,7 @@ class Lifecycle(RuleBasedStateMachine):
             expected = self.world.expected(seed)
             coverage = commands.verify(config)
             if len(expected.dead) <= self.world.ceiling(expected.documents):
+                event("sync after a finished run: checked that verify is complete")
                 assert coverage.complete, f"sync after a finished run left: {coverage.problems()}"
             self._check_complete(seed, coverage)
 

@@ -234,3 +234,41 @@ def test_status_rollback_and_dlq_list_do_not_load_the_model(
     moved = commands.rollback(config)
     assert moved.target == world.target("A") == world.store.aliases[ALIAS][0]
     commands.prune(config, keep=2)
+
+
+# found by the lifecycle model (tests/lifecycle/test_model.py) against the issue-10 core ---------------------
+
+
+def test_sync_removes_the_vector_of_a_document_edited_into_a_dead_letter(world: World) -> None:
+    """A written document whose text becomes empty or poison: sync dead-letters it, and its old vector
+    (of a text it no longer has) must go, or verify stays `stale` forever and no sync fixes it."""
+    world.reject_nul, world.max_dead_letters = True, 2
+    world.store.put("d00", "alpha")
+    world.store.put("d01", "gamma")
+    world.store.put("d02", "beta")
+    commands.run(world.config())
+    world.store.edit("d00", "")
+    world.store.edit("d01", "alpha \x00")
+    commands.sync(world.config())
+    level(world)
+
+
+def test_verify_sees_a_second_record_with_an_existing_id(world: World) -> None:
+    """A source may hold one id twice with different texts (a JSONL file): a fresh migration dead-letters
+    both, so verify must not call a target holding one of them complete."""
+    world.store.put("d00", "alpha")
+    world.store.put("d01", "gamma")
+    commands.run(world.config())
+    world.store.append("d00", "beta")
+    coverage = commands.verify(world.config())
+    assert not coverage.complete or world.served_problems("A") == []
+
+
+def test_a_duplicate_id_split_across_shards_ends_dead_lettered_after_sync(world: World) -> None:
+    world.knobs["A"] = Knobs(shard_size=1)
+    world.store.put("d00", "alpha")
+    world.store.append("d00", "beta")
+    world.store.put("d01", "gamma")
+    commands.run(world.config())
+    commands.sync(world.config())
+    level(world)
