@@ -154,8 +154,8 @@ def stop_on_lost_lease(lease: Lease, stop: threading.Event) -> Iterator[None]:
     done = threading.Event()
 
     def watch() -> None:
-        while not done.is_set():
-            if lease.lost.wait(0.2):
+        while not done.wait(0.05):
+            if lease.lost.is_set():
                 stop.set()
                 return
 

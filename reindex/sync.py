@@ -16,7 +16,7 @@ from reindex.batching import chunks
 from reindex.ledger import DeadLetter, Ledger
 from reindex.pipeline import retrying
 from reindex.ports import Record, Source
-from reindex.verify import compare
+from reindex.verify import Category, compare
 
 if TYPE_CHECKING:
     from reindex.commands import Migration
@@ -48,12 +48,15 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
     written: list[str] = []
     dead: list[DeadLetter] = []
     with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=previous) as comparison:
-        counts = {c: comparison.count(c) for c in ("missing", "stale", "invalid_vectors", "orphaned")}
-        stale = chain(comparison.ids("missing"), comparison.ids("stale"), comparison.ids("invalid_vectors"))
+        kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
+        counts = {c: comparison.count(c) for c in kinds}
+        stale = chain(*(comparison.ids(c) for c in ("missing", "stale", "invalid_vectors", "conflicting")))
         for chunk in chunks(stale, m.config.run.shard_size):
             shard = pipeline.process(fetch_records(m.source, chunk))
             written += shard.written_ids
             dead += shard.dead
+            # A document whose current text is a dead letter must not keep the vector of its old text.
+            retrying(m.sink.delete, m.spec.name, sorted({d.doc_id for d in shard.dead}))
         for chunk in chunks(comparison.ids("orphaned"), DELETE_CHUNK):
             retrying(m.sink.delete, m.spec.name, chunk)
     ledger.settle_retry(m.plan_id, written=[i for i in written if i in previous], vanished=[], dead=[])
@@ -62,7 +65,7 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
     return SyncReport(
         m.spec.name,
         added=counts["missing"],
-        changed=counts["stale"],
+        changed=counts["stale"] + counts["conflicting"],
         repaired=counts["invalid_vectors"],
         deleted=counts["orphaned"],
         dead_letters=len(dead),

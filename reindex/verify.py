@@ -25,7 +25,9 @@ from reindex.validation import text_hash
 CHUNK = 20_000
 EXAMPLES = 5
 SAMPLE_COSINE = 0.999
-Category = Literal["missing", "stale", "orphaned", "invalid_vectors", "dead_letters", "unhashed"]
+Category = Literal[
+    "missing", "stale", "orphaned", "invalid_vectors", "dead_letters", "unhashed", "conflicting"
+]
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Coverage:
     dead_letters: int  # source documents excused by a dead letter for the same text
     invalid_vectors: int  # non-finite, zero or wrong dimension
     unhashed: int  # vectors without a content hash (an index this tool did not build): staleness unknown
+    conflicting: int  # vectors of ids the source holds twice with different texts (dead letters, not vectors)
     fingerprints: dict[str, int]  # fingerprint ("none" when absent) -> vectors
     expected_fingerprint: str | None
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -60,6 +63,7 @@ class Coverage:
             "orphaned": self.orphaned,
             "invalid": self.invalid_vectors,
             "without content hash": self.unhashed,
+            "of ids the source holds with two texts": self.conflicting,
         }
         parts = [f"{v} {k}" for k, v in counts.items() if v]
         if self.over_ceiling:
@@ -78,18 +82,29 @@ class Coverage:
         return asdict(self)
 
 
-_EXCUSED = "EXISTS (SELECT 1 FROM dead d WHERE d.id = s.id AND (d.hash IS s.hash OR d.hash IS NULL))"
+_EXCUSED = (
+    "EXISTS (SELECT 1 FROM dead d WHERE d.id = s.id AND (d.hash IS s.hash OR d.hash IS NULL OR s.conflict))"
+)
 _WHERE: dict[Category, tuple[str, str]] = {  # category -> (id column, FROM ... WHERE ...)
     "missing": ("s.id", f"FROM src s LEFT JOIN tgt t ON t.id = s.id WHERE t.id IS NULL AND NOT {_EXCUSED}"),
     "dead_letters": ("s.id", f"FROM src s LEFT JOIN tgt t ON t.id = s.id WHERE t.id IS NULL AND {_EXCUSED}"),
     "stale": (
         "t.id",
-        "FROM src s JOIN tgt t ON t.id = s.id WHERE t.hash IS NOT NULL AND t.hash IS NOT s.hash",
+        "FROM src s JOIN tgt t ON t.id = s.id WHERE t.hash IS NOT NULL AND t.hash IS NOT s.hash"
+        " AND NOT s.conflict",
     ),
     "orphaned": ("t.id", "FROM tgt t LEFT JOIN src s ON s.id = t.id WHERE s.id IS NULL"),
     "invalid_vectors": ("t.id", "FROM tgt t WHERE t.problem IS NOT NULL"),
-    "unhashed": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE t.hash IS NULL"),
+    "unhashed": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE t.hash IS NULL AND NOT s.conflict"),
+    "conflicting": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE s.conflict"),
 }
+
+
+# A source may hold one id twice (a JSONL file): with two texts, a fresh migration dead-letters the id.
+_INSERT_SOURCE = (
+    "INSERT INTO src (id, hash) VALUES (?,?) ON CONFLICT (id) DO UPDATE"
+    " SET conflict = conflict OR (hash IS NOT excluded.hash)"
+)
 
 
 class Comparison:
@@ -126,7 +141,7 @@ class Comparison:
         fingerprints = dict(
             self.db.execute("SELECT coalesce(fp, 'none'), count(*) FROM tgt GROUP BY 1 ORDER BY 2 DESC")
         )
-        problems = ("missing", "stale", "orphaned", "invalid_vectors", "unhashed")
+        problems = ("missing", "stale", "orphaned", "invalid_vectors", "unhashed", "conflicting")
         complete = not any(counts[k] for k in problems) and set(fingerprints) <= {
             expected_fingerprint or "none"
         }
@@ -159,7 +174,7 @@ def compare(
     with tempfile.TemporaryDirectory(prefix="reindex-verify-") as scratch:
         db = _scratch_db(Path(scratch) / "coverage.db")
         try:
-            _load(db, "INSERT OR IGNORE INTO src VALUES (?,?)", _source_rows(source.scan()))
+            _load(db, _INSERT_SOURCE, _source_rows(source.scan()))
             _load(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
             _load(
                 db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?)", _target_rows(sink.scan_index(target, dim))
@@ -223,7 +238,7 @@ def _scratch_db(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None)
     db.executescript("""
         PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;
-        CREATE TABLE src (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+        CREATE TABLE src (id TEXT PRIMARY KEY, hash TEXT, conflict INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
         CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
         CREATE TABLE tgt (id TEXT PRIMARY KEY, hash TEXT, fp TEXT, problem TEXT) WITHOUT ROWID;
     """)
