@@ -418,6 +418,7 @@ __all__ = [
     "RunReport",
     "StatusReport",
     "cutover",
+    "open_backends",
     "open_ledger",
     "open_migration",
     "plan",
