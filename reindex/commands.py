@@ -413,19 +413,29 @@ def prune(config: Config, *, keep: int = 2, dry_run: bool = False) -> PruneRepor
 
 
 __all__ = [
+    "DeadLetterReport",
+    "InspectReport",
     "Migration",
     "PruneReport",
+    "ResolveReport",
     "RunReport",
     "StatusReport",
+    "attach",
     "cutover",
+    "dlq_list",
+    "dlq_retry",
+    "excused",
+    "inspect",
     "open_backends",
     "open_ledger",
     "open_migration",
     "plan",
     "prune",
+    "resolve",
     "rollback",
     "run",
     "status",
+    "sync",
     "verify",
 ]
 
