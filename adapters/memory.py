@@ -12,10 +12,11 @@ import hashlib
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.errors import BackendError, ConfigError, CutoverRefused, RowsRejected
 from reindex.fingerprint import fingerprint
@@ -23,6 +24,8 @@ from reindex.ports import (
     AliasInfo,
     EmbedderInfo,
     IndexEntry,
+    JobItem,
+    JobResult,
     Record,
     Rows,
     SourceSchema,
@@ -66,6 +69,7 @@ class MemoryStore:
         self.aliases: dict[str, tuple[str, Mapping[str, Any]]] = {}
         self._fail_in: int | None = None
         self._fail_landed = False
+        self.provider = BatchProvider()  # a batch API's side, for `memory-batch` with this store
 
     # source side ---------------------------------------------------------------------------------------
 
@@ -444,78 +448,160 @@ class MemorySink:
         pass
 
 
+class BatchProvider:
+    """A provider account's side of the batch API: jobs, files released, and what it billed and lost.
+
+    Kept on a named MemoryStore (`store.provider`), so it outlives the embedder each command builds, as a
+    real provider outlives the process. `script` sets a transient fault for the jobs created from now on.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.jobs: dict[str, ProviderJob] = {}
+        self.created: dict[str, int] = {}  # jobs created per key: more than 1 is a double cost
+        self.released: set[str] = set()
+        self.billed_tokens = 0
+        self.lost_tokens = 0  # billed for lines the provider ran but never delivered
+        self.bills: list[Bill] = []  # one per billed line
+        self.expire_after: int | None = None
+        self.bill_expired = False
+
+    def script(self, *, expire_after: int | None = None, bill_expired: bool = False) -> None:
+        """Jobs created from now on expire after `expire_after` lines (None: they complete); with
+        `bill_expired` the expired lines ran and are billed, but their output is lost."""
+        with self.lock:
+            self.expire_after, self.bill_expired = expire_after, bill_expired
+
+
+@dataclass(frozen=True)
+class Bill:
+    """One line a provider billed: under which fingerprint, its text and tokens, and whether it was lost."""
+
+    fingerprint: str
+    text: str
+    tokens: int
+    lost: bool
+
+
+class ProviderJob:
+    """One batch on the provider: its key, its lines, how often it was polled, its fault and its result."""
+
+    def __init__(
+        self,
+        key: str,
+        fingerprint: str,
+        lines: list[tuple[str, str, int]],
+        expire_after: int | None,
+        bill_expired: bool,
+    ) -> None:
+        self.key, self.fingerprint, self.lines = key, fingerprint, lines  # (custom_id, text, tokens)
+        self.expire_after, self.bill_expired = expire_after, bill_expired
+        self.polls = 0
+        self.billed = False
+
+
 class MemoryBatchEmbedder:
     """A provider batch API in memory: jobs advance one state per poll, vectors come from HashEmbedder.
 
-    Scriptable like the real service: `expire_after` lines complete before a job expires, texts
-    containing `reject` fail with `invalid_request`. `created` counts jobs per key (no double cost).
+    Scriptable like the real service: `expire_after` lines complete before a job expires (decided when
+    it is polled), texts containing `reject` fail with `invalid_request`. `created` counts jobs per key
+    (no double cost). A job bills its delivered lines once, when it first turns terminal, however often it is polled.
+    With `store = "<name>"` the provider's state (jobs, bills) lives on that named store, shared by
+    every command, and `store(name).provider.script(...)` injects expiry faults into later jobs.
     """
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["memory-batch"]
         dim: int = 32
+        max_tokens: int = 512
+        seed: str = ""  # vectors and fingerprint are the `hash` embedder's with this seed
         price_per_million: float = 0.01
+        polls_to_finish: int = Field(2, ge=1)
+        reject: str | None = None  # texts containing this fail with invalid_request
+        store: str | None = None  # a named, process-wide store holding the provider's state
 
     def __init__(
         self,
         dim: int = 32,
         *,
+        max_tokens: int = 512,
+        seed: str = "",
         expire_after: int | None = None,
         reject: str | None = None,
         polls_to_finish: int = 2,
         price_per_million: float | None = 0.01,
+        provider: BatchProvider | None = None,
     ) -> None:
-        self.inline = HashEmbedder(dim)
-        self.info = EmbedderInfo(
-            kind="memory-batch",
-            model="sha256",
-            dim=dim,
-            max_tokens=512,
-            fingerprint=self.inline.info.fingerprint,
-            options={},
-        )
+        self.inline = HashEmbedder(dim, max_tokens, seed)
+        self.info = replace(self.inline.info, kind="memory-batch")
         self.expire_after, self.reject, self.polls_to_finish = expire_after, reject, polls_to_finish
         self.price_per_million = price_per_million
-        self.jobs: dict[str, tuple[str, list[tuple[str, str]], int]] = {}  # id -> key, lines, polls
-        self.created: dict[str, int] = {}
-        self.released: set[str] = set()
+        self.provider = provider if provider is not None else BatchProvider()
+        self.jobs = self.provider.jobs
+        self.created = self.provider.created
+        self.released = self.provider.released
 
     @classmethod
     def from_config(cls, config: Config) -> MemoryBatchEmbedder:
-        return cls(config.dim, price_per_million=config.price_per_million)
+        provider = store(config.store).provider if config.store is not None else None
+        return cls(
+            config.dim,
+            max_tokens=config.max_tokens,
+            seed=config.seed,
+            reject=config.reject,
+            polls_to_finish=config.polls_to_finish,
+            price_per_million=config.price_per_million,
+            provider=provider,
+        )
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
         return self.inline.tokenize(texts)
 
-    def submit(self, key: str, items: Sequence[Any], *, isolate: bool = False) -> str:
-        for job_id, (existing, _, _) in self.jobs.items():
-            if existing == key:
-                return job_id
-        job_id = f"batch_{len(self.jobs)}"
-        self.jobs[job_id] = (key, [(item.custom_id, str(item.tokens.data)) for item in items], 0)
-        self.created[key] = self.created.get(key, 0) + 1
-        return job_id
+    def submit(self, key: str, items: Sequence[JobItem], *, isolate: bool = False) -> str:
+        provider = self.provider
+        with provider.lock:
+            for job_id, job in provider.jobs.items():
+                if job.key == key:
+                    return job_id
+            job_id = f"batch_{len(provider.jobs)}"
+            lines = [(item.custom_id, str(item.tokens.data), item.tokens.count) for item in items]
+            fingerprint, expire_after = self.info.fingerprint, provider.expire_after
+            provider.jobs[job_id] = ProviderJob(key, fingerprint, lines, expire_after, provider.bill_expired)
+            provider.created[key] = provider.created.get(key, 0) + 1
+            return job_id
 
-    def poll(self, job_id: str) -> Any:
-        from reindex.ports import JobResult
-
-        key, lines, polls = self.jobs[job_id]
-        self.jobs[job_id] = (key, lines, polls + 1)
-        if polls + 1 < self.polls_to_finish:
-            return JobResult("in_progress", is_terminal=False)
-        done = lines if self.expire_after is None else lines[: self.expire_after]
-        vectors, failed = {}, {}
-        for custom_id, text in lines:
-            if self.reject and self.reject in text:
-                failed[custom_id] = "invalid_request"
-            elif (custom_id, text) in done:
-                vectors[custom_id] = self.inline.vector(text)
-            else:
-                failed[custom_id] = "batch_expired"
-        billed = sum(len(text.split()) for cid, text in lines if cid in vectors)
-        status = "completed" if self.expire_after is None else "expired"
-        return JobResult(status, is_terminal=True, vectors=vectors, failed=failed, billed_tokens=billed)
+    def poll(self, job_id: str) -> JobResult:
+        provider = self.provider
+        with provider.lock:
+            job = provider.jobs[job_id]
+            job.polls += 1
+            if job.polls < self.polls_to_finish:
+                return JobResult("in_progress", is_terminal=False)
+            expire_after = self.expire_after if self.expire_after is not None else job.expire_after
+            ran = job.lines if expire_after is None else job.lines[:expire_after]
+            vectors, failed = {}, {}
+            billed, lost, bills = 0, 0, []
+            for index, (custom_id, text, tokens) in enumerate(job.lines):
+                if self.reject and self.reject in text:
+                    failed[custom_id] = "invalid_request"
+                elif index < len(ran):
+                    vectors[custom_id] = self.inline.vector(text)
+                    billed += tokens
+                    bills.append(Bill(job.fingerprint, text, tokens, lost=False))
+                else:
+                    failed[custom_id] = "batch_expired"
+                    if job.bill_expired:
+                        lost += tokens
+                        bills.append(Bill(job.fingerprint, text, tokens, lost=True))
+            if not job.billed:
+                job.billed = True
+                provider.billed_tokens += billed + lost
+                provider.lost_tokens += lost
+                provider.bills += bills
+            status = "completed" if expire_after is None else "expired"
+            return JobResult(status, True, vectors=vectors, failed=failed, billed_tokens=billed + lost)
 
     def release(self, job_id: str) -> None:
-        self.released.add(job_id)
+        with self.provider.lock:
+            self.provider.released.add(job_id)

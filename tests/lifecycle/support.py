@@ -27,6 +27,7 @@ ALIAS = "docs"
 DIM = 8
 MAX_TOKENS = 4
 NUL_REASON = "sink_rejected:22021"
+REJECT_REASON = "provider_rejected:invalid_request"
 _worlds = itertools.count()
 
 
@@ -57,6 +58,9 @@ class World:
 
     too_long: str = "truncate"
     reject_nul: bool = True
+    embedder_kind: str = "hash"  # or "memory-batch": the deferred path, provider state on the named store
+    reject: str | None = None  # memory-batch: the provider refuses texts holding this (invalid_request)
+    polls_to_finish: int = 2
     max_dead_letters: int | float = 1.0
     knobs: dict[str, Knobs] = field(default_factory=dict)
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="reindex-lifecycle-")))
@@ -69,9 +73,18 @@ class World:
     def config(self, seed: str = "A", **run: Any) -> Config:
         """Write `<seed>.toml` (embedder `hash` with this seed) with the current knobs, and load it."""
         knobs = {k: v for k, v in asdict(self.knobs.setdefault(seed, Knobs())).items() if v is not None}
+        embedder: dict[str, Any] = {"kind": "hash", "dim": DIM, "max_tokens": MAX_TOKENS, "seed": seed}
+        if self.embedder_kind == "memory-batch":
+            embedder |= {
+                "kind": "memory-batch",
+                "store": self.store_name,
+                "reject": self.reject,
+                "polls_to_finish": self.polls_to_finish,
+            }
+            knobs |= {"poll_seconds": 0.001, "poll_max_seconds": 0.002}
         sections: dict[str, dict[str, Any]] = {
             "source": {"kind": "memory", "store": self.store_name},
-            "embedder": {"kind": "hash", "dim": DIM, "max_tokens": MAX_TOKENS, "seed": seed},
+            "embedder": embedder,
             "target": {
                 "kind": "memory",
                 "store": self.store_name,
@@ -98,7 +111,11 @@ class World:
 
     def expected(self, seed: str) -> Expected:
         return fresh_migration(
-            self.store.records(), self.embedder(seed), too_long=self.too_long, reject_nul=self.reject_nul
+            self.store.records(),
+            self.embedder(seed),
+            too_long=self.too_long,
+            reject_nul=self.reject_nul,
+            reject=self.reject if self.embedder_kind == "memory-batch" else None,
         )
 
     def ceiling(self, documents: int, limit: int | float | None = None) -> int:
@@ -128,11 +145,17 @@ def toml(sections: dict[str, dict[str, Any]]) -> str:
 
 
 def fresh_migration(
-    records: Sequence[Record], embedder: HashEmbedder, *, too_long: str, reject_nul: bool
+    records: Sequence[Record],
+    embedder: HashEmbedder,
+    *,
+    too_long: str,
+    reject_nul: bool,
+    reject: str | None = None,
 ) -> Expected:
     """The spec, applied to every document id once: one id with two different texts → dead (both
-    records); blank → dead; over `max_tokens` words → dead or truncated by policy; a NUL → refused by a
-    sink that refuses it; otherwise the embedder's vector of the (truncated) text."""
+    records); blank → dead; over `max_tokens` words → dead or truncated by policy; a (truncated) text
+    the provider refuses → dead; a NUL → refused by a sink that refuses it; otherwise the embedder's
+    vector of the (truncated) text."""
     texts: dict[str, list[str]] = defaultdict(list)
     for record in records:
         texts[record.id].append(record.text)
@@ -149,6 +172,8 @@ def fresh_migration(
             dead[doc_id] = "empty_text"
         elif len(words) > limit and too_long == "dead-letter":
             dead[doc_id] = "too_long"
+        elif reject and reject in " ".join(words[:limit]):
+            dead[doc_id] = REJECT_REASON
         elif reject_nul and "\x00" in text:
             dead[doc_id] = NUL_REASON
         else:

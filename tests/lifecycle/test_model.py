@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +39,7 @@ from reindex.errors import (
     VerificationFailed,
 )
 from reindex.pipeline import Progress
+from reindex.validation import is_excusable
 from tests.lifecycle.support import ALIAS, MAX_TOKENS, Knobs, World
 
 SOAK = max(1, int(os.environ.get("REINDEX_SOAK", "1")))
@@ -51,7 +53,10 @@ POISON = st.sampled_from(POISON_TEXTS)
 ODD_SPACING = st.sampled_from(("alpha  beta", " alpha", "beta\tgamma"))  # same vector, other content hash
 STOP = st.tuples(st.just("stop"), st.integers(1, 2), st.just(False))  # stop after k shards
 FAIL = st.tuples(st.just("fail"), st.integers(1, 3), st.booleans())  # k-th write fails (after landing?)
+EXPIRE = st.tuples(st.just("expire"), st.integers(0, 2), st.booleans())  # jobs expire after k lines (billed?)
 HOW = st.one_of(st.none(), STOP, FAIL)
+REJECT = "omega"  # memory-batch worlds: the provider refuses texts holding this word
+REJECTED = st.sampled_from((REJECT, f"alpha {REJECT}"))
 KNOBS = st.builds(
     Knobs,
     shard_size=st.integers(1, 6),
@@ -66,12 +71,29 @@ class Lifecycle(RuleBasedStateMachine):
     """One world per example; rules may run in any order, so every outcome a rule accepts is spelled out."""
 
     DUPLICATE_IDS = False  # records sharing an id, as in a JSONL file: a second, separate machine
+    EMBEDDER = "hash"  # "memory-batch": the deferred path, with provider faults and invariant (d)
 
     def __init__(self) -> None:
         super().__init__()
-        self.world = World()
+        self.world = World(embedder_kind=self.EMBEDDER)
         self.edited_away: list[str] = []  # texts documents had before an edit: new documents may carry them
         self.finished: set[str] = set()  # seeds whose last run returned normally, target not dropped since
+        # (d): how often each source text may be billed per seed: once when it first appears, once more
+        # each time a document lets go of it (its vector may go with it) or the seed's target is dropped.
+        self.allowed: dict[str, Counter[str]] = {"A": Counter(), "B": Counter()}
+
+    @property
+    def deferred(self) -> bool:
+        return self.EMBEDDER == "memory-batch"
+
+    def _arrive(self, text: str) -> None:
+        for allowed in self.allowed.values():
+            allowed[text] = max(allowed[text], 1)
+
+    def _leave(self, doc_id: str) -> None:
+        for record in self.world.store.get(doc_id):
+            for allowed in self.allowed.values():
+                allowed[record.text] += 1
 
     def teardown(self) -> None:
         self.world.close()
@@ -81,12 +103,22 @@ class Lifecycle(RuleBasedStateMachine):
         reject_nul=st.booleans(),
         knobs=KNOBS,
         corpus=st.dictionaries(st.sampled_from(IDS), st.one_of(SHORT, SHORT, LONG, POISON), max_size=8),
+        polls=st.integers(1, 3),
     )
-    def settings(self, too_long: str, reject_nul: bool, knobs: Knobs, corpus: dict[str, str]) -> None:
+    def settings(
+        self, too_long: str, reject_nul: bool, knobs: Knobs, corpus: dict[str, str], polls: int
+    ) -> None:
         self.world.too_long, self.world.reject_nul = too_long, reject_nul
         self.world.knobs = {"A": knobs, "B": replace(knobs)}
+        if self.deferred:
+            self.world.reject, self.world.polls_to_finish = REJECT, polls
         for doc_id, text in corpus.items():
-            self.world.store.put(doc_id, text)
+            self._put(doc_id, text)
+
+    def _put(self, doc_id: str, text: str) -> None:
+        self._leave(doc_id)
+        self._arrive(text)
+        self.world.store.put(doc_id, text)
 
     # the application edits the source ---------------------------------------------------------------------
 
@@ -95,6 +127,7 @@ class Lifecycle(RuleBasedStateMachine):
         choices = [SHORT, SHORT, LONG, ODD_SPACING, POISON if blank else st.just("alpha \x00")]
         choices += [st.sampled_from(carried)] if carried else []
         choices += [st.sampled_from(self.edited_away)] if self.edited_away else []
+        choices += [REJECTED] if self.deferred else []
         text: str = data.draw(st.one_of(choices), label="text")
         return text
 
@@ -106,7 +139,7 @@ class Lifecycle(RuleBasedStateMachine):
             st.lists(st.sampled_from(absent), min_size=1, max_size=3, unique=True), label="ids"
         )
         for doc_id in chosen:
-            self.world.store.put(doc_id, self._text(data))
+            self._put(doc_id, self._text(data))
 
     @precondition(lambda self: self.world.store.ids())
     @rule(data=st.data())
@@ -115,22 +148,28 @@ class Lifecycle(RuleBasedStateMachine):
         self.edited_away += [r.text for r in self.world.store.get(doc_id)]
         text = self._text(data)
         event(f"edit to a poison text: {text in POISON_TEXTS}")
+        self._leave(doc_id)
+        self._arrive(text)
         self.world.store.edit(doc_id, text)
 
     @precondition(lambda self: self.world.store.ids())
     @rule(data=st.data())
     def delete(self, data: st.DataObject) -> None:
-        self.world.store.delete(data.draw(st.sampled_from(self.world.store.ids()), label="id"))
+        doc_id = data.draw(st.sampled_from(self.world.store.ids()), label="id")
+        self._leave(doc_id)
+        self.world.store.delete(doc_id)
 
     @precondition(lambda self: self.DUPLICATE_IDS and self.world.store.ids())
     @rule(data=st.data())
     def add_a_record_with_an_existing_id(self, data: st.DataObject) -> None:
         doc_id = data.draw(st.sampled_from(self.world.store.ids()), label="id")
-        self.world.store.append(doc_id, self._text(data, blank=False))
+        text = self._text(data, blank=False)
+        self._arrive(text)
+        self.world.store.append(doc_id, text)
 
     # the operator runs commands ---------------------------------------------------------------------------
 
-    @rule(seed=SEEDS, how=HOW)
+    @rule(seed=SEEDS, how=st.one_of(HOW, EXPIRE))
     def run(self, seed: str, how: tuple[str, int, bool] | None) -> None:
         config = self.world.config(seed)
         stop, shards = threading.Event(), [0]
@@ -142,6 +181,9 @@ class Lifecycle(RuleBasedStateMachine):
 
         if how and how[0] == "fail":
             self.world.store.fail_write(how[1], landed=how[2])
+        if how and how[0] == "expire" and self.deferred:
+            event(f"jobs expire after {how[1]} lines, expired lines billed: {how[2]}")
+            self.world.store.provider.script(expire_after=how[1], bill_expired=how[2])
         try:
             report = self._run(config, stop, on_progress)
         except Interrupted:
@@ -157,6 +199,7 @@ class Lifecycle(RuleBasedStateMachine):
             return
         finally:
             self.world.store.fail_write(None)
+            self.world.store.provider.script()
         assert report.reconciled, f"run report does not reconcile: {report.to_json()}"
         self.world.reconciled(config)
         self.finished.add(seed)
@@ -181,11 +224,19 @@ class Lifecycle(RuleBasedStateMachine):
         except ConfigError as exc:
             self._refused_for_want_of_a_run(seed, exc)
             return
+        except AttributeError as exc:
+            self._no_online_embed(exc)
+            return
         self.world.reconciled(config)
         if seed in self.finished:
             expected = self.world.expected(seed)
             coverage = commands.verify(config)
-            if len(expected.dead) <= self.world.ceiling(expected.documents):
+            letters = commands.dlq_list(config).dead_letters
+            if not all(is_excusable(str(letter["reason"])) for letter in letters):
+                # Known defect (test_regressions: test_sync_retries_documents_dead_lettered_for_a_transient_
+                # provider_fault): sync leaves transient dead letters, which verify does not excuse.
+                event("sync after a finished run with transient dead letters: not checked (known defect)")
+            elif len(expected.dead) <= self.world.ceiling(expected.documents):
                 event("sync after a finished run: checked that verify is complete")
                 assert coverage.complete, f"sync after a finished run left: {coverage.problems()}"
             self._check_complete(seed, coverage)
@@ -193,12 +244,24 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(seed=SEEDS)
     def dlq_retry(self, seed: str) -> None:
         config = self.world.config(seed)
+        for letter in commands.dlq_list(config).dead_letters:  # the operator asks to pay for these again
+            for record in self.world.store.get(str(letter["doc_id"])):
+                self.allowed[seed][record.text] += 1
         try:
             commands.dlq_retry(config)
         except ConfigError as exc:
             self._refused_for_want_of_a_run(seed, exc)
             return
+        except AttributeError as exc:
+            self._no_online_embed(exc)
+            return
         self.world.reconciled(config)
+
+    def _no_online_embed(self, exc: AttributeError) -> None:
+        """Known defect (test_regressions: test_sync_with_a_batch_embedder_*): sync and dlq retry call
+        `embed`, which a batch embedder lacks. Tolerated only in that exact form, so a fix re-arms the rules."""
+        assert self.deferred and "has no attribute 'embed'" in str(exc), f"crashed: {exc!r}"
+        event("sync or dlq retry crashed: a batch embedder has no `embed` (known defect)")
 
     def _refused_for_want_of_a_run(self, seed: str, exc: Exception) -> None:
         started = commands.status(self.world.config(seed)).state != "not-started"
@@ -237,6 +300,11 @@ class Lifecycle(RuleBasedStateMachine):
             assert sync, f"cutover failed: {exc}"
             self._refused_for_want_of_a_run(seed, exc)
             return
+        except AttributeError as exc:
+            assert sync, f"cutover crashed: {exc!r}"
+            self._no_online_embed(exc)
+            assert self.world.store.aliases.get(ALIAS) == before, "a crashed cutover moved the alias"
+            return
         assert move.target == self.world.target(seed)
         event("cutover moved the alias" if move.changed else "cutover: already live")
         assert self.world.store.aliases[ALIAS][0] == move.target
@@ -260,6 +328,10 @@ class Lifecycle(RuleBasedStateMachine):
         commands.prune(self.world.config(seed), keep=keep)
         assert live is None or live in self.world.store.targets, "prune dropped the live target"
         self.finished &= {s for s in ("A", "B") if self.world.target(s) in self.world.store.targets}
+        for s, allowed in self.allowed.items():
+            if self.world.target(s) not in self.world.store.targets:  # a rerun embeds everything again
+                for text in allowed:
+                    allowed[text] += 1
 
     @rule(seed=SEEDS, knobs=KNOBS)
     def change_settings_that_must_not_matter(self, seed: str, knobs: Knobs) -> None:
@@ -311,9 +383,27 @@ class Lifecycle(RuleBasedStateMachine):
             assert fingerprints <= {meta.get("fingerprint")}, f"{target} serves {fingerprints}"
             assert store.specs[target].fingerprint == meta.get("fingerprint")
 
+    @invariant()
+    def billed_at_most_once_per_text_plus_what_the_provider_lost(self) -> None:
+        """(d): per seed, the provider billed each text no more often than the source gave a reason to
+        embed it (see `allowed`); lines it billed but lost are the provider's, not a double cost."""
+        bills = self.world.store.provider.bills
+        for seed, allowed in self.allowed.items():
+            fingerprint = self.world.embedder(seed).info.fingerprint
+            billed = Counter(b.text for b in bills if b.fingerprint == fingerprint and not b.lost)
+            may = Counter[str]()
+            for text, times in allowed.items():
+                may[" ".join(text.split()[:MAX_TOKENS])] += times
+            over = {text: (n, may[text]) for text, n in billed.items() if n > may[text]}
+            assert not over, f"seed {seed}: billed (times, allowed) {over}"
+
 
 class LifecycleWithDuplicateIds(Lifecycle):
     DUPLICATE_IDS = True
+
+
+class DeferredLifecycle(Lifecycle):
+    EMBEDDER = "memory-batch"
 
 
 def _settings(examples: int, steps: int) -> settings:
@@ -331,3 +421,7 @@ def test_verified_alias_serves_exactly_a_fresh_migration_of_the_current_source()
 
 def test_with_duplicate_ids_verify_still_means_a_fresh_migration() -> None:
     run_state_machine_as_test(LifecycleWithDuplicateIds, settings=_settings(8, 25))
+
+
+def test_deferred_path_verify_means_a_fresh_migration_and_no_text_is_billed_twice() -> None:
+    run_state_machine_as_test(DeferredLifecycle, settings=_settings(15, 25))

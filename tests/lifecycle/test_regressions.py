@@ -272,3 +272,69 @@ def test_a_duplicate_id_split_across_shards_ends_dead_lettered_after_sync(world:
     commands.run(world.config())
     commands.sync(world.config())
     level(world)
+
+
+# found by the deferred lifecycle model (DeferredLifecycle: the memory-batch provider) ----------------------
+
+
+def batch_world(world: World) -> World:
+    world.embedder_kind, world.reject = "memory-batch", "omega"
+    world.store.put("a", "alpha")
+    world.store.put("b", "beta")
+    commands.run(world.config())
+    level(world)
+    return world
+
+
+def test_sync_with_a_batch_embedder_embeds_a_new_document(world: World) -> None:
+    """Sync (and `cutover --sync`) build the inline pipeline, which calls `embed`: a batch embedder
+    (memory-batch, openai-batch) has none, so the first sync with anything to embed crashes."""
+    batch_world(world)
+    world.store.put("c", "gamma")
+    commands.sync(world.config())
+    level(world)
+
+
+def test_dlq_retry_with_a_batch_embedder_retries_the_dead_letters(world: World) -> None:
+    batch_world(world)
+    world.store.put("c", "gamma omega")  # refused by the provider: provider_rejected:invalid_request
+    commands.sync(world.config())
+    world.store.edit("c", "gamma")  # the application fixes it
+    commands.dlq_retry(world.config())
+    level(world)
+    world.reconciled(world.config())
+
+
+class RateLimitedOnce(HashEmbedder):
+    """The `hash` kind, except that its first batch comes back refused with a 429 for every input."""
+
+    refuse = True
+
+    class Config(HashEmbedder.Config):
+        kind: str  # type: ignore[assignment]
+
+    def embed(self, items: Sequence[Tokens]) -> Vectors:
+        self.refused = len(items) if RateLimitedOnce.refuse else 0
+        RateLimitedOnce.refuse = False
+        return super().embed(items)
+
+    def last_rejections(self) -> dict[int, str]:
+        return dict.fromkeys(range(self.refused), "provider_rejected:429")
+
+
+def test_sync_retries_documents_dead_lettered_for_a_transient_provider_fault(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify does not excuse a transient dead letter (a 429, an expired batch line): a fresh migration
+    would embed the text. Sync treats every dead letter as excused, so it leaves such a document
+    missing, and verify stays incomplete after any number of syncs."""
+    monkeypatch.setitem(registry.EMBEDDERS, "rate-limited", f"{__name__}:RateLimitedOnce")
+    monkeypatch.setattr(RateLimitedOnce, "refuse", True)
+    world.store.put("a", "alpha")
+    config = world.config()
+    config.path.write_text(config.path.read_text().replace('kind = "hash"', 'kind = "rate-limited"'))
+    commands.run(load(config.path))
+    assert commands.dlq_list(load(config.path)).reasons == {"provider_rejected:429": 1}
+    commands.sync(load(config.path))
+    coverage = commands.verify(load(config.path))
+    assert coverage.complete, coverage.problems()
