@@ -21,6 +21,7 @@ from adapters.memory import HashEmbedder, MemoryStore
 from reindex import commands
 from reindex.config import Config, load
 from reindex.fingerprint import content_hash, target_name
+from reindex.migration import open_backends
 from reindex.ports import Record, Vectors
 
 ALIAS = "docs"
@@ -52,9 +53,43 @@ class Expected:
     documents: int  # source records, duplicates included
 
 
+class JsonlDocs(MemoryStore):
+    """Source documents kept as a JSONL file, rewritten in id order after every edit (as an export job
+    would): the model edits it like a MemoryStore, the tool reads only the file."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        self._dump()
+
+    def _dump(self) -> None:
+        lines = [json.dumps({"id": r.id, "text": r.text}) + "\n" for r in self.records()]
+        self.path.write_text("".join(lines))
+
+    def put(self, doc_id: str, text: str, **fields: Any) -> None:
+        super().put(doc_id, text)
+        self._dump()
+
+    def append(self, doc_id: str, text: str, **fields: Any) -> None:
+        super().append(doc_id, text)
+        self._dump()
+
+    def edit(self, doc_id: str, text: str) -> None:
+        super().edit(doc_id, text)
+        self._dump()
+
+    def delete(self, doc_id: str) -> None:
+        super().delete(doc_id)
+        self._dump()
+
+
 @dataclass
 class World:
-    """One example's world. Every command reopens its adapters from the TOML files written here."""
+    """One example's world. Every command reopens its adapters from the TOML files written here.
+
+    `backend`: "memory" (source and sink on the named store), or a JSONL source with a "pgvector" sink
+    (`dsn`; it refuses NUL) or a local "qdrant" sink (it stores NUL). The provider state of `memory-batch`
+    always lives on the named store. Targets and the alias are read back through the sink port."""
 
     too_long: str = "truncate"
     reject_nul: bool = True
@@ -63,12 +98,30 @@ class World:
     polls_to_finish: int = 2
     max_dead_letters: int | float = 1.0
     knobs: dict[str, Knobs] = field(default_factory=dict)
+    backend: str = "memory"
+    dsn: str | None = None
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="reindex-lifecycle-")))
     store_name: str = field(default_factory=lambda: f"lifecycle-{next(_worlds)}")
+    _docs: JsonlDocs | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend != "memory":
+            self._docs = JsonlDocs(self.root / "docs.jsonl")
+            self.reject_nul = self.backend == "pgvector"
+
+    @property
+    def alias(self) -> str:
+        return ALIAS if self.backend == "memory" else f"{ALIAS}_{self.store_name.rsplit('-', 1)[1]}"
 
     @property
     def store(self) -> MemoryStore:
+        """The named store: the memory backends, and the memory-batch provider's state."""
         return memory.store(self.store_name)
+
+    @property
+    def docs(self) -> MemoryStore:
+        """The source documents, edited between commands."""
+        return self._docs if self._docs is not None else self.store
 
     def config(self, seed: str = "A", **run: Any) -> Config:
         """Write `<seed>.toml` (embedder `hash` with this seed) with the current knobs, and load it."""
@@ -82,15 +135,23 @@ class World:
                 "polls_to_finish": self.polls_to_finish,
             }
             knobs |= {"poll_seconds": 0.001, "poll_max_seconds": 0.002}
+        source: dict[str, Any] = {"kind": "memory", "store": self.store_name}
+        target: dict[str, Any] = {
+            "kind": "memory",
+            "store": self.store_name,
+            "alias": ALIAS,
+            "reject_nul": self.reject_nul,
+        }
+        if self.backend != "memory":
+            source = {"kind": "jsonl", "path": str(self.root / "docs.jsonl")}
+        if self.backend == "pgvector":
+            target = {"kind": "pgvector", "dsn": self.dsn, "alias": self.alias, "index": "none"}
+        elif self.backend == "qdrant":
+            target = {"kind": "qdrant", "path": str(self.root / "qdrant"), "alias": self.alias}
         sections: dict[str, dict[str, Any]] = {
-            "source": {"kind": "memory", "store": self.store_name},
+            "source": source,
             "embedder": embedder,
-            "target": {
-                "kind": "memory",
-                "store": self.store_name,
-                "alias": ALIAS,
-                "reject_nul": self.reject_nul,
-            },
+            "target": target,
             "run": {
                 "state": str(self.root / "state.db"),
                 "too_long": self.too_long,
@@ -107,11 +168,36 @@ class World:
         return HashEmbedder(DIM, MAX_TOKENS, seed)
 
     def target(self, seed: str) -> str:
-        return target_name(ALIAS, self.embedder(seed).info.fingerprint)
+        return target_name(self.alias, self.embedder(seed).info.fingerprint)
+
+    def served(self) -> Served:
+        """What the sink holds now, read through its port: the alias, and every target of the alias."""
+        with open_backends(self.config("A")) as (_, sink):
+            live = sink.alias(self.alias)
+            targets: dict[str, Target] = {}
+            for name in sink.targets(self.alias):
+                info = sink.describe(name)
+                if info is None:
+                    continue
+                entries = {e.id: e for e in sink.scan_index(name, DIM)}
+                vectors = sink.fetch(name, sorted(entries))
+                stored = {i: (vectors[i], e.content_hash, e.fingerprint) for i, e in entries.items()}
+                targets[name] = Target(info.fingerprint, stored)
+        return Served(live.target, live.fingerprint, targets)
+
+    @property
+    def targets(self) -> set[str]:
+        with open_backends(self.config("A")) as (_, sink):
+            return {name for name in sink.targets(self.alias) if sink.describe(name) is not None}
+
+    def live(self) -> str | None:
+        """The target the alias serves."""
+        with open_backends(self.config("A")) as (_, sink):
+            return sink.alias(self.alias).target
 
     def expected(self, seed: str) -> Expected:
         return fresh_migration(
-            self.store.records(),
+            self.docs.records(),
             self.embedder(seed),
             too_long=self.too_long,
             reject_nul=self.reject_nul,
@@ -124,7 +210,8 @@ class World:
 
     def served_problems(self, seed: str) -> list[str]:
         """How the target of `seed` differs from a fresh migration of the current source (empty: exact)."""
-        return served_problems(self.store, self.target(seed), self.expected(seed), self.embedder(seed))
+        served = self.served()
+        return served_problems(served, self.target(seed), self.expected(seed), self.embedder(seed))
 
     def reconciled(self, config: Config) -> None:
         status = commands.status(config)
@@ -182,17 +269,30 @@ def fresh_migration(
     return Expected(vectors, hashes, dead, len(records))
 
 
-def served_problems(store: MemoryStore, target: str, expected: Expected, embedder: HashEmbedder) -> list[str]:
+@dataclass(frozen=True)
+class Target:
+    fingerprint: str | None
+    stored: dict[str, tuple[Any, str | None, str | None]]  # id -> vector, content hash, fingerprint
+
+
+@dataclass(frozen=True)
+class Served:
+    live: str | None  # the target behind the alias
+    fingerprint: str | None  # the alias's own fingerprint
+    targets: dict[str, Target]
+
+
+def served_problems(served: Served, target: str, expected: Expected, embedder: HashEmbedder) -> list[str]:
     """Compare a target with the oracle id by id: presence, vector, content hash, fingerprint."""
-    stored = store.targets.get(target)
-    if stored is None:
+    if target not in served.targets:
         return [f"target {target!r} does not exist"]
+    stored = served.targets[target].stored
     problems = [f"{i}: missing (expected a vector)" for i in sorted(set(expected.vectors) - set(stored))]
     for doc_id in sorted(set(stored) - set(expected.vectors)):
         why = expected.dead.get(doc_id, "not in the source")
         problems.append(f"{doc_id}: has a vector but a fresh migration gives none ({why})")
     for doc_id in sorted(set(stored) & set(expected.vectors)):
-        _, vector, digest, fingerprint = stored[doc_id]
+        vector, digest, fingerprint = stored[doc_id]
         if not np.allclose(vector, expected.vectors[doc_id], atol=1e-6):
             problems.append(f"{doc_id}: holds a vector that is not its current text's")
         if digest != expected.hashes[doc_id]:

@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -40,7 +41,7 @@ from reindex.errors import (
 )
 from reindex.pipeline import Progress
 from reindex.validation import is_excusable
-from tests.lifecycle.support import ALIAS, MAX_TOKENS, Knobs, World
+from tests.lifecycle.support import MAX_TOKENS, Knobs, World
 
 SOAK = max(1, int(os.environ.get("REINDEX_SOAK", "1")))
 IDS = tuple(f"d{i:02}" for i in range(10))
@@ -72,10 +73,12 @@ class Lifecycle(RuleBasedStateMachine):
 
     DUPLICATE_IDS = False  # records sharing an id, as in a JSONL file: a second, separate machine
     EMBEDDER = "hash"  # "memory-batch": the deferred path, with provider faults and invariant (d)
+    BACKEND = "memory"  # "pgvector" (DSN: one database, an alias per example) or "qdrant" (local)
+    DSN: str | None = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.world = World(embedder_kind=self.EMBEDDER)
+        self.world = World(embedder_kind=self.EMBEDDER, backend=self.BACKEND, dsn=self.DSN)
         self.edited_away: list[str] = []  # texts documents had before an edit: new documents may carry them
         self.finished: set[str] = set()  # seeds whose last run returned normally, target not dropped since
         # (d): how often each source text may be billed per seed: once when it first appears, once more
@@ -91,7 +94,7 @@ class Lifecycle(RuleBasedStateMachine):
             allowed[text] = max(allowed[text], 1)
 
     def _leave(self, doc_id: str) -> None:
-        for record in self.world.store.get(doc_id):
+        for record in self.world.docs.get(doc_id):
             for allowed in self.allowed.values():
                 allowed[record.text] += 1
 
@@ -108,7 +111,9 @@ class Lifecycle(RuleBasedStateMachine):
     def settings(
         self, too_long: str, reject_nul: bool, knobs: Knobs, corpus: dict[str, str], polls: int
     ) -> None:
-        self.world.too_long, self.world.reject_nul = too_long, reject_nul
+        self.world.too_long = too_long
+        if self.BACKEND == "memory":  # pgvector refuses NUL, Qdrant stores it
+            self.world.reject_nul = reject_nul
         self.world.knobs = {"A": knobs, "B": replace(knobs)}
         if self.deferred:
             self.world.reject, self.world.polls_to_finish = REJECT, polls
@@ -118,12 +123,12 @@ class Lifecycle(RuleBasedStateMachine):
     def _put(self, doc_id: str, text: str) -> None:
         self._leave(doc_id)
         self._arrive(text)
-        self.world.store.put(doc_id, text)
+        self.world.docs.put(doc_id, text)
 
     # the application edits the source ---------------------------------------------------------------------
 
     def _text(self, data: st.DataObject, *, blank: bool = True) -> str:
-        carried = [r.text for r in self.world.store.records()]
+        carried = [r.text for r in self.world.docs.records()]
         choices = [SHORT, SHORT, LONG, ODD_SPACING, POISON if blank else st.just("alpha \x00")]
         choices += [st.sampled_from(carried)] if carried else []
         choices += [st.sampled_from(self.edited_away)] if self.edited_away else []
@@ -131,41 +136,41 @@ class Lifecycle(RuleBasedStateMachine):
         text: str = data.draw(st.one_of(choices), label="text")
         return text
 
-    @precondition(lambda self: len(self.world.store.ids()) < len(IDS))
+    @precondition(lambda self: len(self.world.docs.ids()) < len(IDS))
     @rule(data=st.data())
     def insert(self, data: st.DataObject) -> None:
-        absent = [i for i in IDS if i not in self.world.store.ids()]
+        absent = [i for i in IDS if i not in self.world.docs.ids()]
         chosen = data.draw(
             st.lists(st.sampled_from(absent), min_size=1, max_size=3, unique=True), label="ids"
         )
         for doc_id in chosen:
             self._put(doc_id, self._text(data))
 
-    @precondition(lambda self: self.world.store.ids())
+    @precondition(lambda self: self.world.docs.ids())
     @rule(data=st.data())
     def edit(self, data: st.DataObject) -> None:
-        doc_id = data.draw(st.sampled_from(self.world.store.ids()), label="id")
-        self.edited_away += [r.text for r in self.world.store.get(doc_id)]
+        doc_id = data.draw(st.sampled_from(self.world.docs.ids()), label="id")
+        self.edited_away += [r.text for r in self.world.docs.get(doc_id)]
         text = self._text(data)
         event(f"edit to a poison text: {text in POISON_TEXTS}")
         self._leave(doc_id)
         self._arrive(text)
-        self.world.store.edit(doc_id, text)
+        self.world.docs.edit(doc_id, text)
 
-    @precondition(lambda self: self.world.store.ids())
+    @precondition(lambda self: self.world.docs.ids())
     @rule(data=st.data())
     def delete(self, data: st.DataObject) -> None:
-        doc_id = data.draw(st.sampled_from(self.world.store.ids()), label="id")
+        doc_id = data.draw(st.sampled_from(self.world.docs.ids()), label="id")
         self._leave(doc_id)
-        self.world.store.delete(doc_id)
+        self.world.docs.delete(doc_id)
 
-    @precondition(lambda self: self.DUPLICATE_IDS and self.world.store.ids())
+    @precondition(lambda self: self.DUPLICATE_IDS and self.world.docs.ids())
     @rule(data=st.data())
     def add_a_record_with_an_existing_id(self, data: st.DataObject) -> None:
-        doc_id = data.draw(st.sampled_from(self.world.store.ids()), label="id")
+        doc_id = data.draw(st.sampled_from(self.world.docs.ids()), label="id")
         text = self._text(data, blank=False)
         self._arrive(text)
-        self.world.store.append(doc_id, text)
+        self.world.docs.append(doc_id, text)
 
     # the operator runs commands ---------------------------------------------------------------------------
 
@@ -211,7 +216,7 @@ class Lifecycle(RuleBasedStateMachine):
         try:
             return commands.run(config, stop=stop, on_progress=on_progress)
         except ConfigError as exc:
-            assert target not in self.world.store.targets, f"run refused with the target present: {exc}"
+            assert target not in self.world.targets, f"run refused with the target present: {exc}"
             assert "--fresh" in str(exc), f"the refusal does not say how to start afresh: {exc}"
         event("run --fresh after the target was dropped")
         return commands.run(config, stop=stop, on_progress=on_progress, fresh=True)
@@ -226,6 +231,9 @@ class Lifecycle(RuleBasedStateMachine):
             return
         except AttributeError as exc:
             self._no_online_embed(exc)
+            return
+        except BackendError as exc:
+            self._empty_delete_on_qdrant(exc)
             return
         self.world.reconciled(config)
         if seed in self.finished:
@@ -245,7 +253,7 @@ class Lifecycle(RuleBasedStateMachine):
     def dlq_retry(self, seed: str) -> None:
         config = self.world.config(seed)
         for letter in commands.dlq_list(config).dead_letters:  # the operator asks to pay for these again
-            for record in self.world.store.get(str(letter["doc_id"])):
+            for record in self.world.docs.get(str(letter["doc_id"])):
                 self.allowed[seed][record.text] += 1
         try:
             commands.dlq_retry(config)
@@ -257,6 +265,11 @@ class Lifecycle(RuleBasedStateMachine):
             return
         self.world.reconciled(config)
 
+    def _empty_delete_on_qdrant(self, exc: BackendError) -> None:
+        """Known defect (test_regressions: test_sync_on_qdrant_with_nothing_dead_lettered_does_not_fail)."""
+        assert self.BACKEND == "qdrant" and "Empty update request" in str(exc), f"sync failed: {exc!r}"
+        event("sync failed on Qdrant: delete of no ids (known defect)")
+
     def _no_online_embed(self, exc: AttributeError) -> None:
         """Known defect (test_regressions: test_sync_with_a_batch_embedder_*): sync and dlq retry call
         `embed`, which a batch embedder lacks. Tolerated only in that exact form, so a fix re-arms the rules."""
@@ -265,7 +278,7 @@ class Lifecycle(RuleBasedStateMachine):
 
     def _refused_for_want_of_a_run(self, seed: str, exc: Exception) -> None:
         started = commands.status(self.world.config(seed)).state != "not-started"
-        gone = self.world.target(seed) not in self.world.store.targets
+        gone = self.world.target(seed) not in self.world.targets
         assert gone or not started, f"refused although the run and its target exist: {exc}"
 
     @rule(seed=SEEDS)
@@ -273,7 +286,7 @@ class Lifecycle(RuleBasedStateMachine):
         try:
             coverage = commands.verify(self.world.config(seed))
         except VerificationFailed as exc:
-            assert self.world.target(seed) not in self.world.store.targets, f"verify failed: {exc}"
+            assert self.world.target(seed) not in self.world.targets, f"verify failed: {exc}"
             return
         self._check_complete(seed, coverage)
 
@@ -290,24 +303,27 @@ class Lifecycle(RuleBasedStateMachine):
 
     @rule(seed=SEEDS, sync=st.booleans())
     def cutover(self, seed: str, sync: bool) -> None:
-        before = self.world.store.aliases.get(ALIAS)
+        before = self.world.live()
         try:
             move = commands.cutover(self.world.config(seed), sync=sync)
         except VerificationFailed:
-            assert self.world.store.aliases.get(ALIAS) == before, "a refused cutover moved the alias"
+            assert self.world.live() == before, "a refused cutover moved the alias"
             return
         except ConfigError as exc:
             assert sync, f"cutover failed: {exc}"
             self._refused_for_want_of_a_run(seed, exc)
             return
-        except AttributeError as exc:
+        except (AttributeError, BackendError) as exc:
             assert sync, f"cutover crashed: {exc!r}"
-            self._no_online_embed(exc)
-            assert self.world.store.aliases.get(ALIAS) == before, "a crashed cutover moved the alias"
+            if isinstance(exc, AttributeError):
+                self._no_online_embed(exc)
+            else:
+                self._empty_delete_on_qdrant(exc)
+            assert self.world.live() == before, "a crashed cutover moved the alias"
             return
         assert move.target == self.world.target(seed)
         event("cutover moved the alias" if move.changed else "cutover: already live")
-        assert self.world.store.aliases[ALIAS][0] == move.target
+        assert self.world.live() == move.target
         problems = self.world.served_problems(seed)
         assert not problems, f"cutover promoted a target that is not a fresh migration: {problems}"
 
@@ -319,17 +335,17 @@ class Lifecycle(RuleBasedStateMachine):
             event("rollback refused")
             return  # nothing to roll back to, or it was pruned
         event("rollback moved the alias")
-        assert self.world.store.aliases[ALIAS][0] == move.target
-        assert move.target in self.world.store.targets
+        assert self.world.live() == move.target
+        assert move.target in self.world.targets
 
     @rule(seed=SEEDS, keep=st.integers(1, 2))
     def prune(self, seed: str, keep: int) -> None:
-        live = self.world.store.aliases.get(ALIAS, (None, {}))[0]
+        live = self.world.live()
         commands.prune(self.world.config(seed), keep=keep)
-        assert live is None or live in self.world.store.targets, "prune dropped the live target"
-        self.finished &= {s for s in ("A", "B") if self.world.target(s) in self.world.store.targets}
+        assert live is None or live in self.world.targets, "prune dropped the live target"
+        self.finished &= {s for s in ("A", "B") if self.world.target(s) in self.world.targets}
         for s, allowed in self.allowed.items():
-            if self.world.target(s) not in self.world.store.targets:  # a rerun embeds everything again
+            if self.world.target(s) not in self.world.targets:  # a rerun embeds everything again
                 for text in allowed:
                     allowed[text] += 1
 
@@ -353,7 +369,7 @@ class Lifecycle(RuleBasedStateMachine):
         fraction = (len(expected.dead) - 0.5) / expected.documents  # floor(fraction * documents) < dead
         limit: int | float = data.draw(st.sampled_from((count, fraction)), label="max_dead_letters")
         config = self.world.config(seed, max_dead_letters=limit)
-        before = self.world.store.aliases.get(ALIAS)
+        before = self.world.live()
         try:
             coverage = commands.verify(config)
         except VerificationFailed:
@@ -365,7 +381,7 @@ class Lifecycle(RuleBasedStateMachine):
             pass
         else:
             raise AssertionError(f"cutover promoted a target with {len(expected.dead)} dead over max {limit}")
-        assert self.world.store.aliases.get(ALIAS) == before
+        assert self.world.live() == before
 
     @rule(seed=SEEDS)
     def status(self, seed: str) -> None:
@@ -376,12 +392,14 @@ class Lifecycle(RuleBasedStateMachine):
     @invariant()
     def a_served_index_holds_one_fingerprint(self) -> None:
         """(c): the alias points at an existing target whose vectors all carry the alias's fingerprint."""
-        store = self.world.store
-        for alias, (target, meta) in list(store.aliases.items()):
-            assert target in store.targets, f"alias {alias!r} points at a dropped target {target!r}"
-            fingerprints = {entry[3] for entry in store.targets[target].values()}
-            assert fingerprints <= {meta.get("fingerprint")}, f"{target} serves {fingerprints}"
-            assert store.specs[target].fingerprint == meta.get("fingerprint")
+        served = self.world.served()
+        if served.live is None:
+            return
+        assert served.live in served.targets, f"the alias points at a dropped target {served.live!r}"
+        target = served.targets[served.live]
+        fingerprints = {entry[2] for entry in target.stored.values()}
+        assert fingerprints <= {served.fingerprint}, f"{served.live} serves {fingerprints}"
+        assert target.fingerprint == served.fingerprint
 
     @invariant()
     def billed_at_most_once_per_text_plus_what_the_provider_lost(self) -> None:
@@ -425,3 +443,16 @@ def test_with_duplicate_ids_verify_still_means_a_fresh_migration() -> None:
 
 def test_deferred_path_verify_means_a_fresh_migration_and_no_text_is_billed_twice() -> None:
     run_state_machine_as_test(DeferredLifecycle, settings=_settings(15, 25))
+
+
+@pytest.mark.parametrize("embedder", ["hash", "memory-batch"])
+def test_on_pgvector_verify_means_a_fresh_migration_of_a_jsonl_source(embedder: str, pg_dsn: str) -> None:
+    attributes = {"BACKEND": "pgvector", "DSN": pg_dsn, "EMBEDDER": embedder}
+    machine = type("PgvectorLifecycle", (Lifecycle,), attributes)
+    run_state_machine_as_test(machine, settings=_settings(4, 12))
+
+
+@pytest.mark.parametrize("embedder", ["hash", "memory-batch"])
+def test_on_qdrant_verify_means_a_fresh_migration_of_a_jsonl_source(embedder: str) -> None:
+    machine = type("QdrantLifecycle", (Lifecycle,), {"BACKEND": "qdrant", "EMBEDDER": embedder})
+    run_state_machine_as_test(machine, settings=_settings(4, 12))

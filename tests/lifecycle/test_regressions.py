@@ -338,3 +338,20 @@ def test_sync_retries_documents_dead_lettered_for_a_transient_provider_fault(
     commands.sync(load(config.path))
     coverage = commands.verify(load(config.path))
     assert coverage.complete, coverage.problems()
+
+
+# found by the lifecycle model on Qdrant local (QdrantLifecycle) ----------------------------------------------
+
+
+def test_sync_on_qdrant_with_nothing_dead_lettered_does_not_fail() -> None:
+    """Sync deletes the vectors of a shard's dead letters even when there are none: `sink.delete(target,
+    [])`, which Qdrant refuses ("Empty update request"), so any sync that embeds something fails on Qdrant."""
+    world = World(backend="qdrant")
+    try:
+        world.docs.put("d00", "alpha")
+        commands.run(world.config())
+        world.docs.put("d01", "beta")
+        commands.sync(world.config())
+        level(world)
+    finally:
+        world.close()
