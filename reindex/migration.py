@@ -25,7 +25,8 @@ from reindex.errors import ConfigError, LeaseLost, ReindexError
 from reindex.fingerprint import target_name
 from reindex.ledger import Lease, Ledger, RunInfo, SqliteLedger
 from reindex.pipeline import Pipeline
-from reindex.ports import Embedder, Sink, Source, TargetSpec
+from reindex.ports import DeferredEmbedder, Embedder, Sink, Source, TargetSpec
+from reindex.synchronous import SynchronousBatches
 
 
 @dataclass
@@ -41,9 +42,15 @@ class Migration:
 
     def pipeline(self, ledger: Ledger) -> Pipeline:
         """A pipeline over this migration's adapters, for work outside the backfill (retries, sync)."""
+        embedder: Any = self.embedder
+        if isinstance(embedder, DeferredEmbedder):
+            run = self.config.run
+            embedder = SynchronousBatches(
+                embedder, poll_seconds=run.poll_seconds, poll_max_seconds=run.poll_max_seconds
+            )
         return Pipeline(
             source=self.source,
-            embedder=self.embedder,
+            embedder=embedder,
             sink=self.sink,
             ledger=ledger,
             spec=self.spec,

@@ -16,6 +16,7 @@ from reindex.batching import chunks
 from reindex.ledger import DeadLetter, Ledger
 from reindex.pipeline import retrying
 from reindex.ports import Record, Source
+from reindex.validation import is_excusable
 from reindex.verify import Category, compare
 
 if TYPE_CHECKING:
@@ -44,10 +45,12 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
     started = time.monotonic()
     m.sink.prepare(m.spec)
     previous = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id)}
+    # Only dead letters a fresh migration would meet again stay excused; a 429 or an expired line is retried.
+    excused = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id) if is_excusable(d.reason)}
     pipeline = m.pipeline(ledger)
     written: list[str] = []
     dead: list[DeadLetter] = []
-    with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=previous) as comparison:
+    with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused) as comparison:
         kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
         counts = {c: comparison.count(c) for c in kinds}
         stale = chain(*(comparison.ids(c) for c in ("missing", "stale", "invalid_vectors", "conflicting")))
@@ -56,7 +59,9 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
             written += shard.written_ids
             dead += shard.dead
             # A document whose current text is a dead letter must not keep the vector of its old text.
-            retrying(m.sink.delete, m.spec.name, sorted({d.doc_id for d in shard.dead}))
+            gone = sorted({d.doc_id for d in shard.dead})
+            if gone:
+                retrying(m.sink.delete, m.spec.name, gone)
         for chunk in chunks(comparison.ids("orphaned"), DELETE_CHUNK):
             retrying(m.sink.delete, m.spec.name, chunk)
     ledger.settle_retry(m.plan_id, written=[i for i in written if i in previous], vanished=[], dead=[])

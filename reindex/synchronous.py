@@ -1,0 +1,56 @@
+"""A provider batch embedder used inline, for the few documents `sync` and `dlq retry` embed.
+
+Each call submits one job under a key derived from its texts (so a rerun adopts it rather than paying
+twice), polls it to the end, and returns the vectors in input order; refused lines come back as
+`provider_rejected:<code>` through `last_rejections`, like an online embedder's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from reindex.errors import TransientError
+from reindex.ports import DeferredEmbedder, JobItem, Tokens, Vectors
+
+
+class SynchronousBatches:
+    def __init__(self, embedder: DeferredEmbedder, *, poll_seconds: float, poll_max_seconds: float) -> None:
+        self.info = embedder.info
+        self._embedder = embedder
+        self._poll = (poll_seconds, poll_max_seconds)
+        self._rejected: dict[int, str] = {}
+        self.billed_tokens = 0
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
+        return self._embedder.tokenize(texts)
+
+    def embed(self, items: Sequence[Tokens]) -> Vectors:
+        jobs = [JobItem(f"s{i}", tokens) for i, tokens in enumerate(items)]
+        digest = hashlib.sha256(repr([(t.count, str(t.data)) for t in items]).encode()).hexdigest()[:24]
+        job_id = self._embedder.submit(f"sync-{self.info.fingerprint[:8]}-{digest}", jobs, isolate=True)
+        result = self._embedder.poll(job_id)
+        wait, longest = self._poll
+        deadline = time.monotonic() + 24 * 3600
+        while not result.is_terminal:
+            if time.monotonic() > deadline:
+                raise TransientError(f"provider job {job_id} did not finish", hint="rerun to adopt it")
+            time.sleep(wait)
+            wait = min(wait * 2, longest)
+            result = self._embedder.poll(job_id)
+        self.billed_tokens += result.billed_tokens
+        vectors = np.full((len(items), self.info.dim), np.nan, dtype=np.float32)
+        self._rejected = {}
+        for i, job in enumerate(jobs):
+            if job.custom_id in result.vectors:
+                vectors[i] = result.vectors[job.custom_id]
+            else:
+                self._rejected[i] = f"provider_rejected:{result.failed.get(job.custom_id, 'missing')}"
+        self._embedder.release(job_id)
+        return vectors
+
+    def last_rejections(self) -> dict[int, str]:
+        return dict(self._rejected)
