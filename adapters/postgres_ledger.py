@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from adapters.postgres import mask_dsn
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, MissingDependency, TransientError
 from reindex.ledger import (
+    FORGET_TABLES,
     Cutover,
     DeadLetter,
     Job,
@@ -125,10 +126,6 @@ _TOTALS = (
     " FROM reindex.shards WHERE plan_id = %s"
 )
 _RUN_COLUMNS: LiteralString = "plan_id, alias, target, fingerprint, model, nonce, config_key"
-_FORGET: tuple[LiteralString, ...] = tuple(
-    f"DELETE FROM reindex.{table} WHERE plan_id = %s"
-    for table in ("shards", "dead_letters", "texts", "jobs", "verifications", "runs")
-)
 # The lease connection: a vanished network fails its pings within seconds instead of hanging them.
 _LEASE_OPTIONS = {
     "keepalives": 1,
@@ -220,8 +217,10 @@ class PostgresLedger:
 
     def forget(self, plan_id: str) -> None:
         with self._fenced() as conn:
-            for statement in _FORGET:
-                conn.execute(statement, (plan_id,))
+            sql = _psycopg().sql
+            for table in FORGET_TABLES:
+                delete = sql.SQL("DELETE FROM reindex.{} WHERE plan_id = %s").format(sql.Identifier(table))
+                conn.execute(delete, (plan_id,))
 
     def resume_point(self, plan_id: str) -> tuple[str | None, int]:
         """The cursor after the last written shard and the next shard number."""
@@ -700,6 +699,7 @@ def _psycopg() -> Any:
     try:
         import psycopg
         import psycopg.conninfo
+        import psycopg.sql
     except ImportError:
         raise MissingDependency("psycopg", extra="pgvector") from None
     return psycopg

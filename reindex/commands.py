@@ -33,7 +33,7 @@ from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate
 from reindex.ports import DeferredEmbedder
 from reindex.sync import SyncReport, catch_up, fetch_records
-from reindex.validation import is_excusable
+from reindex.validation import excused
 from reindex.verify import Coverage, coverage
 
 # plan ---------------------------------------------------------------------------------------------------
@@ -117,9 +117,7 @@ def attach(m: Migration, ledger: Ledger, *, fresh: bool = False, create: bool = 
     if fresh:
         _start_afresh(m, ledger)
     elif not create and ledger.run_info(m.plan_id) is None:
-        raise ConfigError(
-            f"no run of this migration in the ledger {m.config.run.state!r}", hint="run `reindex run` first"
-        )
+        raise ConfigError("no run of this migration in the ledger", hint="run `reindex run` first")
     key = config_key(m.config, m.source, m.sink)
     nonce = ledger.begin(
         m.plan_id,
@@ -309,18 +307,13 @@ def _verify(m: Migration, ledger: Ledger, *, sample: int = 0) -> Coverage:
         m.spec.name,
         dim=m.spec.dim,
         fingerprint=m.spec.fingerprint,
-        dead_letters=excused(ledger, m.plan_id),
+        dead_letters=excused(ledger.dead_letters(m.plan_id)),
         embedder=m.embedder,
         sample=sample,
         ceiling=m.config.run.dead_letter_ceiling,
     )
     ledger.record_verification(m.plan_id, report.complete, report.to_json())
     return report
-
-
-def excused(ledger: Ledger, plan_id: str) -> dict[str, str | None]:
-    """Dead letters that excuse a missing vector: those a fresh migration would meet again (same text)."""
-    return {d.doc_id: d.content_hash for d in ledger.dead_letters(plan_id) if is_excusable(d.reason)}
 
 
 def _coverage(m: Migration, dead_letters: dict[str, str | None] | None) -> Coverage:
@@ -424,7 +417,6 @@ __all__ = [
     "cutover",
     "dlq_list",
     "dlq_retry",
-    "excused",
     "inspect",
     "open_backends",
     "open_ledger",

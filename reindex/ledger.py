@@ -420,7 +420,7 @@ def new_nonce() -> str:
 
 
 _RUN_COLUMNS = "plan_id, alias, target, fingerprint, model, nonce, config_key"
-_FORGET_TABLES = ("shards", "dead_letters", "texts", "jobs", "verifications", "runs")
+FORGET_TABLES = ("shards", "dead_letters", "texts", "jobs", "verifications", "runs")
 
 
 class SqliteLedger:
@@ -532,7 +532,7 @@ class SqliteLedger:
 
     def forget(self, plan_id: str) -> None:
         with self._fenced() as db:
-            for table in _FORGET_TABLES:
+            for table in FORGET_TABLES:
                 db.execute(f"DELETE FROM {table} WHERE plan_id = ?", (plan_id,))
 
     def resume_point(self, plan_id: str) -> tuple[str | None, int]:

@@ -16,7 +16,7 @@ from reindex.batching import chunks
 from reindex.ledger import DeadLetter, Ledger
 from reindex.pipeline import retrying
 from reindex.ports import Record, Source
-from reindex.validation import is_excusable
+from reindex.validation import excused
 from reindex.verify import Category, compare
 
 if TYPE_CHECKING:
@@ -44,13 +44,13 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
     """Bring the target level with the source now. Idempotent: a second sync finds nothing to do."""
     started = time.monotonic()
     m.sink.prepare(m.spec)
-    previous = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id)}
+    letters = ledger.dead_letters(m.plan_id)
+    previous = {d.doc_id for d in letters}
     # Only dead letters a fresh migration would meet again stay excused; a 429 or an expired line is retried.
-    excused = {d.doc_id: d.content_hash for d in ledger.dead_letters(m.plan_id) if is_excusable(d.reason)}
     pipeline = m.pipeline(ledger)
     written: list[str] = []
     dead: list[DeadLetter] = []
-    with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused) as comparison:
+    with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused(letters)) as comparison:
         kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
         counts = {c: comparison.count(c) for c in kinds}
         stale = chain(*(comparison.ids(c) for c in ("missing", "stale", "invalid_vectors", "conflicting")))

@@ -1,14 +1,16 @@
 """A provider batch embedder used inline, for the few documents `sync` and `dlq retry` embed.
 
-Each call submits one job under a key derived from its texts (so a rerun adopts it rather than paying
-twice), polls it to the end, and returns the vectors in input order; refused lines come back as
-`provider_rejected:<code>` through `last_rejections`, like an online embedder's.
+Each call submits one job, polls it to the end, and returns the vectors in input order; refused lines come
+back as `provider_rejected:<code>` through `last_rejections`, like an online embedder's. The key is new for
+every call: a job is released once read, so adopting it again later would find its files gone. A crash in
+the middle of a sync can therefore bill its few texts twice; the backfill's own jobs keep the adopt-by-key
+guarantee.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
+import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,8 +32,9 @@ class SynchronousBatches:
 
     def embed(self, items: Sequence[Tokens]) -> Vectors:
         jobs = [JobItem(f"s{i}", tokens) for i, tokens in enumerate(items)]
-        digest = hashlib.sha256(repr([(t.count, str(t.data)) for t in items]).encode()).hexdigest()[:24]
-        job_id = self._embedder.submit(f"sync-{self.info.fingerprint[:8]}-{digest}", jobs, isolate=True)
+        job_id = self._embedder.submit(
+            f"sync-{self.info.fingerprint[:8]}-{uuid.uuid4().hex}", jobs, isolate=True
+        )
         result = self._embedder.poll(job_id)
         wait, longest = self._poll
         deadline = time.monotonic() + 24 * 3600

@@ -12,7 +12,7 @@ migration would meet again (`is_excusable`); a lost duplicate or an expired prov
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from reindex.fingerprint import content_hash
@@ -117,6 +117,11 @@ def _drop_conflicts(result: Screened, conflicted: set[str]) -> None:
 def is_excusable(reason: str) -> bool:
     """True when a fresh migration would dead-letter the same text for the same reason."""
     return reason not in NOT_INTRINSIC and not reason.startswith(NOT_INTRINSIC_PREFIXES)
+
+
+def excused(letters: Iterable[DeadLetter]) -> dict[str, str | None]:
+    """Dead letters that excuse a missing vector (id -> the text's hash): those a fresh migration would meet."""
+    return {d.doc_id: d.content_hash for d in letters if is_excusable(d.reason)}
 
 
 def vector_dead_letters(vectors: Vectors, dim: int) -> list[str | None]:
