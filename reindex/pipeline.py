@@ -45,6 +45,7 @@ __all__ = [
     "prepare_shard",
     "retrying",
     "text_settlements",
+    "write_rows",
 ]
 
 
