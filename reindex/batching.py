@@ -4,33 +4,43 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
 
 T = TypeVar("T")
 
 
-def token_batches(lengths: Sequence[int], budget: int, max_batch: int) -> list[list[int]]:
+def token_batches(
+    lengths: Sequence[int] | NDArray[np.integer[Any]], budget: int, max_batch: int
+) -> list[NDArray[np.int64]]:
     """Group indexes so that each batch's padded size (count x longest) stays within `budget`.
 
-    A single text longer than the budget still gets a batch of its own.
+    Greedy over the length-sorted order, one numpy search per batch (not per text): in ascending order
+    `k * lengths[start + k - 1]` grows with k, so a batch is the longest prefix that fits. A single text
+    longer than the budget still gets a batch of its own.
     """
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        longest = max(lengths[index], 1)
-        if current and ((len(current) + 1) * longest > budget or len(current) >= max_batch):
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
+    values = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    batches: list[NDArray[np.int64]] = []
+    start, total = 0, len(order)
+    while start < total:
+        span = min(max_batch, total - start)
+        fits = np.arange(1, span + 1) * ordered[start : start + span] <= budget
+        size = max(1, int(np.argmin(fits)) if not fits.all() else span)
+        batches.append(order[start : start + size])
+        start += size
     return batches
 
 
-def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:
+def padded_tokens(
+    lengths: Sequence[int] | NDArray[np.integer[Any]], batches: Sequence[Sequence[int] | NDArray[np.int64]]
+) -> int:
     """Tokens the model computes including padding, for the padding-fraction figure."""
-    return sum(len(batch) * max(lengths[i] for i in batch) for batch in batches)
+    values = np.asarray(lengths, dtype=np.int64)
+    return int(sum(len(batch) * int(values[batch].max()) for batch in batches if len(batch)))
 
 
 def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:

@@ -128,7 +128,7 @@ class DeferredRun:
         """Turn a shard into a job intent and submit it; False (and nothing recorded) if over budget."""
         claim = functools.partial(retrying, self.ledger.claim_texts, self.plan_id)
         shard = prepare_shard(self.embedder, self.config, seq, after, records, claim)
-        if not self.budget.allows(sum(t.count for t in shard.tokens)):
+        if not self.budget.allows(shard.token_count):
             retrying(functools.partial(self.ledger.release_claims, self.plan_id, keep_owners=self._owners()))
             return False
         items = tuple(

@@ -14,7 +14,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ import stamina
 
 from reindex import crashpoints
 from reindex.batching import chunks, padded_tokens, token_batches
+from reindex.columns import Documents, TokenColumns, embed
 from reindex.config import RunConfig
 from reindex.copies import Copies, copy_rows
 from reindex.cost import Budget
@@ -30,7 +31,7 @@ from reindex.errors import ConfigError, Interrupted, RowsRejected, TransientErro
 from reindex.ledger import DeadLetter, Ledger, ShardResult
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
 from reindex.shards import Copy, Shard, finish_shard, keep_records, prepare_shard, text_settlements
-from reindex.validation import vector_dead_letters
+from reindex.validation import vector_problems
 
 T = TypeVar("T")
 _DONE = object()
@@ -157,18 +158,18 @@ class Pipeline:
     # reader stage -------------------------------------------------------------------------------------
 
     def _read(self, after: str | None, seq: int, out: queue.Queue[Any]) -> None:
-        for records in chunks(resumable_scan(self.source, after), self.config.shard_size):
-            shard = self._prepare(seq, after, records)
-            if not self.budget.allows(sum(t.count for t in shard.tokens)):
+        for documents in scan_documents(self.source, after, self.config.shard_size):
+            shard = self._prepare(seq, after, documents)
+            if not self.budget.allows(shard.token_count):
                 break  # over budget: claim nothing more; what is in flight still lands
             if self._failed.is_set() or not self._put(out, shard):
                 return
-            after, seq = records[-1].position, seq + 1
+            after, seq = shard.last_cursor, seq + 1
             if self.stop.is_set():
                 break
         self._put(out, _DONE)
 
-    def _prepare(self, seq: int, after: str | None, records: list[Record]) -> Shard:
+    def _prepare(self, seq: int, after: str | None, records: Sequence[Record]) -> Shard:
         claim = functools.partial(retrying, self.ledger.claim_texts, self.plan_id)
         return prepare_shard(self.embedder, self.config, seq, after, records, claim)
 
@@ -204,31 +205,30 @@ class Pipeline:
 
     def _embed_locked(self, window: list[Shard], stoppable: bool) -> bool:
         dim = self.embedder.info.dim
-        tokens = [t for shard in window for t in shard.tokens]
-        lengths = [t.count for t in tokens]
+        tokens = TokenColumns.concat([shard.tokens for shard in window])
+        lengths = tokens.counts
         batches = token_batches(lengths, batch_budget(self.config, self.embedder), self.config.max_batch)
         unique = np.empty((len(lengths), dim), dtype=np.float32)
         started = time.monotonic()
         billed_before = getattr(self.embedder, "billed_tokens", 0)
-        rejected: dict[int, str] = {}
+        problems: dict[int, str] = {}
         for batch in batches:
             if stoppable and self.stop.is_set():
                 return False
-            vectors = retrying(self.embedder.embed, [tokens[i] for i in batch])
+            vectors = retrying(embed, self.embedder, tokens.take(batch))
             unique[batch] = _checked(vectors, len(batch), dim, self.embedder)
             for row, reason in _rejections(self.embedder).items():
-                rejected[batch[row]] = reason
+                problems[int(batch[row])] = reason
         self.progress.model_seconds += time.monotonic() - started
         window[-1].billed_tokens += getattr(self.embedder, "billed_tokens", 0) - billed_before
         self.progress.padded_tokens += padded_tokens(lengths, batches)
-        self.progress.tokens += sum(lengths)
-        reasons: list[str | None] = vector_dead_letters(unique, dim) if lengths else []
-        for index, reason in rejected.items():
-            reasons[index] = reason
+        self.progress.tokens += int(lengths.sum())
+        problems = vector_problems(unique, dim) | problems
         offset = 0
         for shard in window:
             count = len(shard.tokens)
-            finish_shard(shard, unique[offset : offset + count], reasons[offset : offset + count], dim)
+            mine = {i - offset: r for i, r in problems.items() if offset <= i < offset + count}
+            finish_shard(shard, unique[offset : offset + count], mine, dim)
             self.progress.reused += len(shard.owner) - count
             offset += count
         return True
@@ -257,14 +257,14 @@ class Pipeline:
             shard.dead,
             shard.duplicates,
             len(shard.owner) - len(shard.tokens) + len(shard.copied),
-            sum(t.count for t in shard.tokens),
+            shard.token_count,
             shard.truncated,
             now - self._last_mark,
             billed_tokens=shard.billed_tokens,
             texts=text_settlements(shard),
             owners=dict(shard.owners),
         )
-        self.budget.charge(shard.billed_tokens, reserved=sum(t.count for t in shard.tokens))
+        self.budget.charge(shard.billed_tokens, reserved=shard.token_count)
         self._last_mark = now
         retrying(self.ledger.record_shard, self.plan_id, result)
         self.progress.documents += shard.documents
@@ -332,6 +332,29 @@ def write_rows(sink: Sink, target: str, rows: Rows) -> list[DeadLetter]:
         )
 
 
+def scan_documents(source: Source, after: str | None, size: int) -> Iterator[Documents]:
+    """Shards of up to `size` documents after `after`, as columns: the source's own `scan_documents` when it
+    has one (files: no Record per document), else `scan` in chunks. Reopened after the last shard yielded
+    when a transient fault breaks it."""
+    columnar = getattr(source, "scan_documents", None)
+    if columnar is None:
+        for records in chunks(resumable_scan(source, after), size):
+            yield Documents.from_records(records)
+        return
+    iterator: Iterator[Documents] = iter(columnar(after, size))
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except TransientError:
+            iterator = retrying(_reopened, functools.partial(columnar, size=size), after)
+            continue
+        if batch.last_position is not None:
+            after = batch.last_position
+        yield batch
+
+
 def resumable_scan(source: Source, after: str | None) -> Iterator[Record]:
     """`source.scan(after)`, reopened after the last record yielded when a transient fault breaks it."""
     iterator: Iterator[Record] = iter(source.scan(after))
@@ -341,15 +364,15 @@ def resumable_scan(source: Source, after: str | None) -> Iterator[Record]:
         except StopIteration:
             return
         except TransientError:
-            iterator = retrying(_reopened, source, after)
+            iterator = retrying(_reopened, source.scan, after)
             continue
         after = record.position
         yield record
 
 
-def _reopened(source: Source, after: str | None) -> Iterator[Record]:
-    """Open a scan and read its first record now, so a fault surfaces inside the retry."""
-    iterator = iter(source.scan(after))
+def _reopened(scan: Callable[[str | None], Iterator[T]], after: str | None) -> Iterator[T]:
+    """Open a scan and read its first item now, so a fault surfaces inside the retry."""
+    iterator = iter(scan(after))
     first = next(iterator, _END)
     return iter(()) if first is _END else itertools.chain([first], iterator)  # type: ignore[list-item]
 

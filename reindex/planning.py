@@ -10,7 +10,6 @@ from typing import Any
 
 from reindex.batching import token_batches
 from reindex.config import RunConfig
-from reindex.fingerprint import content_hash
 from reindex.pipeline import batch_budget
 from reindex.ports import Embedder, Record, Source
 from reindex.validation import screen
@@ -95,11 +94,10 @@ def _new_texts(report: PlanReport, chunk: list[Record], seen: set[str]) -> list[
     report.embeddable += len(screened.records)
     report.unreadable_or_empty += len(screened.dead)
     texts = []
-    for record in screened.records:
-        digest = content_hash(record.text)
+    for text, digest in zip(screened.records.texts, screened.hashes, strict=True):
         if digest not in seen:
             seen.add(digest)
-            texts.append(record.text)
+            texts.append(text)
     return texts
 
 

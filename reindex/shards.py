@@ -6,15 +6,17 @@ finish_shard:  each record gets its text's vector, or a dead letter when the vec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from reindex.columns import Documents, TokenColumns, documents, tokenize
 from reindex.config import RunConfig
 from reindex.ledger import DeadLetter
-from reindex.ports import Record, Tokens, Vectors
+from reindex.ports import Record, Vectors
 from reindex.validation import screen
 
 Claim = Callable[
@@ -29,10 +31,10 @@ class Shard:
     after_cursor: str | None
     last_cursor: str
     documents: int
-    records: list[Record]
+    records: Documents  # kept documents, columnar
     hashes: list[str]
     owner: list[int]  # record i is embedded as unique text owner[i]
-    tokens: list[Tokens]  # one per unique text
+    tokens: TokenColumns  # one row per unique text
     dead: list[DeadLetter]
     duplicates: int
     truncated: int = 0
@@ -46,7 +48,11 @@ class Shard:
 
     @property
     def written_ids(self) -> list[str]:
-        return [record.id for record in self.records] + self.copied
+        return self.records.ids + self.copied
+
+    @property
+    def token_count(self) -> int:
+        return int(self.tokens.counts.sum())
 
 
 def prepare_shard(
@@ -54,27 +60,30 @@ def prepare_shard(
     run: RunConfig,
     seq: int,
     after: str | None,
-    records: list[Record],
+    records: Sequence[Record],
     claim: Claim | None = None,
 ) -> Shard:
     """Screen, fold duplicate ids, set aside texts embedded elsewhere in the run (`claim`), tokenize each
     remaining distinct text once, and apply the over-length policy."""
-    screened = screen(records)
+    docs = documents(records)
+    screened = screen(docs)
     kept, hashes, copies, claimed = _claim(screened.records, screened.hashes, claim)
     unique: dict[str, int] = {}
     owner = [unique.setdefault(digest, len(unique)) for digest in hashes]
-    texts = [""] * len(unique)
-    for record, index in zip(kept, owner, strict=True):
-        texts[index] = record.text
+    firsts: dict[str, int] = {}
+    for row, digest in enumerate(hashes):
+        firsts.setdefault(digest, row)
+    texts = [kept.texts[row] for row in firsts.values()]  # dicts keep insertion order: unique's order
+    last = docs.last_position
     shard = Shard(
         seq,
         after,
-        records[-1].position if records else (after or ""),
-        len(records),
+        last if last is not None else (after or ""),
+        len(docs),
         kept,
         hashes,
         owner,
-        embedder.tokenize(texts) if texts else [],
+        tokenize(embedder, texts) if texts else TokenColumns.from_tokens([]),
         screened.dead,
         screened.duplicates,
         copies=copies,
@@ -85,51 +94,65 @@ def prepare_shard(
 
 
 def _claim(
-    records: list[Record], hashes: list[str], claim: Claim | None
-) -> tuple[list[Record], list[str], list[Copy], set[str]]:
+    docs: Documents, hashes: list[str], claim: Claim | None
+) -> tuple[Documents, list[str], list[Copy], set[str]]:
     """Content-addressed dedupe across the run: a text another document already carries is not embedded."""
-    if claim is None or not records:
-        return records, hashes, [], set()
+    if claim is None or not len(docs):
+        return docs, hashes, [], set()
     firsts: dict[str, str] = {}
-    for record, digest in zip(records, hashes, strict=True):
-        firsts.setdefault(digest, record.id)
+    for doc_id, digest in zip(docs.ids, hashes, strict=True):
+        firsts.setdefault(digest, doc_id)
     elsewhere = claim(firsts)
-    kept = [(r, h) for r, h in zip(records, hashes, strict=True) if h not in elsewhere]
-    copies = [(r, h, elsewhere[h][0]) for r, h in zip(records, hashes, strict=True) if h in elsewhere]
-    return [r for r, _ in kept], [h for _, h in kept], copies, set(firsts) - set(elsewhere)
+    if not elsewhere:
+        return docs, hashes, [], set(firsts)
+    rows = [row for row, digest in enumerate(hashes) if digest not in elsewhere]
+    copies = [
+        (docs[row], digest, elsewhere[digest][0]) for row, digest in enumerate(hashes) if digest in elsewhere
+    ]
+    return docs.take(rows), [hashes[row] for row in rows], copies, set(firsts) - set(elsewhere)
 
 
 def _apply_length_policy(shard: Shard, policy: str, limit: int) -> None:
-    over = {i for i, tokens in enumerate(shard.tokens) if tokens.is_truncated}
-    if policy == "truncate" or not over:
-        shard.truncated = sum(1 for i in shard.owner if i in over)
+    over = shard.tokens.truncated
+    if not over.any():
         return
-    for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
-        if index in over:
-            detail = f"{shard.tokens[index].original_count} tokens > {limit}"
-            shard.dead.append(DeadLetter(record.id, "too_long", detail, digest))
-    keep_records(shard, [index not in over for index in shard.owner])
+    rows = np.asarray(shard.owner, dtype=np.int64)
+    if policy == "truncate":
+        shard.truncated = int(over[rows].sum())
+        return
+    for row in np.flatnonzero(over[rows]).tolist():
+        index = shard.owner[row]
+        detail = f"{int(shard.tokens.original[index])} tokens > {limit}"
+        shard.dead.append(DeadLetter(shard.records.ids[row], "too_long", detail, shard.hashes[row]))
+    keep_records(shard, ~over[rows])
 
 
-def finish_shard(shard: Shard, unique: Vectors, reasons: Sequence[str | None], dim: int) -> None:
-    """Give each record its text's vector, dead-lettering those whose vector came back unusable."""
-    for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True):
-        if reasons[index]:
-            shard.dead.append(DeadLetter(record.id, str(reasons[index]), "embedder output", digest))
-    keep = [reasons[index] is None for index in shard.owner]
+def finish_shard(shard: Shard, unique: Vectors, problems: Mapping[int, str], dim: int) -> None:
+    """Give each record its text's vector, dead-lettering those whose vector came back unusable
+    (`problems`: unique text -> reason, usually empty)."""
     shard.vectors = unique[shard.owner] if shard.owner else np.empty((0, dim), dtype=np.float32)
+    if not problems:
+        return
+    keep = [index not in problems for index in shard.owner]
+    for row, index in enumerate(shard.owner):
+        if index in problems:
+            digest = shard.hashes[row]
+            shard.dead.append(DeadLetter(shard.records.ids[row], problems[index], "embedder output", digest))
     keep_records(shard, keep)
 
 
-def keep_records(shard: Shard, keep: Sequence[bool]) -> None:
+def keep_records(shard: Shard, keep: Sequence[bool] | NDArray[np.bool_]) -> None:
     """Drop dead-lettered records from a shard, keeping vectors aligned if present."""
-    if all(keep):
+    mask = np.asarray(keep, dtype=bool)
+    if mask.all():
         return
-    shard.records = [r for r, k in zip(shard.records, keep, strict=True) if k]
-    shard.hashes = [h for h, k in zip(shard.hashes, keep, strict=True) if k]
-    shard.owner = [o for o, k in zip(shard.owner, keep, strict=True) if k]
+    rows = np.flatnonzero(mask)
+    shard.records = shard.records.take(rows)
+    listed = rows.tolist()
+    shard.hashes = [shard.hashes[row] for row in listed]
+    shard.owner = [shard.owner[row] for row in listed]
     if shard.vectors is not None:
-        shard.vectors = shard.vectors[np.asarray(keep, dtype=bool)]
+        shard.vectors = shard.vectors[mask]
 
 
 def text_settlements(shard: Shard) -> list[tuple[str, str]]:

@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from reindex.columns import Documents, documents
 from reindex.fingerprint import content_hash
 from reindex.ledger import DeadLetter
 from reindex.ports import Record, Vectors
@@ -44,74 +47,91 @@ VECTOR_REASONS = {"non_finite": "non_finite_vector", "zero": "zero_vector", "dim
 
 @dataclass
 class Screened:
-    records: list[Record] = field(default_factory=list)  # unique ids, embeddable text
+    records: Documents = field(default_factory=lambda: Documents([], []))  # unique ids, embeddable text
     hashes: list[str] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     duplicates: int = 0
 
 
 def screen(records: Sequence[Record]) -> Screened:
-    """Drop unreadable and empty documents and fold duplicate ids (a conflict dead-letters all copies)."""
+    """Drop unreadable and empty documents and fold duplicate ids (a conflict dead-letters all copies).
+
+    Columnar: one hash comprehension over the texts, one set for the ids; per-document Python only for the
+    documents that are dropped or duplicated."""
+    docs = documents(records)
+    hashes = _hashes(docs.texts)
+    empty = [row for row, text in enumerate(docs.texts) if not text or text.isspace()]
+    unreadable = [row for row, digest in enumerate(hashes) if digest is None] if None in hashes else []
+    defects = {row: reason for row, (reason, _) in docs.defects.items()}
+    bad = dict.fromkeys(empty, "empty_text") | dict.fromkeys(unreadable, "invalid_encoding") | defects
     result = Screened()
-    first: dict[str, int] = {}
-    conflicted: set[str] = set()
-    for record in records:
-        reason = _defect(record)
-        digest = text_hash(record)
-        if reason:
-            result.dead.append(DeadLetter(record.id, reason, _detail(record), digest))
-        elif record.id in first:
-            _fold(result, record, digest or "", first, conflicted)
-        else:
-            first[record.id] = len(result.records)
-            result.records.append(record)
-            result.hashes.append(digest or "")
-    if conflicted:
-        _drop_conflicts(result, conflicted)
+    for row in sorted(bad):
+        detail = docs.defects[row][1] if row in docs.defects else ""
+        digest = None if row in docs.defects else hashes[row]
+        result.dead.append(DeadLetter(docs.ids[row], bad[row], detail, digest))
+    rows = [row for row in range(len(docs)) if row not in bad] if bad else range(len(docs))
+    ids = docs.ids if not bad else [docs.ids[row] for row in rows]
+    if len(set(ids)) < len(ids):
+        rows = _fold(result, docs, hashes, list(rows))
+    if bad or len(rows) < len(docs):
+        docs = docs.take(rows)
+        hashes = [hashes[row] for row in rows]
+    result.records = docs
+    result.hashes = [digest or "" for digest in hashes]
     return result
+
+
+def _hashes(texts: list[str]) -> list[str | None]:
+    """Content hashes of all texts in one comprehension; None for a text that is not valid Unicode (a lone
+    surrogate: no tokenizer accepts it). One encode of the joined texts proves the common case."""
+    try:
+        "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        return [_hash_or_none(text) for text in texts]
+    return [content_hash(text) for text in texts]
+
+
+def _hash_or_none(text: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return content_hash(text)
 
 
 def text_hash(record: Record) -> str | None:
     """The content hash of a readable record; None when the source could not read its text."""
     if record.defect:
         return None
-    try:
-        return content_hash(record.text)
-    except UnicodeEncodeError:
-        return None
+    return _hash_or_none(record.text)
 
 
-def _defect(record: Record) -> str | None:
-    if record.defect:
-        return record.defect
-    try:
-        record.text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "invalid_encoding"
-    return "empty_text" if not record.text.strip() else None
-
-
-def _detail(record: Record) -> str:
-    return f"source position {record.position}" if record.defect else ""
-
-
-def _fold(result: Screened, record: Record, digest: str, first: dict[str, int], conflicted: set[str]) -> None:
-    if result.hashes[first[record.id]] == digest:
-        result.duplicates += 1
-    else:
-        conflicted.add(record.id)
-        result.dead.append(DeadLetter(record.id, "duplicate_id_conflict", "same id, different text", digest))
-
-
-def _drop_conflicts(result: Screened, conflicted: set[str]) -> None:
-    kept = [(r, h) for r, h in zip(result.records, result.hashes, strict=True) if r.id not in conflicted]
-    for record, digest in zip(result.records, result.hashes, strict=True):
-        if record.id in conflicted:
+def _fold(result: Screened, docs: Documents, hashes: list[str | None], rows: list[int]) -> list[int]:
+    """Keep the first of each id; a repeat with the same text is a duplicate, with another a conflict that
+    dead-letters every copy of that id."""
+    first: dict[str, int] = {}
+    conflicted: set[str] = set()
+    repeats: list[int] = []
+    for row in rows:
+        doc_id = docs.ids[row]
+        if doc_id not in first:
+            first[doc_id] = row
+        elif hashes[first[doc_id]] == hashes[row]:
+            result.duplicates += 1
+            repeats.append(row)
+        else:
+            conflicted.add(doc_id)
+            repeats.append(row)
             result.dead.append(
-                DeadLetter(record.id, "duplicate_id_conflict", "same id, different text", digest)
+                DeadLetter(doc_id, "duplicate_id_conflict", "same id, different text", hashes[row])
             )
-    result.records = [r for r, _ in kept]
-    result.hashes = [h for _, h in kept]
+    kept = [row for row in first.values() if docs.ids[row] not in conflicted]
+    for doc_id in conflicted:
+        row = first[doc_id]
+        result.dead.append(
+            DeadLetter(doc_id, "duplicate_id_conflict", "same id, different text", hashes[row])
+        )
+    return sorted(kept)
 
 
 def is_excusable(reason: str) -> bool:
@@ -127,3 +147,17 @@ def excused(letters: Iterable[DeadLetter]) -> dict[str, str | None]:
 def vector_dead_letters(vectors: Vectors, dim: int) -> list[str | None]:
     """The dead-letter reason for each vector of a batch, or None when it may be written."""
     return [VECTOR_REASONS[p] if p else None for p in batch_problems(vectors, dim)]
+
+
+def vector_problems(vectors: Vectors, dim: int) -> dict[int, str]:
+    """{row: dead-letter reason} for the unusable vectors of a batch (usually empty): two numpy reductions."""
+    if vectors.ndim != 2 or vectors.shape[1] != dim:
+        return dict.fromkeys(range(len(vectors)), VECTOR_REASONS["dimension"])
+    finite = np.asarray(np.isfinite(vectors).all(axis=1), dtype=bool)
+    nonzero = np.asarray(np.abs(vectors).sum(axis=1) > 0, dtype=bool)
+    if finite.all() and nonzero.all():
+        return {}
+    return {
+        int(row): VECTOR_REASONS["non_finite" if not finite[row] else "zero"]
+        for row in np.flatnonzero(~(finite & nonzero))
+    }
