@@ -18,13 +18,14 @@ import os
 import platform
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ WHEEL_DISTRIBUTIONS = (
     "annotated-types", "fasteners", "pgserver", "pgvector", "platformdirs", "psycopg", "psycopg-binary",
     "pydantic", "pydantic-core", "stamina", "tenacity", "typing-extensions", "typing-inspection",
 )  # fmt: skip
+# Qdrant's local mode for the upload ceiling, carried when they fit the budget; installed without
+# dependencies, so the measurement runs only where the GPU image already has grpcio (7 MiB: no room).
+OPTIONAL_DISTRIBUTIONS = ("qdrant-client", "portalocker", "protobuf")
 INSTALL = {"pydantic": "pydantic", "stamina": "stamina", "psycopg": "psycopg[binary]", "pgvector": "pgvector",
            "pgserver": "pgserver"}  # fmt: skip  # import name -> requirement
 MODEL_FILES = (
@@ -95,8 +99,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precisions", default=None, help="ST migrations, default fp16,bf16 (fp32 on CPU)")
     parser.add_argument("--sample", type=int, default=None, help="parity sample, default 1,000 (200 on CPU)")
     parser.add_argument("--index", choices=("none", "hnsw"), default="none", help="build HNSW after load")
+    parser.add_argument("--qdrant-points", type=int, default=None, help="default 5,000 (300 on CPU)")
     parser.add_argument(
-        "--deadline", type=float, default=420.0, help="seconds after which stages are skipped"
+        "--deadline", type=float, default=300.0, help="seconds after which stages are skipped"
     )
     parser.add_argument(
         "--output", type=Path, default=None, help="also write the JSON here ($OUT/gpu-check.json)"
@@ -106,6 +111,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.documents = args.documents or (2_000 if smoke else 100_000)
     args.precisions = (args.precisions or ("fp32" if smoke else "fp16,bf16")).split(",")
     args.sample = args.sample or (200 if smoke else 1_000)
+    args.qdrant_points = args.qdrant_points or (300 if smoke else 5_000)  # local mode: about 1,000 points/s
     # GPU: large padded batches for the GPU; CPU smoke: small ones (they win on CPU) and several shards
     args.batch_tokens, args.max_batch, args.shard_size = (8192, 64, 500) if smoke else (65536, 1024, 10_000)
     if args.output is None and os.environ.get("OUT"):
@@ -163,6 +169,7 @@ def prepare(bundle: Path, *, python_version: str) -> dict[str, Any]:
     subprocess.run(download_command(requirements, wheels, python_version), check=True)
     _say(f"downloaded {len(requirements)} wheels into {wheels}")
     rounding = write_fp16_model(packaged_model(), model)
+    optional = _optional_wheels(bundle, wheels, python_version)
     sizes = {path.name: path.stat().st_size for path in sorted(wheels.iterdir())}
     model_bytes = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
     total = sum(sizes.values()) + model_bytes
@@ -177,8 +184,30 @@ def prepare(bundle: Path, *, python_version: str) -> dict[str, Any]:
         "total_mib": _mib(total),
         "budget_mib": BUDGET_MIB,
         "fits_budget": total <= BUDGET_MIB * 2**20,
+        "optional_wheels": optional,
         "fp16_weights_vs_fp32_cpu": rounding,
     }
+
+
+def _optional_wheels(bundle: Path, wheels: Path, python_version: str) -> list[str]:
+    """Add the Qdrant wheels when the bundle still fits the budget with them; else leave them out."""
+    before = {path.name for path in wheels.iterdir()}
+    versions = {name: _version(name) for name in OPTIONAL_DISTRIBUTIONS}
+    requirements = [f"{name}=={v}" if v else name for name, v in versions.items()]
+    subprocess.run(download_command(requirements, wheels, python_version), check=True)
+    added = sorted({path.name for path in wheels.iterdir()} - before)
+    if sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file()) > BUDGET_MIB * 2**20:
+        for name in added:
+            (wheels / name).unlink()
+        return []
+    return added
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _mib(size: int) -> float:
@@ -250,6 +279,29 @@ def ensure_installed(wheels: Path) -> dict[str, Any]:
         raise RuntimeError(f"pip install failed: {done.stderr.strip()[-2000:]}")
     importlib.invalidate_caches()
     return {"installed": missing}
+
+
+def ensure_qdrant(wheels: Path) -> str | None:
+    """Install the carried Qdrant wheels (no dependencies) if needed; None when qdrant-client imports,
+    else why not."""
+    if importlib.util.find_spec("qdrant_client") is None:
+        carried = [
+            str(w) for n in OPTIONAL_DISTRIBUTIONS for w in wheels.glob(f"{n.replace('-', '_')}-*.whl")
+        ]
+        if not carried:
+            return "qdrant-client is not installed here and no wheel of it was carried"
+        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", *carried]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode and "externally-managed" in done.stderr:
+            done = subprocess.run([*command, "--break-system-packages"], capture_output=True, text=True)
+        if done.returncode:
+            return f"pip install of the carried Qdrant wheels failed: {done.stderr.strip()[-500:]}"
+        importlib.invalidate_caches()
+    try:
+        importlib.import_module("qdrant_client")
+    except ImportError as exc:  # e.g. no grpcio on this machine: its wheel does not fit the budget
+        return f"qdrant-client does not import here: {exc}"
+    return None
 
 
 def _environment() -> None:
@@ -379,6 +431,301 @@ def _smi_sample() -> tuple[float, float]:
     return float(utilisation), float(memory)
 
 
+# run mode: ceilings (each part alone, measured in the same run as the migrations) -----------------------
+
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags, header extension length
+COPY_TRAILER = b"\xff\xff"
+COPY_TABLE = "id text PRIMARY KEY, text text, content_hash text, embedding vector({dim})"
+_FIELD_AND_LENGTH = struct.Struct(">hi")
+_LENGTH = struct.Struct(">i")
+
+
+@dataclass
+class CopyRows:
+    """Rows for a hand-written binary COPY: what a migration writes, without the tool around it."""
+
+    ids: list[str]
+    texts: list[str]
+    hashes: list[str]
+    vectors: Any  # float32 (n, dim)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def part(self, start: int, stop: int) -> CopyRows:
+        return CopyRows(
+            self.ids[start:stop], self.texts[start:stop], self.hashes[start:stop], self.vectors[start:stop]
+        )
+
+
+def copy_rows(documents: Sequence[Mapping[str, str]], dim: int = 384, seed: int = 11) -> CopyRows:
+    """The documents with their content hashes and unit random vectors (COPY cost does not see values)."""
+    import hashlib
+
+    import numpy as np
+
+    texts = [document["text"] for document in documents]
+    hashes = [hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32] for text in texts]
+    vectors = np.random.default_rng(seed).standard_normal((len(texts), dim), dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return CopyRows([document["id"] for document in documents], texts, hashes, vectors)
+
+
+def copy_payload(rows: CopyRows) -> bytes:
+    """One COPY ... (FORMAT BINARY) stream of (id, text, content_hash, embedding): the vector fields built
+    by numpy in one block, the text fields joined per row."""
+    import numpy as np
+
+    count, dim = rows.vectors.shape
+    width = 8 + 4 * dim
+    block = np.empty((count, width), dtype=np.uint8)
+    block[:, :8] = np.frombuffer(struct.pack(">ihh", 4 + 4 * dim, dim, 0), dtype=np.uint8)
+    big_endian = np.ascontiguousarray(rows.vectors, dtype=">f4")
+    block[:, 8:] = big_endian.view(np.uint8).reshape(count, 4 * dim)
+    blob = block.tobytes()
+    parts: list[bytes] = [COPY_HEADER]
+    for row, (key, text, digest) in enumerate(zip(rows.ids, rows.texts, rows.hashes, strict=True)):
+        k, t, d = key.encode(), text.encode(), digest.encode()
+        parts += (_FIELD_AND_LENGTH.pack(4, len(k)), k, _LENGTH.pack(len(t)), t, _LENGTH.pack(len(d)), d)
+        parts.append(blob[row * width : (row + 1) * width])
+    parts.append(COPY_TRAILER)
+    return b"".join(parts)
+
+
+def create_copy_table(dsn: str, table: str, dim: int) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+        definition = sql.SQL(COPY_TABLE.format(dim=int(dim)))  # a constant
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(table), definition))
+
+
+def copy_seconds(dsn: str, table: str, rows: CopyRows, connections: int = 1, chunk: int = 5_000) -> float:
+    """Wall seconds to build and COPY `rows` into a fresh `table` over `connections` connections (opened
+    before the clock starts), `chunk` rows per COPY, each connection committing once."""
+    import psycopg
+    from psycopg import sql
+
+    create_copy_table(dsn, table, rows.vectors.shape[1])
+    statement = sql.SQL("COPY {} FROM STDIN (FORMAT BINARY)").format(sql.Identifier(table))
+    share = -(-len(rows) // connections)
+    parts = [rows.part(i, min(i + share, len(rows))) for i in range(0, len(rows), share)]
+    opened = [psycopg.connect(dsn) for _ in parts]
+    errors: list[BaseException] = []
+
+    def load(conn: psycopg.Connection[Any], part: CopyRows) -> None:
+        try:
+            with conn.cursor() as cursor:
+                for start in range(0, len(part), chunk):
+                    with cursor.copy(statement) as copy:
+                        copy.write(copy_payload(part.part(start, start + chunk)))
+            conn.commit()
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=pair) for pair in zip(opened, parts, strict=True)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    for conn in opened:
+        conn.close()
+    if errors:
+        raise errors[0]
+    return seconds
+
+
+def _copy_ceiling(run: Check, dsn: str | None) -> dict[str, Any]:
+    if dsn is None:
+        raise RuntimeError("no Postgres server")
+    rows = copy_rows(run.documents)
+    connections = max(2, min(8, os.cpu_count() or 1))
+    figures: dict[str, Any] = {"rows": len(rows), "timed": "row building (numpy + per-row join) and COPY"}
+    for count in (1, connections):
+        seconds = copy_seconds(dsn, f"copy_ceiling_{count}", rows, connections=count)
+        figures[f"connections_{count}"] = {
+            "seconds": round(seconds, 3),
+            "rows_per_second": _rate(rows, seconds),
+        }
+        _drop(dsn, f"copy_ceiling_{count}")
+    figures["connections_n"] = connections
+    return figures
+
+
+def _rate(rows: Sized, seconds: float) -> float:
+    return round(len(rows) / seconds, 1) if seconds > 0 else 0.0
+
+
+def _drop(dsn: str, table: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+
+
+TOKENIZER_ALONE = """
+import json, sys, time
+from tokenizers import Tokenizer
+tokenizer = Tokenizer.from_file(sys.argv[1])
+tokenizer.no_truncation(); tokenizer.no_padding()
+texts = [json.loads(line)["text"] for line in open(sys.argv[2], encoding="utf-8")]
+tokenizer.encode_batch(texts[:256])
+started = time.perf_counter()
+encodings = tokenizer.encode_batch(texts)
+seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "documents": len(texts), "tokens": sum(len(e.ids) for e in encodings)}))
+"""
+
+
+def _tokenizer_ceiling(model: Path, source: Path) -> dict[str, Any]:
+    """`encode_batch` on every text (no truncation, no padding, as the adapters ask) in a fresh process:
+    once with tokenizers' own thread pool on every core, once on one thread."""
+    figures: dict[str, Any] = {"tokenizer": str(model / "tokenizer.json")}
+    for label, parallel in (("all_threads", "true"), ("one_thread", "false")):
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": parallel}
+        command = [sys.executable, "-c", TOKENIZER_ALONE, str(model / "tokenizer.json"), str(source)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True, timeout=300)
+        timed = json.loads(done.stdout.strip().splitlines()[-1])
+        figures[label] = {
+            "seconds": round(timed["seconds"], 3),
+            "docs_per_second": round(timed["documents"] / timed["seconds"], 1),
+            "tokens_per_second": round(timed["tokens"] / timed["seconds"], 1),
+        }
+    figures["cores"] = os.cpu_count()
+    return figures
+
+
+def _model_ceiling(run: Check, model: Path, precision: str, sampler: GpuSampler) -> dict[str, Any]:
+    """The model alone: pre-tokenised, length-sorted batches of about `batch_tokens` padded tokens, already
+    on the device; timed without and with the copy of each batch's vectors back to the host."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    encoder = SentenceTransformer(str(model), device=run.device).to(dtypes[precision]).eval()
+    texts = [document["text"] for document in run.documents]
+    batches = _device_batches(encoder, texts, run.args.batch_tokens, run.args.max_batch, run.device)
+    figures: dict[str, Any] = {"batches": len(batches), "documents": len(texts)}
+    with torch.inference_mode():
+        for features in batches if run.device == "cuda" else batches[-1:]:  # warm-up: every shape on a GPU
+            encoder(dict(features))
+        for label, to_host in (("no_copy_back", False), ("copy_back", True)):
+            _synchronize(run.device)
+            start = time.monotonic()
+            for features in batches:
+                vectors = encoder(dict(features))["sentence_embedding"]
+                if to_host:
+                    vectors.float().cpu().numpy()
+            _synchronize(run.device)
+            seconds = time.monotonic() - start
+            figures[label] = {
+                "seconds": round(seconds, 3),
+                "docs_per_second": round(len(texts) / seconds, 1),
+                "gpu": sampler.between(start, time.monotonic()),
+            }
+    del encoder, batches
+    _release_gpu_memory()
+    return figures
+
+
+def _device_batches(
+    encoder: Any, texts: Sequence[str], batch_tokens: int, max_batch: int, device: str
+) -> list[dict[str, Any]]:
+    """Tokenise once, sort by length, cut batches of <= batch_tokens padded tokens, move them to the device."""
+    import numpy as np
+    import torch
+
+    encoded = encoder.tokenizer(list(texts), truncation=True, max_length=encoder.max_seq_length)["input_ids"]
+    lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
+    order = np.argsort(lengths, kind="stable")
+    pad = int(encoder.tokenizer.pad_token_id or 0)
+    batches: list[dict[str, Any]] = []
+    start = 0
+    while start < len(order):
+        stop = start + 1
+        while (
+            stop < len(order)
+            and stop - start < max_batch
+            and (stop - start + 1) * lengths[order[stop]] <= batch_tokens
+        ):
+            stop += 1
+        rows = order[start:stop]
+        width = int(lengths[rows].max())
+        ids = np.full((len(rows), width), pad, dtype=np.int64)
+        mask = np.arange(width) < lengths[rows][:, None]
+        ids[mask] = np.concatenate([encoded[i] for i in rows.tolist()])
+        tensors = {
+            "input_ids": ids,
+            "attention_mask": mask.astype(np.int64),
+            "token_type_ids": np.zeros_like(ids),
+        }
+        batches.append({name: torch.from_numpy(value).to(device) for name, value in tensors.items()})
+        start = stop
+    return batches
+
+
+def _synchronize(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _qdrant_ceiling(run: Check) -> dict[str, Any]:
+    """Qdrant local: the client's own `upload_collection` (numpy vectors) against reindex's sink `write`
+    of the same rows, each into a fresh collection in its own storage folder."""
+    problem = ensure_qdrant(run.args.bundle / "wheels")
+    if problem is not None:
+        return {"measured": False, "reason": problem}
+    import numpy as np
+    from qdrant_client import QdrantClient, models
+
+    from adapters.qdrant import QdrantSink
+    from reindex.ports import Record, Rows, SourceSchema, TargetSpec
+
+    rows = copy_rows(run.documents[: run.args.qdrant_points])
+    payloads = [
+        {"id": i, "text": t, "reindex_content_hash": h}
+        for i, t, h in zip(rows.ids, rows.texts, rows.hashes, strict=True)
+    ]
+    figures: dict[str, Any] = {"points": len(rows), "mode": "local (path)", "batch": 256}
+    client = QdrantClient(path=str(run.work / "qdrant-upload"))
+    params = models.VectorParams(size=rows.vectors.shape[1], distance=models.Distance.COSINE)
+    client.create_collection("upload", vectors_config=params)
+    started = time.perf_counter()
+    client.upload_collection(
+        "upload",
+        vectors=rows.vectors,
+        payload=payloads,
+        ids=list(range(len(rows))),
+        batch_size=256,
+        wait=True,
+    )
+    figures["upload_collection"] = _timed(rows, time.perf_counter() - started)
+    client.close()
+    sink_client = QdrantClient(path=str(run.work / "qdrant-sink"))
+    sink = QdrantSink(sink_client)
+    spec = TargetSpec(
+        "sink", "sink_alias", rows.vectors.shape[1], "gpu-check", {}, SourceSchema("id", "text")
+    )
+    sink.prepare(spec)
+    records = [Record(i, t, {"id": i, "text": t}) for i, t in zip(rows.ids, rows.texts, strict=True)]
+    started = time.perf_counter()
+    sink.write("sink", Rows(records, np.asarray(rows.vectors), rows.hashes, "gpu-check"))
+    figures["reindex_sink_write"] = _timed(rows, time.perf_counter() - started)
+    sink_client.close()
+    return figures
+
+
+def _timed(rows: Sized, seconds: float) -> dict[str, float]:
+    return {"seconds": round(seconds, 3), "points_per_second": _rate(rows, seconds)}
+
+
 # run mode: the check -------------------------------------------------------------------------------------
 
 
@@ -430,6 +777,7 @@ def _check_body(run: Check, dsn: str | None, sampler: GpuSampler) -> None:
     run.documents = run.stage("corpus", lambda: corpus(run.args.documents)) or []
     source = run.work / "corpus.jsonl"
     run.stage("write corpus", lambda: write_corpus(run.documents, source))
+    run.report["ceilings"] = _ceilings(run, model, source, dsn, sampler)
     runs: dict[str, Any] = {}
     ceiling = functools.partial(
         _migrate, run, "hash-ceiling", {"kind": "hash", "dim": 384}, source, dsn, sampler
@@ -454,6 +802,23 @@ def _check_body(run: Check, dsn: str | None, sampler: GpuSampler) -> None:
     runs["vllm"] = _vllm_run(run, model, source, dsn, sampler)
     run.report["runs"] = runs
     run.report["vllm_st_ratio"] = _ratio(runs)
+    run.report["ratios"] = ratios(run.report["ceilings"], runs)
+    run.report["targets"] = judge(run.report["ratios"], runs)
+    _say_ratios(run.report["ratios"], run.report["targets"])
+
+
+def _ceilings(run: Check, model: Path, source: Path, dsn: str | None, sampler: GpuSampler) -> dict[str, Any]:
+    """Each part alone, before the migrations: the model, the tokenizer, binary COPY, Qdrant's upload."""
+    found: dict[str, Any] = {}
+    for precision in run.args.precisions:
+        alone = functools.partial(_model_ceiling, run, model, precision, sampler)
+        found[f"model_alone_{precision}"] = run.stage(f"model alone {precision}", alone, needs=30)
+    found["tokenizer_alone"] = run.stage(
+        "tokenizer alone", lambda: _tokenizer_ceiling(model, source), needs=30
+    )
+    found["copy"] = run.stage("binary COPY", lambda: _copy_ceiling(run, dsn), needs=20)
+    found["qdrant"] = run.stage("qdrant upload", lambda: _qdrant_ceiling(run), needs=30)
+    return found
 
 
 def _backends() -> dict[str, Any]:
@@ -674,6 +1039,96 @@ def _ratio(runs: Mapping[str, Any]) -> float | None:
     return round(float(vllm["docs_per_second"]) / float(st["docs_per_second"]), 3)
 
 
+# run mode: ratios and targets ----------------------------------------------------------------------------
+
+H200_TARGETS = {"end_to_end_docs_per_second": 40_000.0, "of_model_alone": 0.40, "gpu_utilisation_mean": 50.0,
+                "hash_docs_per_second": 100_000.0, "qdrant_sink_vs_upload": 0.9}  # fmt: skip
+
+
+def ratios(ceilings: Mapping[str, Any], runs: Mapping[str, Any]) -> dict[str, float | None]:
+    """Every ratio of a migration to the ceilings measured in the same run (None where a side is missing)."""
+    tokenizer = _figure(ceilings, "tokenizer_alone", "all_threads", "docs_per_second")
+    found: dict[str, float | None] = {}
+    for precision in [key.removeprefix("model_alone_") for key in ceilings if key.startswith("model_alone_")]:
+        migrated = _figure(runs, f"sentence-transformers-{precision}", "docs_per_second")
+        for variant in ("copy_back", "no_copy_back"):
+            alone = _figure(ceilings, f"model_alone_{precision}", variant, "docs_per_second")
+            found[f"{precision}_vs_model_alone_{variant}"] = _divide(migrated, alone)
+        found[f"{precision}_vs_tokenizer_all_threads"] = _divide(migrated, tokenizer)
+    one_thread = _figure(ceilings, "tokenizer_alone", "one_thread", "docs_per_second")
+    found["tokenizer_all_threads_vs_one"] = _divide(tokenizer, one_thread)
+    hashed = _figure(runs, "hash-ceiling", "docs_per_second")
+    copy = ceilings.get("copy") or {}
+    single = _figure(copy, "connections_1", "rows_per_second")
+    several = _figure(copy, f"connections_{copy.get('connections_n')}", "rows_per_second")
+    found["hash_vs_copy_1_connection"] = _divide(hashed, single)
+    found["hash_vs_copy_n_connections"] = _divide(hashed, several)
+    found["copy_n_vs_1_connection"] = _divide(several, single)
+    sink = _figure(ceilings, "qdrant", "reindex_sink_write", "points_per_second")
+    found["qdrant_sink_vs_upload_collection"] = _divide(
+        sink, _figure(ceilings, "qdrant", "upload_collection", "points_per_second")
+    )
+    found["vllm_vs_st_fp16"] = _ratio(runs)
+    return found
+
+
+def judge(found: Mapping[str, float | None], runs: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The H200 targets of issue 11, each met / NOT MET / not measured, with the figure it was judged on."""
+    limits = H200_TARGETS
+    checks: dict[str, tuple[float | None, float]] = {}
+    for precision in ("fp16", "bf16"):
+        label = f"sentence-transformers-{precision}"
+        checks[f"{precision} end to end >= {limits['end_to_end_docs_per_second']:,.0f} docs/s"] = (
+            _figure(runs, label, "docs_per_second"),
+            limits["end_to_end_docs_per_second"],
+        )
+        checks[f"{precision} >= {limits['of_model_alone']:.0%} of the model alone (copy back)"] = (
+            found.get(f"{precision}_vs_model_alone_copy_back"),
+            limits["of_model_alone"],
+        )
+        checks[f"{precision} mean GPU utilisation >= {limits['gpu_utilisation_mean']:.0f}%"] = (
+            _figure(runs, label, "gpu", "utilisation_mean"),
+            limits["gpu_utilisation_mean"],
+        )
+    checks[f"hash pipeline >= {limits['hash_docs_per_second']:,.0f} docs/s"] = (
+        _figure(runs, "hash-ceiling", "docs_per_second"),
+        limits["hash_docs_per_second"],
+    )
+    checks[f"Qdrant sink write >= {limits['qdrant_sink_vs_upload']}x upload_collection"] = (
+        found.get("qdrant_sink_vs_upload_collection"),
+        limits["qdrant_sink_vs_upload"],
+    )
+    return {name: _verdict(value, floor) for name, (value, floor) in checks.items()}
+
+
+def _verdict(value: float | None, floor: float) -> dict[str, Any]:
+    if value is None:
+        return {"value": None, "verdict": "not measured"}
+    return {"value": round(value, 3), "verdict": "met" if value >= floor else "NOT MET"}
+
+
+def _figure(data: Mapping[str, Any] | None, *path: str) -> float | None:
+    value: Any = data
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _divide(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, 3)
+
+
+def _say_ratios(found: Mapping[str, float | None], targets: Mapping[str, Mapping[str, Any]]) -> None:
+    for name, value in found.items():
+        _say(f"ratio {name}: {'not measured' if value is None else f'{value:.3f}'}")
+    for name, verdict in targets.items():
+        _say(f"target {name}: {verdict['verdict']} ({verdict['value']})")
+
+
 def _final_report(run: Check) -> dict[str, Any]:
     report = {key: value for key, value in run.report.items() if key != "reference"}
     smoke = bool(run.args.cpu_smoke)
@@ -689,6 +1144,7 @@ def _final_report(run: Check) -> dict[str, Any]:
             "index": run.args.index,
             "precisions": run.args.precisions,
             "parity_sample": run.args.sample,
+            "qdrant_points": run.args.qdrant_points,
         },
         **report,
         "versions": versions(),
