@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reindex.columns import Documents
 from reindex.errors import BackendError, ConfigError, MissingDependency
 from reindex.ports import Record, SourceSchema
 
@@ -77,6 +78,55 @@ class ParquetSource:
                         )
                     index += 1
 
+    def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
+        """Shards of `size` rows as columns: an id and a text column convert in C; rows are built only when
+        the file carries other columns (the payload), nulls, or ids that are not strings or integers."""
+        if "." in self.id_field or "." in self.text_field:
+            yield from _chunked(self.scan(after), size)
+            return
+        start = 0 if after is None else _position(after) + 1
+        group, index = self._first_group(start)
+        if group is None:
+            return
+        groups = list(range(group, self._file.metadata.num_row_groups))
+        buffer, first = Documents([], [], fields=(self.id_field, self.text_field)), start
+        with _file_errors(self.path):
+            for batch in self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups):
+                skip = max(0, start - index)
+                index += batch.num_rows
+                if skip < batch.num_rows:
+                    buffer = Documents.concat(
+                        [buffer, self._columns(batch.slice(skip), index - batch.num_rows + skip)]
+                    )
+                while len(buffer) >= size:
+                    yield _ending(buffer[:size], first + size - 1)
+                    buffer, first = buffer[size:], first + size
+        if len(buffer):
+            yield _ending(buffer, first + len(buffer) - 1)
+
+    def _columns(self, batch: Any, first: int) -> Documents:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        ids, texts = batch.column(self.id_field), batch.column(self.text_field)
+        plain_ids = (
+            pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)
+        ) or pa.types.is_integer(ids.type)
+        plain_texts = pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)
+        if not (plain_ids and plain_texts and ids.null_count == 0 and texts.null_count == 0):
+            rows = enumerate(batch.to_pylist(), start=first)  # per row, as scan() reads them
+            fields = (self.id_field, self.text_field)
+            return Documents.from_records(
+                [_record(row, *fields, partial("row:{}".format, i), str(i)) for i, row in rows]
+            )
+        others = set(batch.schema.names) - {self.id_field, self.text_field}
+        return Documents(
+            pc.cast(ids, pa.string()).to_pylist() if pa.types.is_integer(ids.type) else ids.to_pylist(),
+            texts.to_pylist(),
+            batch.to_pylist() if others or pa.types.is_integer(ids.type) else None,
+            (self.id_field, self.text_field),
+        )
+
     def _first_group(self, start: int) -> tuple[int | None, int]:
         """The row group holding row `start` and that group's first row index, from metadata alone."""
         first = 0
@@ -137,6 +187,58 @@ class JsonlSource:
                 line = raw.removeprefix(_BOM) if start == 0 else raw
                 if line.strip():
                     yield self._parse(line, str(start), lines.name)
+
+    def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
+        """Shards of `size` documents as columns: per line one `json.loads` and two lookups; a line that is not
+        a plain object with a string-like id and a string text takes `scan`'s per-record path."""
+        if "." in self.id_field or "." in self.text_field:
+            yield from _chunked(self.scan(after), size)
+            return
+        id_field, text_field = self.id_field, self.text_field
+        pending = _Pending(size, (id_field, text_field))
+        loads = json.loads
+        with _file_errors(self.path), self.path.open("rb") as stream:
+            offset, lines = 0, _LineNumbers(self.path, known=True)
+            if after is not None:
+                offset, lines = _position(after), _LineNumbers(self.path, known=False)
+                stream.seek(offset)
+                offset += len(stream.readline())
+            ids, texts, objects, extra, last = pending.ids, pending.texts, pending.payloads, False, ""
+            for raw in stream:
+                start, offset = offset, offset + len(raw)
+                lines.advance(start)
+                line = raw.removeprefix(_BOM) if start == 0 else raw
+                if not line or line.isspace():
+                    continue
+                try:
+                    obj = loads(line.decode("utf-8"))  # bytes would let json guess UTF-16 or UTF-32
+                except ValueError:
+                    obj = None
+                doc_id = text = None
+                if obj.__class__ is dict:
+                    doc_id, text = obj.get(id_field), obj.get(text_field)
+                if text.__class__ is str and doc_id is not None and (b"\\u" not in raw or _encodable(text)):
+                    if doc_id.__class__ is not str:
+                        doc_id, extra = str(doc_id), True
+                    ids.append(doc_id)
+                    texts.append(text)
+                    objects.append(obj)
+                    extra = extra or len(obj) != 2
+                else:
+                    record = self._parse(
+                        raw.removeprefix(_BOM) if start == 0 else raw, str(start), lines.name
+                    )
+                    pending.add_record(record)
+                    extra = True
+                last = str(start)
+                if len(ids) >= size:
+                    pending.seal(last, extra)
+                    extra = False
+                    yield from pending.full()
+                    ids, texts, objects = pending.ids, pending.texts, pending.payloads
+            if ids:
+                pending.seal(last, extra)
+        yield from pending.rest()
 
     def _parse(self, line: bytes, cursor: str, fallback: Callable[[], str]) -> Record:
         try:
@@ -271,3 +373,53 @@ def _file_errors(path: Path) -> Iterator[None]:
         raise ConfigError(f"file not found: {path}", hint="check [source] path") from None
     except unreadable as exc:
         raise BackendError(f"cannot read {path}: {exc}") from exc
+
+
+class _Pending:
+    """Columns being filled for the next shard; `seal` closes one, `full` hands the closed ones out."""
+
+    def __init__(self, size: int, fields: tuple[str, str]) -> None:
+        self.size, self.fields = size, fields
+        self.ready: list[Documents] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.ids: list[str] = []
+        self.texts: list[str] = []
+        self.payloads: list[Mapping[str, Any]] = []
+        self.defects: dict[int, tuple[str, str]] = {}
+
+    def add_record(self, record: Record) -> None:
+        if record.defect:
+            self.defects[len(self.ids)] = (record.defect, f"source position {record.position}")
+        self.ids.append(record.id)
+        self.texts.append(record.text)
+        self.payloads.append(record.payload)
+
+    def seal(self, last: str, extra: bool) -> None:
+        """The filled columns are one shard ending at source position `last`."""
+        payloads = self.payloads if extra or self.defects else None
+        self.ready.append(Documents(self.ids, self.texts, payloads, self.fields, self.defects, last))
+        self._reset()
+
+    def full(self) -> Iterator[Documents]:
+        while self.ready:
+            yield self.ready.pop(0)
+
+    rest = full
+
+
+def _ending(docs: Documents, last_row: int) -> Documents:
+    docs.last_position = str(last_row)
+    return docs
+
+
+def _chunked(records: Iterator[Record], size: int) -> Iterator[Documents]:
+    chunk: list[Record] = []
+    for record in records:
+        chunk.append(record)
+        if len(chunk) >= size:
+            yield Documents.from_records(chunk)
+            chunk = []
+    if chunk:
+        yield Documents.from_records(chunk)
