@@ -112,7 +112,20 @@ _SETTLE: dict[str, LiteralString] = {
     "vanished": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, vanished = vanished + 1"
     " WHERE plan_id = %s AND seq = %s",
 }
-_SETTLE_TEXT: LiteralString = "UPDATE reindex.texts SET state = %s WHERE plan_id = %s AND content_hash = %s"
+# One statement per shard, whatever its size: the rows travel as arrays.
+_SETTLE_TEXTS: LiteralString = (
+    "UPDATE reindex.texts AS t SET state = s.state FROM unnest(%s::text[], %s::text[]) AS s(content_hash, state)"
+    " WHERE t.plan_id = %s AND t.content_hash = s.content_hash"
+)
+_UPSERT_TEXTS: LiteralString = (
+    "INSERT INTO reindex.texts (plan_id, content_hash, owner, state)"
+    " SELECT %s, d, o, s FROM unnest(%s::text[], %s::text[], %s::text[]) AS u(d, o, s)"
+    " ON CONFLICT (plan_id, content_hash) DO UPDATE SET owner = excluded.owner, state = excluded.state"
+)
+_CLAIM_TEXTS: LiteralString = (
+    "INSERT INTO reindex.texts SELECT %s, d, o, 'claimed' FROM unnest(%s::text[], %s::text[]) AS u(d, o)"
+    " ON CONFLICT DO NOTHING"
+)
 _UPSERT_DEAD_LETTER = (
     "INSERT INTO reindex.dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
     " VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
@@ -396,10 +409,7 @@ class PostgresLedger:
     def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
         """Claim each text unless another document already did; return {hash: (owner, state)} of those."""
         with self._fenced() as conn:
-            conn.cursor().executemany(
-                "INSERT INTO reindex.texts VALUES (%s,%s,%s,'claimed') ON CONFLICT DO NOTHING",
-                [(plan_id, digest, doc_id) for digest, doc_id in owners.items()],
-            )
+            conn.execute(_CLAIM_TEXTS, (plan_id, list(owners), list(owners.values())))
             rows = conn.execute(
                 "SELECT content_hash, owner, state FROM reindex.texts WHERE plan_id = %s AND content_hash = ANY(%s)",
                 (plan_id, list(owners)),
@@ -652,12 +662,11 @@ def _settle_texts(
     conn: Connection, plan_id: str, states: Sequence[tuple[str, str]], owners: Mapping[str, str]
 ) -> None:
     updates, upserts = settlement_rows(states, owners)
-    conn.cursor().executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in updates])
-    conn.cursor().executemany(
-        "INSERT INTO reindex.texts (plan_id, content_hash, owner, state) VALUES (%s,%s,%s,%s) ON CONFLICT"
-        " (plan_id, content_hash) DO UPDATE SET owner = excluded.owner, state = excluded.state",
-        [(plan_id, digest, owner, state) for digest, owner, state in upserts],
-    )
+    if updates:
+        conn.execute(_SETTLE_TEXTS, ([d for d, _ in updates], [s for _, s in updates], plan_id))
+    if upserts:
+        columns = list(zip(*upserts, strict=True))
+        conn.execute(_UPSERT_TEXTS, (plan_id, list(columns[0]), list(columns[1]), list(columns[2])))
 
 
 def _passwords(url: str) -> tuple[str, ...]:

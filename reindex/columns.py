@@ -240,7 +240,7 @@ def documents(records: Sequence[Record]) -> Documents:
 
 def tokenize(embedder: Any, texts: list[str]) -> TokenColumns:
     """The embedder's `tokenize_columns` when it has one (local models, hash), else its per-text `tokenize`."""
-    columnar = getattr(embedder, "tokenize_columns", None)
+    columnar = _columnar(embedder, "tokenize_columns", "tokenize")
     if columnar is not None:
         result: TokenColumns = columnar(texts)
         return result
@@ -249,7 +249,20 @@ def tokenize(embedder: Any, texts: list[str]) -> TokenColumns:
 
 def embed(embedder: Any, tokens: TokenColumns) -> Any:
     """The embedder's `embed_columns` when it has one, else its per-text `embed`."""
-    columnar = getattr(embedder, "embed_columns", None)
+    columnar = _columnar(embedder, "embed_columns", "embed")
     if columnar is not None:
         return columnar(tokens)
     return embedder.embed(list(tokens))
+
+
+def _columnar(embedder: Any, columnar: str, plain: str) -> Any:
+    """The columnar method, unless a subclass overrides the per-text one below it (the most specific
+    override wins: a wrapper that changes `embed` must not be bypassed by an inherited `embed_columns`)."""
+    classes = type(embedder).__mro__
+    owners = [
+        next((i for i, c in enumerate(classes) if name in vars(c)), len(classes))
+        for name in (columnar, plain)
+    ]
+    if owners[1] < owners[0] or not hasattr(embedder, columnar):
+        return None
+    return getattr(embedder, columnar, None)

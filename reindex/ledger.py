@@ -79,7 +79,17 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-_SETTLE_TEXT = "UPDATE texts SET state = ? WHERE plan_id = ? AND content_hash = ?"
+# One statement per shard, whatever its size: {hash: state} as one JSON object.
+_SETTLE_TEXTS = (
+    "UPDATE texts SET state = settled.value FROM json_each(?) AS settled"
+    " WHERE texts.plan_id = ? AND texts.content_hash = settled.key"
+)
+_UPSERT_TEXTS = (
+    "INSERT INTO texts (plan_id, content_hash, owner, state)"
+    " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]')"
+    " FROM json_each(?) WHERE true"
+    " ON CONFLICT (plan_id, content_hash) DO UPDATE SET owner = excluded.owner, state = excluded.state"
+)
 _NEXT_TOKEN = (
     "INSERT INTO lease_tokens (key, token) VALUES (?, 1)"
     " ON CONFLICT (key) DO UPDATE SET token = lease_tokens.token + 1 RETURNING token"
@@ -749,12 +759,10 @@ class SqliteLedger:
         db: sqlite3.Connection, plan_id: str, states: Sequence[tuple[str, str]], owners: Mapping[str, str]
     ) -> None:
         updates, upserts = settlement_rows(states, owners)
-        db.executemany(_SETTLE_TEXT, [(state, plan_id, digest) for digest, state in updates])
-        db.executemany(
-            "INSERT INTO texts (plan_id, content_hash, owner, state) VALUES (?,?,?,?) ON CONFLICT"
-            " (plan_id, content_hash) DO UPDATE SET owner = excluded.owner, state = excluded.state",
-            [(plan_id, digest, owner, state) for digest, owner, state in upserts],
-        )
+        if updates:
+            db.execute(_SETTLE_TEXTS, (json.dumps(dict(updates)), plan_id))
+        if upserts:
+            db.execute(_UPSERT_TEXTS, (plan_id, json.dumps(upserts)))
 
     def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None:
         """Forget claims that no durable work will fulfil (their shard died in flight)."""
