@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from reindex import cutover as alias_moves
@@ -84,6 +85,8 @@ class RunReport:
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     billed_tokens: int = 0  # from the provider's usage fields
     cost_usd: float | None = None
+    finalize_seconds: float = 0.0  # after the load: ANN index, ANALYZE, grants (not in `seconds`)
+    index_seconds: float | None = None  # the ANN index build alone, when the sink built one
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,11 +190,16 @@ def _run(
         progress = DeferredRun(embedder=embedder, **common).run()
     else:
         progress = Pipeline(embedder=embedder, **common).run()
+    progress.finish()
+    started = time.monotonic()
     m.sink.finalize(m.spec)
+    finalized = time.monotonic() - started
     ledger.finish(m.plan_id)
     summary = ledger.summary(m.plan_id)
     assert summary is not None
-    return _run_report(summary, progress, price_of(m.embedder))
+    report = _run_report(summary, progress, price_of(m.embedder))
+    index = getattr(m.sink, "index_seconds", None)
+    return replace(report, finalize_seconds=round(finalized, 3), index_seconds=index and round(index, 3))
 
 
 def price_of(embedder: Any) -> float | None:
