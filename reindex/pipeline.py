@@ -24,11 +24,12 @@ import stamina
 
 from reindex import crashpoints
 from reindex.batching import chunks, padded_tokens, token_batches
-from reindex.columns import Documents, TokenColumns, embed
+from reindex.columns import Documents, TokenColumns
 from reindex.config import RunConfig
 from reindex.copies import Copies, copy_rows
 from reindex.cost import Budget
 from reindex.errors import ConfigError, Interrupted, RowsRejected, TransientError
+from reindex.feeding import Feeder
 from reindex.ledger import DeadLetter, Ledger, ShardResult
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
 from reindex.shards import Copy, Shard, finish_shard, keep_records, prepare_shard, text_settlements
@@ -99,6 +100,7 @@ class Pipeline:
         self._failure: BaseException | None = None
         self._last_mark = time.monotonic()
         self._model = threading.Lock()  # the writer re-embeds lost copies; one model call at a time
+        self._feeder = Feeder(embedder, retrying)
 
     def run(self) -> Progress:
         """Process every shard after the ledger's resume point; raise Interrupted if stopped early."""
@@ -228,13 +230,14 @@ class Pipeline:
         started = time.monotonic()
         billed_before = getattr(self.embedder, "billed_tokens", 0)
         problems: dict[int, str] = {}
-        for batch in batches:
-            if stoppable and self.stop.is_set():
-                return False
-            vectors = retrying(embed, self.embedder, tokens.take(batch))
+        done = 0
+        stopped = self.stop.is_set if stoppable else lambda: False
+        for batch, vectors, refused in self._feeder.calls(tokens, batches, stopped):
             unique[batch] = _checked(vectors, len(batch), dim, self.embedder)
-            for row, reason in _rejections(self.embedder).items():
-                problems[int(batch[row])] = reason
+            problems |= {int(batch[row]): reason for row, reason in refused.items()}
+            done += 1
+        if done < len(batches):
+            return False  # released by a stop request midway
         self.progress.model_seconds += time.monotonic() - started
         window[-1].billed_tokens += getattr(self.embedder, "billed_tokens", 0) - billed_before
         self.progress.padded_tokens += padded_tokens(lengths, batches)
@@ -420,12 +423,6 @@ def _slice(rows: Rows, start: int, end: int) -> Rows:
 def batch_budget(run: RunConfig, embedder: Any) -> int:
     """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large)."""
     return int(run.batch_tokens or getattr(embedder, "batch_tokens", None) or 4096)
-
-
-def _rejections(embedder: Any) -> dict[int, str]:
-    """Rows of the last `embed` call a provider refused ({row: "provider_rejected:<code>"}), if it says."""
-    last = getattr(embedder, "last_rejections", None)
-    return dict(last()) if callable(last) else {}
 
 
 def retrying(function: Callable[..., T], *args: Any) -> T:

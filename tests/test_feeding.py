@@ -1,0 +1,71 @@
+"""The model is fed one batch ahead and read one call behind, and gives the same vectors as plain calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from adapters.memory import HashEmbedder
+from reindex.batching import token_batches
+from reindex.columns import TokenColumns, tokenize
+from reindex.feeding import Feeder
+from reindex.ports import Vectors
+
+
+class Handle:
+    def __init__(self, log: list[str], name: str, vectors: Vectors) -> None:
+        self.log, self.name, self.vectors = log, name, vectors
+
+    def result(self) -> Vectors:
+        self.log.append(f"result {self.name}")
+        return self.vectors
+
+
+class AsyncHash(HashEmbedder):
+    """The hash embedder behind the prepare/launch protocol a GPU embedder offers."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=8)
+        self.log: list[str] = []
+
+    def prepare_columns(self, tokens: TokenColumns) -> Any:
+        self.log.append(f"prepare {len(tokens)}")
+        return tokens
+
+    def embed_prepared(self, prepared: TokenColumns) -> Handle:
+        self.log.append(f"launch {len(prepared)}")
+        return Handle(self.log, str(len(prepared)), super().embed(list(prepared)))
+
+
+def direct(tokens: TokenColumns, embedder: HashEmbedder) -> Vectors:
+    return embedder.embed(list(tokens))
+
+
+def test_pipelined_feeding_gives_the_plain_vectors_in_batch_order() -> None:
+    embedder = AsyncHash()
+    texts = [" ".join(["w"] * (i % 13 + 1)) + f" {i}" for i in range(200)]
+    tokens = tokenize(embedder, texts)
+    batches = token_batches(tokens.counts, 64, 16)
+    seen = list(Feeder(embedder, lambda f, *a: f(*a)).calls(tokens, batches, lambda: False))
+    assert [b.tolist() for b, _, _ in seen] == [b.tolist() for b in batches]
+    for batch, vectors, refused in seen:
+        assert refused == {}
+        np.testing.assert_array_equal(vectors, direct(tokens.take(batch), HashEmbedder(dim=8)))
+    first_result = embedder.log.index(next(e for e in embedder.log if e.startswith("result")))
+    assert embedder.log[:first_result].count("launch " + str(len(batches[0]))) >= 1
+    assert sum(e.startswith("launch") for e in embedder.log[:first_result]) == 2  # the next launched first
+
+
+def test_a_stop_ends_the_calls_early() -> None:
+    embedder = AsyncHash()
+    tokens = tokenize(embedder, [f"text {i}" for i in range(100)])
+    batches = token_batches(tokens.counts, 8, 4)
+    calls = 0
+
+    def stopped() -> bool:
+        return calls >= 3
+
+    for _ in Feeder(embedder, lambda f, *a: f(*a)).calls(tokens, batches, stopped):
+        calls += 1
+    assert 0 < calls < len(batches)
