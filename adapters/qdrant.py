@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from reindex import crashpoints
+from reindex.columns import Documents, documents
 from reindex.errors import (
     BackendError,
     ConfigError,
@@ -276,20 +277,37 @@ class QdrantSink:
             )
 
     def write(self, target: str, rows: Rows) -> None:
+        """Upsert by point id, `upsert_batch` points per request, each a columnar `models.Batch`.
+
+        One request per chunk (a server refuses bodies past 32 MB), the vectors as one `tolist` of the
+        numpy rows, no `PointStruct` per row; wait=True on a server, and local mode stores every point
+        before it returns, so a returned write is durable. The client's `upload_collection` is not used:
+        on a server it opens its own connection, retries with warnings on its own and defaults to
+        wait=False, while retries belong to the pipeline and errors to `_translated`.
+        """
         from qdrant_client import models
 
-        name = self._vector_name(target)
-        points = [
-            models.PointStruct(
-                id=point_id(record.id),
-                vector=_vector_struct(vector, name),
-                payload=_point_payload(record, digest, rows.fingerprint),
+        docs = documents(rows.records)
+        vectors = np.asarray(rows.vectors)
+        if not len(vectors) == len(docs) == len(rows.content_hashes):
+            raise ValueError(
+                f"{len(docs)} records, {len(vectors)} vectors and {len(rows.content_hashes)} hashes differ"
             )
-            for record, vector, digest in zip(rows.records, rows.vectors, rows.content_hashes, strict=True)
-        ]
-        for start in range(0, len(points), self.upsert_batch):
+        name = self._vector_name(target)
+        ids: list[Any] = _point_ids(docs.ids)
+        payloads = _point_payloads(docs, rows.content_hashes, rows.fingerprint)
+        for start in range(0, len(ids), self.upsert_batch):
+            stop = start + self.upsert_batch
+            chunk = vectors[start:stop].tolist()
+            # built without validation: ids and payloads are ours, and local mode and the server both
+            # check every vector again, so validating each float here too would only repeat that work
+            batch = models.Batch.model_construct(
+                ids=ids[start:stop],
+                vectors=chunk if name is None else {name: chunk},
+                payloads=payloads[start:stop],
+            )
             with _translated():
-                self._client.upsert(target, points[start : start + self.upsert_batch], wait=True)
+                self._client.upsert(target, batch, wait=True)
 
     def delete(self, target: str, ids: Sequence[str]) -> None:
         from qdrant_client import models
@@ -837,16 +855,55 @@ def _parse_point_id(value: str, *, strict: bool = False) -> int | str | None:
         return None
 
 
-def _point_payload(record: Record, content_hash: str, fingerprint: str) -> dict[str, Any]:
-    payload = _json_safe(record.payload)
-    payload.update(reindex_id=record.id, reindex_fingerprint=fingerprint, reindex_content_hash=content_hash)
-    return dict(payload)
+def _point_ids(doc_ids: Sequence[str]) -> list[str]:
+    """`point_id` of every id: only a 36-character id can be a canonical UUID, the rest is uuid5 directly."""
+    return [point_id(i) if len(i) == 36 else _uuid5(i) for i in doc_ids]
+
+
+_NAMESPACE_BYTES = POINT_NAMESPACE.bytes
+
+
+def _uuid5(doc_id: str) -> str:
+    """str(uuid.uuid5(POINT_NAMESPACE, doc_id)) without building a UUID object (RFC 4122 section 4.3)."""
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + doc_id.encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    text = digest.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def _point_payloads(docs: Documents, content_hashes: Sequence[str], fingerprint: str) -> list[dict[str, Any]]:
+    """Each document's payload as JSON plus the reindex keys (which win over the document's own)."""
+    if not docs.has_payload:  # just id and text: strings, already JSON
+        id_field, text_field = docs.fields
+        return [
+            {
+                id_field: doc_id,
+                text_field: text,
+                "reindex_id": doc_id,
+                "reindex_fingerprint": fingerprint,
+                "reindex_content_hash": content_hash,
+            }
+            for doc_id, text, content_hash in zip(docs.ids, docs.texts, content_hashes, strict=True)
+        ]
+    payloads = [_json_safe(docs.payload(i)) for i in range(len(docs))]
+    for payload, doc_id, content_hash in zip(payloads, docs.ids, content_hashes, strict=True):
+        payload.update(reindex_id=doc_id, reindex_fingerprint=fingerprint, reindex_content_hash=content_hash)
+    return payloads
+
+
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})  # exact types kept as they are
 
 
 def _json_safe(value: Any) -> Any:
     """Copy `value` as JSON: datetimes as ISO text, Decimal as float, UUID as text, bytes as base64."""
+    if type(value) in _JSON_SCALARS:
+        return value
     if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {
+            k if type(k) is str else str(k): v if type(v) in _JSON_SCALARS else _json_safe(v)
+            for k, v in value.items()
+        }
     if isinstance(value, list | tuple | set | frozenset):
         return [_json_safe(v) for v in value]
     if isinstance(value, np.ndarray | np.generic):
@@ -860,11 +917,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     return str(value)
-
-
-def _vector_struct(vector: Vectors, name: str | None) -> Any:
-    values = [float(x) for x in vector]
-    return values if name is None else {name: values}
 
 
 def _with_vector(name: str | None) -> bool | list[str]:
