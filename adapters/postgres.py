@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 import random
 import re
@@ -16,6 +15,7 @@ import struct
 import time
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from adapters import pg_copy
 from reindex import crashpoints
+from reindex.columns import Documents, documents
 from reindex.errors import (
     BackendError,
     ConfigError,
@@ -64,6 +66,8 @@ _PRIVILEGES = frozenset(
 )
 _RESERVED = ("reindex_fingerprint", "reindex_content_hash")  # bookkeeping the sink adds to every target
 _TEXT_OID = 25
+_PARALLEL_ROWS = 2000  # a write this big is cut into slices for the writer connections...
+_SLICE_ROWS = 1000  # ...of at least this many rows each
 _cursor_names = itertools.count()
 
 
@@ -213,6 +217,7 @@ class PgvectorSink:
         maintenance_work_mem: str = "1GB"
         hnsw_m: int = Field(default=16, ge=2)
         hnsw_ef_construction: int = Field(default=64, ge=4)
+        writers: int = Field(default_factory=lambda: _default_writers(), ge=1)
 
     def __init__(
         self,
@@ -224,6 +229,7 @@ class PgvectorSink:
         maintenance_work_mem: str = "1GB",
         hnsw_m: int = 16,
         hnsw_ef_construction: int = 64,
+        writers: int | None = None,
     ) -> None:
         self._db = _Database(dsn, "target", vectors=True)
         self.lock_timeout_ms = lock_timeout_ms
@@ -231,8 +237,12 @@ class PgvectorSink:
         self.build_index = build_index
         self.maintenance_work_mem = maintenance_work_mem
         self.hnsw = (hnsw_m, hnsw_ef_construction)
+        self.writers = writers or _default_writers()
+        self.index_seconds: float | None = None  # the last finalize's CREATE INDEX; None: none built
         self._layouts: dict[str, _Layout] = {}
         self._identity: str | None = None
+        self._pool: _Writers | None = None
+        self._conflicted: set[str] = set()  # targets whose last direct COPY met keys already there
 
     @classmethod
     def from_config(cls, config: Config) -> PgvectorSink:
@@ -244,6 +254,7 @@ class PgvectorSink:
             maintenance_work_mem=config.maintenance_work_mem,
             hnsw_m=config.hnsw_m,
             hnsw_ef_construction=config.hnsw_ef_construction,
+            writers=config.writers,
         )
 
     def identity(self) -> str:
@@ -266,29 +277,35 @@ class PgvectorSink:
                 _check_same_target(spec, layout)
 
     def write(self, target: str, rows: Rows) -> None:
-        """Upsert by id: binary COPY into a temporary stage, then one INSERT ... ON CONFLICT.
+        """Upsert by id. A schemaless target takes the batch as one binary COPY built per batch, straight
+        into the table; keys already there (a replayed shard) roll that back and the batch goes through a
+        stage + INSERT ... ON CONFLICT instead. Big batches are cut into `writers` slices written at once
+        on their own connections, each its own transaction. Other layouts COPY row by row into the stage.
 
         A batch refused for its rows' content (a NUL byte, a value its column type cannot hold) is
-        rolled back whole and raised as RowsRejected; the core bisects it (replaying halves is safe).
+        rolled back and raised as RowsRejected; the core bisects it (replaying halves is safe).
         """
-        from psycopg import sql
-
         layout = self._layout(target)
         if not rows.records:
             return
-        with self._db.transaction() as conn, _rejections(target):
-            binary, types = _copy_format(conn, layout)
-            copy = sql.SQL("COPY reindex_stage ({}) FROM STDIN (FORMAT {})").format(
-                sql.SQL(", ").join(a.ident for a in layout.columns), sql.SQL("BINARY" if binary else "TEXT")
-            )
-            conn.execute(
-                sql.SQL("CREATE TEMP TABLE reindex_stage (LIKE {}) ON COMMIT DROP").format(layout.ident)
-            )
-            with conn.cursor().copy(copy) as stream:
-                stream.set_types(types)
-                for values in _row_values(layout, rows):
-                    stream.write_row(values)
-            conn.execute(_upsert(layout))
+        columns = _schemaless_copy(layout)
+        if columns is None:
+            with self._db.transaction() as conn, _rejections(target):
+                _write_rows(conn, layout, rows)
+            return
+        direct = target not in self._conflicted
+        slices = _slices(len(rows.records), self.writers)
+        if len(slices) == 1:
+            conflicted = _write_bulk(self._db, layout, columns, rows, direct=direct)
+        else:
+            if self._pool is None:
+                self._pool = _Writers(self._db.dsn, self.writers)
+            whole = Rows(documents(rows.records), rows.vectors, rows.content_hashes, rows.fingerprint)
+            conflicted = self._pool.write(layout, columns, [_slice(whole, *s) for s in slices], direct=direct)
+        if conflicted:
+            self._conflicted.add(target)  # a replay: its next batch likely overlaps too, upsert it at once
+        else:
+            self._conflicted.discard(target)
 
     def delete(self, target: str, ids: Sequence[str]) -> None:
         from psycopg import sql
@@ -305,8 +322,9 @@ class PgvectorSink:
         from psycopg import sql
 
         layout = self._layout(spec.name)
+        self.index_seconds = None
         if self.build_index and layout.vector is not None:
-            self._build_index(layout, spec.source.distance)
+            self.index_seconds = self._build_index(layout, spec.source.distance)
         with self._db.errors():
             conn = self._db.connection()
             conn.execute(sql.SQL("ANALYZE {}").format(layout.ident))
@@ -432,6 +450,9 @@ class PgvectorSink:
             conn.execute(sql.SQL("DROP TABLE {}").format(_identifier(target)))
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         self._db.close()
 
     def _layout(self, target: str) -> _Layout:
@@ -444,7 +465,9 @@ class PgvectorSink:
             self._layouts[target] = layout
         return self._layouts[target]
 
-    def _build_index(self, layout: _Layout, distance: Distance) -> None:
+    def _build_index(self, layout: _Layout, distance: Distance) -> float | None:
+        """CREATE INDEX with `maintenance_work_mem` and parallel workers for the cores; its wall seconds,
+        commit included, or None when the index was already there (a resumed finalize)."""
         from psycopg import sql
 
         assert layout.vector is not None
@@ -458,11 +481,12 @@ class PgvectorSink:
             sql.Literal(self.hnsw[1]),
         )
         with self._db.transaction() as conn:
-            if conn.execute(_HNSW_SQL, [layout.oid]).fetchone() is None:
-                conn.execute(
-                    "SELECT set_config('maintenance_work_mem', %s, true)", [self.maintenance_work_mem]
-                )
-                conn.execute(statement)
+            if conn.execute(_HNSW_SQL, [layout.oid]).fetchone() is not None:
+                return None
+            conn.execute(_INDEX_SETTINGS_SQL, [self.maintenance_work_mem, (os.cpu_count() or 1) - 1])
+            started = time.perf_counter()
+            conn.execute(statement)
+        return time.perf_counter() - started
 
     def _live_table(self, conn: Connection, alias: str) -> int | None:
         resolved = _resolve_alias(conn, alias)
@@ -512,13 +536,13 @@ def _rejections(target: str) -> Iterator[None]:
 class _Database:
     """One autocommit connection, reopened after a drop, and the adapter's only error translator."""
 
-    def __init__(self, dsn: str, section: str, *, vectors: bool) -> None:
+    def __init__(self, dsn: str, section: str, *, vectors: bool, has_connected: bool = False) -> None:
         self._secrets = _check_dsn(dsn, section)
         self.dsn = dsn
         self.section = section
         self.vectors = vectors
         self._conn: Connection | None = None
-        self._has_connected = False
+        self._has_connected = has_connected  # a DSN known to work: failing to connect is then transient
         self.connection()
 
     def connection(self) -> Connection:
@@ -591,6 +615,34 @@ class _Database:
                 hint="run CREATE EXTENSION vector there",
             ) from None
         _register_packed_vectors(conn)
+
+
+class _Writers:
+    """Extra connections, one thread each, for the slices of a big write (psycopg waits without the GIL)."""
+
+    def __init__(self, dsn: str, count: int) -> None:
+        self._dbs: list[_Database] = []
+        try:
+            self._dbs += [_Database(dsn, "target", vectors=False, has_connected=True) for _ in range(count)]
+        except BaseException:
+            self.close()
+            raise
+        self._threads = ThreadPoolExecutor(count, thread_name_prefix="pgvector-writer")
+
+    def write(self, layout: _Layout, columns: pg_copy.Schemaless, parts: list[Rows], *, direct: bool) -> bool:
+        """Every slice, each in its own transaction; after all have ended, the first slice's error."""
+        futures = [
+            self._threads.submit(_write_bulk, db, layout, columns, part, direct=direct)
+            for db, part in zip(self._dbs, parts, strict=False)
+        ]
+        wait(futures)
+        return any([future.result() for future in futures])
+
+    def close(self) -> None:
+        if hasattr(self, "_threads"):
+            self._threads.shutdown()
+        for db in self._dbs:
+            db.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,6 +747,10 @@ WHERE i.indrelid = %s::oid AND i.indisprimary"""
 _HNSW_SQL = """
 SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
 WHERE i.indrelid = %s::oid AND am.amname = 'hnsw'"""
+_INDEX_SETTINGS_SQL = """
+SELECT set_config('maintenance_work_mem', %s, true),
+  set_config('max_parallel_maintenance_workers',
+             greatest(current_setting('max_parallel_maintenance_workers')::int, %s::int)::text, true)"""
 _GRANTS_SQL = """
 SELECT CASE WHEN g.grantee = 0 THEN NULL ELSE pg_get_userbyid(g.grantee)::text END,
        g.privilege_type, g.is_grantable
@@ -1004,6 +1060,106 @@ def _checked_type(conn: Connection, type_text: str) -> sql.Composable:
     return sql.SQL(type_text)
 
 
+def _write_rows(conn: Connection, layout: _Layout, rows: Rows) -> None:
+    """Any layout: COPY row by row (psycopg's dumpers) into a temporary stage, then upsert from it."""
+    from psycopg import sql
+
+    binary, types = _copy_format(conn, layout)
+    copy = sql.SQL("COPY reindex_stage ({}) FROM STDIN (FORMAT {})").format(
+        sql.SQL(", ").join(a.ident for a in layout.columns), sql.SQL("BINARY" if binary else "TEXT")
+    )
+    _create_stage(conn, layout)
+    with conn.cursor().copy(copy) as stream:
+        stream.set_types(types)
+        for values in _row_values(layout, rows):
+            stream.write_row(values)
+    conn.execute(_upsert(layout))
+
+
+def _write_bulk(
+    db: _Database, layout: _Layout, columns: pg_copy.Schemaless, rows: Rows, *, direct: bool
+) -> bool:
+    """One binary COPY of the whole batch: into the target when `direct`, falling back to stage + upsert
+    when a key is already there. True when that fallback was taken."""
+    from psycopg import sql
+
+    psycopg = _psycopg()
+    with db.errors(), _rejections(layout.name):
+        payload = _encoded(layout.name, columns, rows)
+        conn = db.connection()
+        if direct:
+            try:
+                with conn.transaction():
+                    _copy_payload(conn, layout.ident, payload)
+                return False
+            except psycopg.errors.UniqueViolation:
+                pass
+        with conn.transaction():
+            _create_stage(conn, layout)
+            _copy_payload(conn, sql.Identifier("reindex_stage"), payload)
+            conn.execute(_upsert(layout))
+        return direct
+
+
+def _encoded(target: str, columns: pg_copy.Schemaless, rows: Rows) -> pg_copy.Payload:
+    try:
+        return pg_copy.encode(
+            columns, documents(rows.records), rows.vectors, rows.content_hashes, rows.fingerprint
+        )
+    except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 form, the server would refuse it too
+        raise RowsRejected(
+            f"Postgres refused rows for {target!r}: text is not valid UTF-8 ({exc.reason})",
+            reason="sink_rejected:22021",
+        ) from None
+
+
+def _copy_payload(conn: Connection, table: sql.Identifier, payload: pg_copy.Payload) -> None:
+    from psycopg import sql
+
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        table, sql.SQL(", ").join(map(sql.Identifier, payload.columns))
+    )
+    with conn.cursor().copy(statement) as copy:
+        copy.write(payload.data)
+
+
+def _create_stage(conn: Connection, layout: _Layout) -> None:
+    from psycopg import sql
+
+    conn.execute(sql.SQL("CREATE TEMP TABLE reindex_stage (LIKE {}) ON COMMIT DROP").format(layout.ident))
+
+
+def _schemaless_copy(layout: _Layout) -> pg_copy.Schemaless | None:
+    """The bulk encoder's columns when `layout` is a schemaless target as prepare() made it, else None."""
+    meta = layout.meta
+    text = str(meta.get("text_field", ""))
+    if not meta.get("schemaless") or layout.vector is None or layout.key.name != "id":
+        return None
+    found = {a.name: a.type_name[1] for a in layout.columns}
+    expected = {"id": "text", text: "text", "payload": "jsonb", layout.vector.name: "vector"}
+    if found != expected | dict.fromkeys(_RESERVED, "text"):
+        return None
+    carried = frozenset({str(meta.get("id_field", "")), text})
+    return pg_copy.Schemaless("id", text, "payload", layout.vector.name, carried)
+
+
+def _slices(count: int, writers: int) -> list[tuple[int, int]]:
+    parts = min(writers, count // _SLICE_ROWS) if count >= _PARALLEL_ROWS else 1
+    bounds = [count * i // max(parts, 1) for i in range(max(parts, 1) + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+def _slice(rows: Rows, start: int, stop: int) -> Rows:
+    docs = documents(rows.records)  # already columns: O(1)
+    payloads = None if docs.payloads is None else docs.payloads[start:stop]
+    part = Documents(docs.ids[start:stop], docs.texts[start:stop], payloads, docs.fields)
+    return Rows(part, rows.vectors[start:stop], rows.content_hashes[start:stop], rows.fingerprint)
+
+
+def _default_writers() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
 def _copy_format(conn: Connection, layout: _Layout) -> tuple[bool, list[int]]:
     """Binary COPY when every column type has a binary dumper; else text, unknown types passed as text."""
     binary = all(_has_dumper(conn, a.oid, binary=True) for a in layout.columns)
@@ -1039,7 +1195,7 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
                 layout.key.name: record.id,
                 text_field: record.text,
                 "payload": Jsonb(
-                    {k: v for k, v in record.payload.items() if k not in carried}, dumps=_json_dumps
+                    {k: v for k, v in record.payload.items() if k not in carried}, dumps=pg_copy.json_dumps
                 ),
             }
         else:
@@ -1048,24 +1204,6 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
                 text_field: record.payload.get(text_field, record.text),
             }
         yield tuple(fixed[a.name] if a.name in fixed else record.payload.get(a.name) for a in layout.columns)
-
-
-def _json_dumps(value: Any) -> str:
-    try:
-        return json.dumps(value, default=str, allow_nan=False)
-    except ValueError:
-        return json.dumps(_json_safe(value), default=str)
-
-
-def _json_safe(value: Any) -> Any:
-    """jsonb rejects NaN and infinity: store them as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _upsert(layout: _Layout) -> sql.Composed:

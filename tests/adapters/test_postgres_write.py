@@ -1,0 +1,187 @@
+"""PgvectorSink's bulk write path: one binary COPY per batch straight into the target, the stage + upsert
+fallback on a replay, writer connections for big batches, rows refused for their content, index timing."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+
+from adapters.postgres import PgvectorSink
+from reindex.columns import Documents
+from reindex.errors import RowsRejected
+from reindex.fingerprint import content_hash
+from reindex.ports import Record, Rows, SourceSchema, TargetSpec
+
+TARGET = "docs__bulk0001"
+AWKWARD = [
+    "plain",
+    "héllo wörld ✓ 日本語 🙂",
+    "quotes ' \" and `ticks`",
+    "back\\slash \\N \\\\ \\x00",
+    "new\nline\r\ntab\tend",
+    "",
+    '{"json": [1, 2]} looks like json',
+]
+
+
+def spec(name: str = TARGET, dim: int = 8, text_field: str = "body") -> TargetSpec:
+    return TargetSpec(name, "docs", dim, "f" * 16, {"model": "test"}, SourceSchema("key", text_field))
+
+
+def rows_of(
+    docs: Documents | list[Record], dim: int = 8, seed: int = 0, hashes: list[str] | None = None
+) -> Rows:
+    vectors = np.random.default_rng(seed).standard_normal((len(docs), dim)).astype(np.float32)
+    texts = docs.texts if isinstance(docs, Documents) else [r.text for r in docs]
+    return Rows(docs, vectors, hashes or [content_hash(t) for t in texts], "f" * 16)
+
+
+def plain(n: int, prefix: str = "doc", text: str = "words") -> Documents:
+    ids = [f"{prefix}-{i:06d}" for i in range(n)]
+    return Documents(ids, [f"{text} {i}" for i in range(n)], fields=("key", "body"))
+
+
+def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(statement).fetchall()
+
+
+@pytest.fixture
+def sink(pg_dsn: str) -> Iterator[PgvectorSink]:
+    built = PgvectorSink(pg_dsn, writers=3)
+    built.prepare(spec())
+    yield built
+    built.close()
+
+
+def test_bulk_rows_round_trip_exactly_texts_payloads_and_vectors(pg_dsn: str, sink: PgvectorSink) -> None:
+    ids = [f"id {i} ✓'\"\\" for i in range(len(AWKWARD))]
+    payloads: list[dict[str, Any]] = [
+        {"key": key, "body": text, "n": i, "nested": {"list": [1, "two", None, {"deep": True}]}}
+        for i, (key, text) in enumerate(zip(ids, AWKWARD, strict=True))
+    ]
+    payloads[1]["score"] = math.nan
+    payloads[2]["inf"] = [math.inf, 1.5]
+    mappings: list[Mapping[str, Any]] = list(payloads)
+    rows = rows_of(Documents(ids, AWKWARD, mappings, ("key", "body")))
+    sink.write(TARGET, rows)
+
+    stored = query(
+        pg_dsn, f"SELECT id, body, payload, reindex_fingerprint, reindex_content_hash FROM {TARGET}"
+    )
+    by_id = {row[0]: row[1:] for row in stored}
+    assert len(stored) == len(ids)
+    for i, key in enumerate(ids):
+        expected = {k: v for k, v in payloads[i].items() if k not in ("key", "body")}
+        expected |= {"score": None} if i == 1 else {}
+        expected |= {"inf": [None, 1.5]} if i == 2 else {}
+        assert by_id[key] == (AWKWARD[i], expected, "f" * 16, content_hash(AWKWARD[i]))
+    fetched = sink.fetch(TARGET, ids)
+    for i, key in enumerate(ids):
+        assert fetched[key].tobytes() == rows.vectors[i].tobytes()
+
+
+def test_documents_with_nothing_but_id_and_text_store_an_empty_payload(
+    pg_dsn: str, sink: PgvectorSink
+) -> None:
+    docs = Documents(["a", "b"], AWKWARD[1:3], fields=("key", "body"))
+    sink.write(TARGET, rows_of(docs))
+    assert query(pg_dsn, f"SELECT id, body, payload FROM {TARGET} ORDER BY id") == [
+        ("a", AWKWARD[1], {}),
+        ("b", AWKWARD[2], {}),
+    ]
+
+
+def test_record_lists_and_content_hashes_of_any_length_round_trip(pg_dsn: str, sink: PgvectorSink) -> None:
+    records = [Record("x", "text x", {"key": "x", "tag": 1}), Record("y", "text y", {"key": "y"})]
+    sink.write(TARGET, rows_of(records, hashes=["short", "a much longer hash ✓"]))
+    assert query(pg_dsn, f"SELECT id, payload, reindex_content_hash FROM {TARGET} ORDER BY id") == [
+        ("x", {"tag": 1}, "short"),
+        ("y", {}, "a much longer hash ✓"),
+    ]
+
+
+def test_replaying_rows_upserts_them_without_duplicates_or_failure(pg_dsn: str, sink: PgvectorSink) -> None:
+    sink.write(TARGET, rows_of(plain(10), seed=1))
+    replay = rows_of(plain(15, text="changed"), seed=2)  # ten already there, five new
+    sink.write(TARGET, replay)
+    sink.write(TARGET, replay)  # straight to the upsert after a conflict: the same result
+    sink.write(TARGET, rows_of(plain(3, prefix="new")))  # and back to COPY into the table
+    assert query(pg_dsn, f"SELECT count(*), count(DISTINCT id) FROM {TARGET}") == [(18, 18)]
+    assert query(pg_dsn, f"SELECT body FROM {TARGET} WHERE id = 'doc-000003'") == [("changed 3",)]
+    assert sink.fetch(TARGET, ["doc-000003"])["doc-000003"].tobytes() == replay.vectors[3].tobytes()
+
+
+@pytest.mark.parametrize("poison", ["text", "id"])
+def test_a_nul_byte_in_one_row_rejects_the_batch_with_22021(
+    pg_dsn: str, sink: PgvectorSink, poison: str
+) -> None:
+    docs = plain(5)
+    if poison == "text":
+        docs.texts[3] = "bad\x00text"
+    else:
+        docs.ids[3] = "bad\x00id"
+    with pytest.raises(RowsRejected) as refused:
+        sink.write(TARGET, rows_of(docs))
+    assert refused.value.reason == "sink_rejected:22021"
+    assert query(pg_dsn, f"SELECT count(*) FROM {TARGET}") == [(0,)]
+    sink.write(TARGET, rows_of(docs[:3]))  # the core's halves replay on the same connections
+    assert query(pg_dsn, f"SELECT count(*) FROM {TARGET}") == [(3,)]
+
+
+def test_a_text_that_is_not_utf8_is_rejected_like_the_server_would(sink: PgvectorSink) -> None:
+    docs = plain(3)
+    docs.texts[1] = "lone \ud800 surrogate"
+    with pytest.raises(RowsRejected) as refused:
+        sink.write(TARGET, rows_of(docs, hashes=["h"] * 3))
+    assert refused.value.reason == "sink_rejected:22021"
+
+
+def test_a_big_write_lands_every_row_across_writer_connections(pg_dsn: str, sink: PgvectorSink) -> None:
+    rows = rows_of(plain(6500), seed=3)
+    sink.write(TARGET, rows)
+    assert query(pg_dsn, f"SELECT count(*), count(DISTINCT id) FROM {TARGET}") == [(6500, 6500)]
+    connections = query(pg_dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+    assert connections[0][0] >= 1 + 3  # the sink's own and three writers (this query's is one more)
+    sink.write(TARGET, rows_of(plain(7000, text="again"), seed=4))  # every slice replays: upserts
+    assert query(pg_dsn, f"SELECT count(*), min(body) FROM {TARGET}") == [(7000, "again 0")]
+    fetched = sink.fetch(TARGET, ["doc-006499"])
+    assert fetched["doc-006499"].tobytes() == rows_of(plain(7000), seed=4).vectors[6499].tobytes()
+
+
+def test_a_refused_row_in_one_slice_of_a_big_write_raises_rows_rejected(
+    pg_dsn: str, sink: PgvectorSink
+) -> None:
+    docs = plain(4000)
+    docs.texts[3900] = "nul \x00 in the last slice"
+    with pytest.raises(RowsRejected) as refused:
+        sink.write(TARGET, rows_of(docs))
+    assert refused.value.reason == "sink_rejected:22021"
+    assert query(pg_dsn, f"SELECT count(*) FROM {TARGET} WHERE id >= 'doc-002666'") == [(0,)]
+    sink.write(TARGET, rows_of(docs[:3900]))  # replaying the good rows is safe, committed slices or not
+    assert query(pg_dsn, f"SELECT count(*) FROM {TARGET}") == [(3900,)]
+
+
+def test_finalize_reports_the_index_build_seconds(pg_dsn: str, sink: PgvectorSink) -> None:
+    sink.write(TARGET, rows_of(plain(300)))
+    sink.finalize(spec())
+    assert sink.index_seconds is not None and sink.index_seconds > 0
+    assert query(pg_dsn, f"SELECT count(*) FROM pg_indexes WHERE tablename = '{TARGET}'") == [(2,)]
+    sink.finalize(spec())  # a resumed finalize finds the index: nothing built
+    assert sink.index_seconds is None
+
+
+def test_no_index_build_leaves_index_seconds_unset(pg_dsn: str) -> None:
+    sink = PgvectorSink(pg_dsn, build_index=False)
+    try:
+        sink.prepare(spec())
+        sink.write(TARGET, rows_of(plain(5)))
+        sink.finalize(spec())
+        assert sink.index_seconds is None
+    finally:
+        sink.close()
