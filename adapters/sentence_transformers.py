@@ -1,17 +1,28 @@
-"""Local embedder on sentence-transformers: tokenize once with the model's fast tokenizer, embed the ids."""
+"""Local embedder on sentence-transformers: tokenize once with the model's fast tokenizer, embed the ids.
+
+`ColumnTokenizer` is the columnar hot path (also used by the hash embedder's `tokenizer` option): one
+`encode_batch` per chunk on a thread pool (the Rust code releases the GIL), ids flattened in C, truncation
+and the post-processor's special tokens applied to the flat array by numpy.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
+from reindex.columns import TokenColumns, ragged
 from reindex.errors import ConfigError, MissingDependency
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, Tokens, Vectors
@@ -24,6 +35,9 @@ Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["fp32", "bf16", "fp16"]
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 SKIPPED_DIRS = {"onnx", "openvino"}  # alternative runtimes' exports: not the weights torch loads
+PROBES = ("hello world", "", "a", "Ünïcödé 漢字 🙂 text", "North and south, east and west: " * 9)
+MIN_CHUNK = 256  # texts per encode_batch call on the pool; smaller chunks are not worth a hand-off
+FALSE_WORDS = {"", "0", "off", "false", "f", "no", "n"}
 
 
 class SentenceTransformerEmbedder:
@@ -40,6 +54,7 @@ class SentenceTransformerEmbedder:
         precision: Precision = "fp32"
         batch_tokens: int | None = Field(default=None, gt=0)  # padded tokens per call; None: by device
         threads: int | None = Field(default=None, gt=0)
+        tokenizer_threads: int | None = Field(default=None, gt=0)  # None: every core (see ColumnTokenizer)
 
     def __init__(
         self,
@@ -52,6 +67,7 @@ class SentenceTransformerEmbedder:
         precision: Precision = "fp32",
         batch_tokens: int | None = None,
         threads: int | None = None,
+        tokenizer_threads: int | None = None,
     ) -> None:
         torch = _import_torch()
         if threads:
@@ -65,13 +81,15 @@ class SentenceTransformerEmbedder:
         self._dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
         self.model.to(self._dtype).eval()
         tokenizer = _tokenizer(self.model, model)
-        self._backend = _untruncated(tokenizer.backend_tokenizer)
-        self._specials = _special_count(self._backend)
+        backend = tokenizer.backend_tokenizer
         self._pad_id = int(tokenizer.pad_token_id or 0)
         self._pad_left = tokenizer.padding_side == "left"
         self._type_ids = "token_type_ids" in tokenizer.model_input_names
-        self._lowercase = bool(getattr(self.model[0], "do_lower_case", False))
-        limit = _max_tokens(self.model, tokenizer, max_tokens, self._specials)
+        lowercase = bool(getattr(self.model[0], "do_lower_case", False))
+        limit = _max_tokens(self.model, tokenizer, max_tokens, _special_count(backend))
+        self.tokenizer = ColumnTokenizer(
+            backend, limit, prompt=prompt, lowercase=lowercase, threads=tokenizer_threads
+        )
         self.info = _info(self.model, model, limit, normalize=normalize, prompt=prompt, precision=precision)
 
     @classmethod
@@ -85,48 +103,208 @@ class SentenceTransformerEmbedder:
             precision=config.precision,
             batch_tokens=config.batch_tokens,
             threads=config.threads,
+            tokenizer_threads=config.tokenizer_threads,
         )
 
-    def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
+    def tokenize_columns(self, texts: list[str]) -> TokenColumns:
         """Tokenize prompt+text once: count the full length, keep what fits `max_tokens` with specials."""
-        prepared = [self.prompt + text for text in texts]
-        if self._lowercase:
-            prepared = [text.lower() for text in prepared]
-        encodings = self._backend.encode_batch(prepared, add_special_tokens=False)
-        return [self._finish(encoding) for encoding in encodings]
+        return self.tokenizer(texts)
 
-    def _finish(self, encoding: Encoding) -> Tokens:
-        original = len(encoding.ids) + self._specials
-        encoding.truncate(self.info.max_tokens - self._specials)
-        final = self._backend.post_process(encoding, None, True)
-        return Tokens(count=len(final.ids), original_count=original, data=final.ids)
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
+        return list(self.tokenizer(list(texts)))
+
+    def embed_columns(self, tokens: TokenColumns) -> Vectors:
+        """Pad the batch's ids to its longest row (numpy) and run the model once; no second tokenization."""
+        if not len(tokens):
+            return np.zeros((0, self.info.dim), dtype=np.float32)
+        if tokens.ids is None:  # columns of per-text Tokens: their data are the ids
+            tokens = TokenColumns(tokens.counts, tokens.original, *ragged(tokens.items or []))
+        ids, mask = tokens.padded(self._pad_id, left=self._pad_left)
+        return self._run(ids, mask)
 
     def embed(self, items: Sequence[Tokens]) -> Vectors:
-        """Pad the batch's ids to its longest item and run the model once; no second tokenization."""
+        return self.embed_columns(TokenColumns.from_tokens(items))
+
+    def _run(self, ids: NDArray[np.int64], mask: NDArray[np.int64]) -> Vectors:
         import torch
 
-        if not items:
-            return np.zeros((0, self.info.dim), dtype=np.float32)
         with torch.inference_mode():
-            output = self.model(self._features(items))["sentence_embedding"].float()
+            output = self.model(self._features(ids, mask))["sentence_embedding"].float()
             if self.normalize:
                 output = torch.nn.functional.normalize(output, p=2, dim=1)
             return np.ascontiguousarray(output.cpu().numpy(), dtype=np.float32)
 
-    def _features(self, items: Sequence[Tokens]) -> dict[str, Any]:
+    def _features(self, ids: NDArray[np.int64], mask: NDArray[np.int64]) -> dict[str, Any]:
         import torch
 
-        width = max(len(item.data) for item in items)
-        ids = np.full((len(items), width), self._pad_id, dtype=np.int64)
-        mask = np.zeros((len(items), width), dtype=np.int64)
-        for row, item in enumerate(items):
-            span = slice(width - len(item.data), width) if self._pad_left else slice(0, len(item.data))
-            ids[row, span] = item.data
-            mask[row, span] = 1
         features = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}
+        if self.device != "cpu":  # page-locked host copies let the transfer run beside the model
+            features = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in features.items()}
         if self._type_ids:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
-        return {name: tensor.to(self.device) for name, tensor in features.items()}
+        return features
+
+
+class ColumnTokenizer:
+    """A `tokenizers.Tokenizer` that answers `TokenColumns`: O(1) Python calls per chunk of texts.
+
+    The texts are split into chunks encoded on a per-process thread pool of `threads` (default: every
+    core this process may use); `encode_batch` releases the GIL, so this is parallel even with
+    TOKENIZERS_PARALLELISM=false, and fork-safe because no Rust thread pool is started. A user who sets
+    TOKENIZERS_PARALLELISM to a true value gets the library's own pool instead (one call per batch).
+    The post-processor's special tokens are found once, by post-processing probes; a post-processor
+    that is not "prefix + ids + suffix" is applied per encoding (slower, same ids).
+    """
+
+    def __init__(
+        self,
+        backend: Tokenizer,
+        max_tokens: int,
+        *,
+        prompt: str = "",
+        lowercase: bool = False,
+        threads: int | None = None,
+    ) -> None:
+        self.backend = _untruncated(backend)
+        self.specials = _special_count(self.backend)
+        if max_tokens <= self.specials:
+            raise ConfigError(f"max_tokens {max_tokens} leaves no room beside {self.specials} special tokens")
+        self.max_tokens, self.prompt, self.lowercase = max_tokens, prompt, lowercase
+        self.threads = threads or _default_threads()
+        self._encode = _batch_encoder(self.backend)
+        self._frame = _template(self.backend, self.specials)
+        self.digest: str | None = None  # the tokenizer file's sha256 when read from one
+
+    @classmethod
+    def from_file(cls, path: str, max_tokens: int, *, threads: int | None = None) -> ColumnTokenizer:
+        """A tokenizer.json, or a model folder holding one; `digest` is the file's sha256."""
+        from tokenizers import Tokenizer
+
+        file = Path(path) / "tokenizer.json" if Path(path).is_dir() else Path(path)
+        try:
+            data = file.read_bytes()
+            backend = Tokenizer.from_str(data.decode())
+        except Exception as exc:  # tokenizers raises a bare Exception for a broken file
+            raise ConfigError(
+                f"tokenizer {path!r} could not be loaded", hint="pass a tokenizer.json"
+            ) from exc
+        tokenizer = cls(backend, max_tokens, threads=threads)
+        tokenizer.digest = hashlib.sha256(data).hexdigest()
+        return tokenizer
+
+    def __call__(self, texts: list[str]) -> TokenColumns:
+        if self.prompt:
+            texts = list(map(self.prompt.__add__, texts))
+        if self.lowercase:
+            texts = list(map(str.lower, texts))
+        size = max(MIN_CHUNK, -(-len(texts) // (self.threads * 4)))
+        if self.threads == 1 or len(texts) <= size:
+            return self._chunk(texts)
+        chunks = [texts[start : start + size] for start in range(0, len(texts), size)]
+        return TokenColumns.concat(list(_pool(self.threads).map(self._chunk, chunks)))
+
+    def _chunk(self, texts: list[str]) -> TokenColumns:
+        encodings = self._encode(texts, add_special_tokens=False)
+        if self._frame is None:
+            return self._post_processed(encodings)
+        ids = list(map(attrgetter("ids"), encodings))
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
+        return framed(flat, lengths, self.max_tokens - self.specials, *self._frame)
+
+    def _post_processed(self, encodings: list[Encoding]) -> TokenColumns:
+        """The tokenizer's own post-processor per encoding (a template numpy cannot reproduce)."""
+        original = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings)) + self.specials
+        finals = []
+        for encoding in encodings:
+            encoding.truncate(self.max_tokens - self.specials)
+            finals.append(self.backend.post_process(encoding, None, True).ids)
+        flat, offsets = ragged(finals)
+        return TokenColumns(np.diff(offsets), original, flat, offsets)
+
+
+def framed(
+    flat: NDArray[np.int64],
+    lengths: NDArray[np.int64],
+    limit: int,
+    prefix: Sequence[int],
+    suffix: Sequence[int],
+) -> TokenColumns:
+    """Rows of `flat` (ragged by `lengths`) cut to `limit` ids, each framed by `prefix` and `suffix`."""
+    kept = np.minimum(lengths, limit)
+    if (kept < lengths).any():
+        starts, new = _offsets(lengths)[:-1], _offsets(kept)
+        flat = flat[np.repeat(starts - new[:-1], kept) + np.arange(int(new[-1]), dtype=np.int64)]
+    counts = kept + len(prefix) + len(suffix)
+    offsets = _offsets(counts)
+    if not prefix and not suffix:
+        return TokenColumns(counts, lengths + 0, flat, offsets)
+    head = offsets[:-1, None] + np.arange(len(prefix))
+    tail = offsets[1:, None] - len(suffix) + np.arange(len(suffix))
+    specials = np.concatenate([head, tail], axis=1).ravel()  # each row's special positions, in order
+    ids = np.empty(int(offsets[-1]), dtype=np.int64)
+    body = np.ones(len(ids), dtype=np.bool_)
+    body[specials] = False
+    ids[body] = flat
+    ids[specials] = np.tile(np.asarray([*prefix, *suffix], dtype=np.int64), len(counts))
+    return TokenColumns(counts, lengths + len(prefix) + len(suffix), ids, offsets)
+
+
+def _offsets(lengths: NDArray[np.int64]) -> NDArray[np.int64]:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _template(backend: Tokenizer, specials: int) -> tuple[list[int], list[int]] | None:
+    """(prefix, suffix) such that post-processing is `prefix + ids + suffix` for every probe, truncated
+    or not; None when no split explains them all (then encodings are post-processed one by one)."""
+    cases = []
+    for text in PROBES:
+        encoding = backend.encode(text, add_special_tokens=False)
+        ids = list(encoding.ids)
+        cases.append((ids, backend.post_process(encoding, None, True).ids))
+        encoding.truncate(max(len(ids) // 2, 1))
+        cases.append((ids[: max(len(ids) // 2, 1)], backend.post_process(encoding, None, True).ids))
+    ids, full = cases[0]
+    for head in range(len(full) - len(ids) + 1):
+        prefix, suffix = full[:head], full[head + len(ids) :]
+        if len(prefix) + len(suffix) == specials and all(prefix + i + suffix == f for i, f in cases):
+            return prefix, suffix
+    return None
+
+
+def _batch_encoder(backend: Tokenizer) -> Any:
+    """`encode_batch_fast` (no character offsets) where this tokenizers has it and it gives the same ids."""
+    fast = getattr(backend, "encode_batch_fast", None)
+    if fast is None:
+        return backend.encode_batch
+    same = [e.ids for e in fast(list(PROBES), add_special_tokens=False)]
+    return (
+        fast
+        if same == [e.ids for e in backend.encode_batch(list(PROBES), add_special_tokens=False)]
+        else backend.encode_batch
+    )
+
+
+def _default_threads() -> int:
+    """Every core this process may use, unless the user asked for the tokenizers library's own pool."""
+    if os.environ.get("TOKENIZERS_PARALLELISM", "false").strip().lower() not in FALSE_WORDS:
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+_POOLS: dict[tuple[int, int], ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """One pool per process and size: a forked child builds its own (the parent's threads are not there)."""
+    key = (os.getpid(), threads)
+    with _POOLS_LOCK:
+        if key not in _POOLS:
+            _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="reindex-tokenize")
+        return _POOLS[key]
 
 
 def _import_torch() -> Any:
