@@ -11,6 +11,7 @@ numpy gathers).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -114,7 +115,8 @@ class Documents(Sequence[Record]):
 class TokenColumns(Sequence[Tokens]):
     """Tokenized texts as columns. Local models fill `ids`/`offsets` (row i is ids[offsets[i]:offsets[i+1]],
     specials included); text embedders (providers, hash) fill `texts`; an embedder without a columnar
-    tokenizer leaves its own per-text data in `items`."""
+    tokenizer leaves its own per-text data in `items`, and any embedder may carry per-row data there beside
+    `texts` or `ids` (the hash embedder's keys): `take` and `concat` keep every column aligned."""
 
     counts: Int64s  # tokens that will be embedded, after truncation, specials included
     original: Int64s  # tokens the whole text has
@@ -227,9 +229,9 @@ def _gather(ids: Int64s, offsets: Int64s, rows: Int64s) -> tuple[Int64s, Int64s]
 
 def ragged(sequences: Sequence[Sequence[int]]) -> tuple[Int64s, Int64s]:
     """(flat ids, offsets) of a list of id lists: one chained fromiter."""
-    lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
     offsets = _offsets(lengths)
-    flat = np.fromiter((i for s in sequences for i in s), dtype=np.int64, count=int(offsets[-1]))
+    flat = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64, count=int(offsets[-1]))
     return flat, offsets
 
 

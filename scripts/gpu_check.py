@@ -308,7 +308,7 @@ def _environment() -> None:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the adapters run their own thread pool
     if not os.environ.get("XDG_RUNTIME_DIR"):  # pgserver's platformdirs wants a private runtime folder
         runtime = Path(tempfile.gettempdir()) / f"reindex-runtime-{os.getuid()}"
         runtime.mkdir(mode=0o700, exist_ok=True)
