@@ -79,10 +79,12 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-# One statement per shard, whatever its size: {hash: state} as one JSON object.
+# One statement per shard, whatever its size: {hash: state} as one JSON object. The ORDER BY makes the
+# planner read the JSON first and look each text up by key (without it, it scans the plan's texts per row).
 _SETTLE_TEXTS = (
-    "UPDATE texts SET state = settled.value FROM json_each(?) AS settled"
-    " WHERE texts.plan_id = ? AND texts.content_hash = settled.key"
+    "UPDATE texts SET state = settled.state"
+    " FROM (SELECT key AS content_hash, value AS state FROM json_each(?) ORDER BY 1) AS settled"
+    " WHERE texts.plan_id = ? AND texts.content_hash = settled.content_hash"
 )
 _UPSERT_TEXTS = (
     "INSERT INTO texts (plan_id, content_hash, owner, state)"
