@@ -169,6 +169,9 @@ class TokenColumns(Sequence[Tokens]):
 
     @classmethod
     def concat(cls, parts: Sequence[TokenColumns]) -> TokenColumns:
+        """The rows of all parts in order. Empty parts carry no columns and are left out: an empty shard's
+        tokens must not hide the texts (or ids) the others carry."""
+        parts = [part for part in parts if len(part)]
         if len(parts) == 1:
             return parts[0]
         if not parts:

@@ -12,12 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from reindex.ledger import DeadLetter, Ledger
+from reindex.ledger import DeadLetter
 from reindex.ports import Rows, Sink, TargetSpec, Vectors
 from reindex.shards import Copy
+
+
+class TextStates(Protocol):
+    def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]: ...
 
 
 @dataclass
@@ -28,7 +33,9 @@ class Copies:
     lost: list[Copy] = field(default_factory=list)  # no stored vector carries this text: embed it again
 
 
-def copy_rows(ledger: Ledger, sink: Sink, spec: TargetSpec, plan_id: str, copies: Sequence[Copy]) -> Copies:
+def copy_rows(
+    ledger: TextStates, sink: Sink, spec: TargetSpec, plan_id: str, copies: Sequence[Copy]
+) -> Copies:
     """Sort copies into ready rows, dead letters, still-waiting and lost (see the module docstring)."""
     result = Copies()
     if not copies:

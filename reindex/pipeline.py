@@ -1,9 +1,9 @@
 """The shard loop: read → screen → tokenize | embed → validate | write → mark, as three overlapping stages.
 
-    reader thread ──prepared──► main thread (model) ──embedded──► writer thread (sink, then ledger)
+    reader thread ──prepared──► main thread (model) ──embedded──► writer thread (sink) ──written──► recorder (ledger)
 
 Queues are bounded (`[run] queue_depth` shards), so memory is flat whatever the corpus size; the
-writer records a shard in the ledger only after the sink's write returned, in order, so the ledger
+recorder marks a shard in the ledger only after the sink's write returned, in order, so the ledger
 always holds a contiguous prefix and a crash redoes at most the shards in flight.
 """
 
@@ -24,6 +24,7 @@ import stamina
 
 from reindex import crashpoints
 from reindex.batching import chunks, padded_tokens, token_batches
+from reindex.claims import ClaimBook
 from reindex.columns import Documents, TokenColumns
 from reindex.config import RunConfig
 from reindex.copies import Copies, copy_rows
@@ -97,10 +98,12 @@ class Pipeline:
         self.progress = Progress()
         self.budget = budget or Budget(None, None)
         self._failed = threading.Event()
+        self._recorder_failed = threading.Event()
         self._failure: BaseException | None = None
         self._last_mark = time.monotonic()
         self._model = threading.Lock()  # the writer re-embeds lost copies; one model call at a time
         self._feeder = Feeder(embedder, retrying)
+        self._claims = ClaimBook(ledger, plan_id)
 
     def run(self) -> Progress:
         """Process every shard after the ledger's resume point; raise Interrupted if stopped early."""
@@ -116,9 +119,11 @@ class Pipeline:
         self.ledger.release_claims(self.plan_id)  # claims of shards that died in flight
         prepared: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
         embedded: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
+        written: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
         threads = [
             threading.Thread(target=self._guard, args=(self._read, after, seq, prepared), daemon=True),
-            threading.Thread(target=self._guard, args=(self._write_all, embedded), daemon=True),
+            threading.Thread(target=self._guard, args=(self._write_all, embedded, written), daemon=True),
+            threading.Thread(target=self._guard, args=(self._record_all, written), daemon=True),
         ]
         for thread in threads:
             thread.start()
@@ -141,8 +146,9 @@ class Pipeline:
         shard = self._prepare(0, None, records)
         self._embed([shard])
         self._store(shard)
-        settle = functools.partial(self.ledger.settle_texts, owners=shard.owners)
+        settle = functools.partial(self.ledger.settle_texts, owners=shard.claimed | shard.owners)
         retrying(settle, self.plan_id, text_settlements(shard))
+        self._claims.release(shard.claimed | shard.owners)
         return shard
 
     def _guard(self, stage: Callable[..., None], *args: Any) -> None:
@@ -163,8 +169,11 @@ class Pipeline:
                 continue
         return False
 
-    def _items(self, channel: queue.Queue[Any], *, until_stop: bool = False) -> Iterator[Any]:
-        while not self._failed.is_set() and not (until_stop and self.stop.is_set()):
+    def _items(
+        self, channel: queue.Queue[Any], *, until_stop: bool = False, drain: bool = False
+    ) -> Iterator[Any]:
+        """Items until _DONE; until a stage fails (unless `drain`: written shards are still recorded)."""
+        while (drain or not self._failed.is_set()) and not (until_stop and self.stop.is_set()):
             try:
                 item = channel.get(timeout=0.1)
             except queue.Empty:
@@ -188,7 +197,7 @@ class Pipeline:
         self._put(out, _DONE)
 
     def _prepare(self, seq: int, after: str | None, records: Sequence[Record]) -> Shard:
-        claim = functools.partial(retrying, self.ledger.claim_texts, self.plan_id)
+        claim = functools.partial(retrying, self._claims.claim)
         return prepare_shard(self.embedder, self.config, seq, after, records, claim)
 
     # model stage --------------------------------------------------------------------------------------
@@ -254,11 +263,25 @@ class Pipeline:
 
     # writer stage -------------------------------------------------------------------------------------
 
-    def _write_all(self, source: queue.Queue[Any]) -> None:
-        for shard in self._items(source):
-            self._write(shard)
+    def _write_all(self, source: queue.Queue[Any], out: queue.Queue[Any]) -> None:
+        try:
+            for shard in self._items(source):
+                self._write(shard)
+                self._hand_to_recorder(out, shard)
+        finally:
+            self._hand_to_recorder(out, _DONE)  # the recorder drains what was written, even after a failure
+
+    def _hand_to_recorder(self, channel: queue.Queue[Any], item: Any) -> None:
+        while not self._recorder_failed.is_set():
+            try:
+                channel.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def _write(self, shard: Shard) -> None:
+        """Write the shard to the sink; the recorder thread then marks it in the ledger, in order, while the
+        next shard is written (the database never waits on the ledger's commit)."""
         assert shard.vectors is not None
         if crashpoints.armed("mid_write") and len(shard.records) > 1:
             rows = _rows(shard, self.spec.fingerprint)
@@ -266,6 +289,20 @@ class Pipeline:
             crashpoints.die()
         self._store(shard)
         crashpoints.crash_if_armed("after_write")
+        # Its vectors are in the sink: later shards may copy them before the ledger says so.
+        self._claims.settle(text_settlements(shard), shard.claimed | shard.owners)
+
+    # recorder stage -----------------------------------------------------------------------------------
+
+    def _record_all(self, source: queue.Queue[Any]) -> None:
+        try:
+            for shard in self._items(source, drain=True):
+                self._record(shard)
+        except BaseException:
+            self._recorder_failed.set()
+            raise
+
+    def _record(self, shard: Shard) -> None:
         now = time.monotonic()
         result = ShardResult(
             shard.seq,
@@ -281,11 +318,12 @@ class Pipeline:
             now - self._last_mark,
             billed_tokens=shard.billed_tokens,
             texts=text_settlements(shard),
-            owners=dict(shard.owners),
+            owners=shard.claimed | shard.owners,  # the claims were only in memory: written here, once
         )
         self.budget.charge(shard.billed_tokens, reserved=shard.token_count)
         self._last_mark = now
         retrying(self.ledger.record_shard, self.plan_id, result)
+        self._claims.release(shard.claimed | shard.owners)
         self.progress.documents += shard.documents
         self.progress.written += len(shard.written_ids)
         self.progress.dead_letters += len(shard.dead)
@@ -299,7 +337,7 @@ class Pipeline:
             gone = {letter.doc_id for letter in refused}
             keep_records(shard, [record.id not in gone for record in shard.records])
             shard.dead.extend(refused)
-        copies = copy_rows(self.ledger, self.sink, self.spec, self.plan_id, shard.copies)
+        copies = copy_rows(self._claims, self.sink, self.spec, self.plan_id, shard.copies)
         shard.dead.extend(copies.dead)
         if copies.rows is not None:
             refused = self._write_rows(copies.rows)

@@ -41,7 +41,7 @@ class Shard:
     vectors: Vectors | None = None
     billed_tokens: int = 0
     copies: list[Copy] = field(default_factory=list)  # texts another document carries: copied, not embedded
-    claimed: set[str] = field(default_factory=set)  # texts this shard embeds for the whole run
+    claimed: dict[str, str] = field(default_factory=dict)  # texts this shard embeds for the run -> owner
     copied: list[str] = field(default_factory=list)  # copies written (ids): not embedded as this shard's own
     owners: dict[str, str] = field(default_factory=dict)  # texts this shard took over (re-embedded copies)
     settled: dict[str, str] = field(default_factory=dict)  # what became of the texts it took over
@@ -95,21 +95,22 @@ def prepare_shard(
 
 def _claim(
     docs: Documents, hashes: list[str], claim: Claim | None
-) -> tuple[Documents, list[str], list[Copy], set[str]]:
+) -> tuple[Documents, list[str], list[Copy], dict[str, str]]:
     """Content-addressed dedupe across the run: a text another document already carries is not embedded."""
     if claim is None or not len(docs):
-        return docs, hashes, [], set()
+        return docs, hashes, [], {}
     firsts: dict[str, str] = {}
     for doc_id, digest in zip(docs.ids, hashes, strict=True):
         firsts.setdefault(digest, doc_id)
     elsewhere = claim(firsts)
     if not elsewhere:
-        return docs, hashes, [], set(firsts)
+        return docs, hashes, [], firsts
     rows = [row for row, digest in enumerate(hashes) if digest not in elsewhere]
     copies = [
         (docs[row], digest, elsewhere[digest][0]) for row, digest in enumerate(hashes) if digest in elsewhere
     ]
-    return docs.take(rows), [hashes[row] for row in rows], copies, set(firsts) - set(elsewhere)
+    claimed = {digest: owner for digest, owner in firsts.items() if digest not in elsewhere}
+    return docs.take(rows), [hashes[row] for row in rows], copies, claimed
 
 
 def _apply_length_policy(shard: Shard, policy: str, limit: int) -> None:
