@@ -125,6 +125,30 @@ class SentenceTransformerEmbedder:
     def embed(self, items: Sequence[Tokens]) -> Vectors:
         return self.embed_columns(TokenColumns.from_tokens(items))
 
+    def prepare_columns(self, tokens: TokenColumns) -> dict[str, Any]:
+        """Pad, pin and start the copy to the device (the pipeline calls this for the next batch while
+        the current one runs)."""
+        if tokens.ids is None:
+            tokens = TokenColumns(tokens.counts, tokens.original, *ragged(tokens.items or []))
+        return self._features(*tokens.padded(self._pad_id, left=self._pad_left))
+
+    def embed_prepared(self, features: dict[str, Any]) -> Vectors | _Pending:
+        """Launch the model on prepared features. On CUDA, return at once: the vectors come back through
+        pinned memory, and `result()` waits for them, so the next batch is queued before this one ends."""
+        import torch
+
+        with torch.inference_mode():
+            output = self.model(features)["sentence_embedding"].float()
+            if self.normalize:
+                output = torch.nn.functional.normalize(output, p=2, dim=1)
+            if self.device == "cpu":
+                return np.ascontiguousarray(output.numpy(), dtype=np.float32)
+            host = torch.empty(output.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(output, non_blocking=True)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record()
+            return _Pending(host, done)
+
     def _run(self, ids: NDArray[np.int64], mask: NDArray[np.int64]) -> Vectors:
         import torch
 
@@ -143,6 +167,17 @@ class SentenceTransformerEmbedder:
         if self._type_ids:
             features["token_type_ids"] = torch.zeros_like(features["input_ids"])
         return features
+
+
+class _Pending:
+    """Vectors on their way back from the device: `result()` waits for the copy, then reads them."""
+
+    def __init__(self, host: Any, done: Any) -> None:
+        self._host, self._done = host, done
+
+    def result(self) -> Vectors:
+        self._done.synchronize()
+        return np.ascontiguousarray(self._host.numpy(), dtype=np.float32)
 
 
 class ColumnTokenizer:

@@ -246,3 +246,16 @@ def test_hash_with_a_missing_tokenizer_is_a_config_error(tmp_path: Path) -> None
         HashEmbedder(tokenizer=str(tmp_path / "nothing.json"))
     with pytest.raises(ConfigError, match="max_tokens"):
         HashEmbedder(max_tokens=2, tokenizer=str(minilm_dir()))
+
+
+def test_fed_one_batch_ahead_the_model_gives_the_same_vectors(minilm: SentenceTransformerEmbedder) -> None:
+    from reindex.batching import token_batches
+    from reindex.feeding import Feeder
+
+    columns = minilm.tokenize_columns(corpus(60))
+    batches = token_batches(columns.counts, 512, 16)
+    fed = list(Feeder(minilm, lambda f, *a: f(*a)).calls(columns, batches, lambda: False))
+    assert len(fed) == len(batches) > 2
+    for (batch, vectors, _), expected in zip(fed, batches, strict=True):
+        assert batch is expected
+        np.testing.assert_allclose(vectors, minilm.embed_columns(columns.take(batch)), atol=1e-6)
