@@ -13,9 +13,10 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from reindex.batching import chunks
+from reindex.errors import ConfigError
 from reindex.ledger import DeadLetter, Ledger
 from reindex.pipeline import retrying
-from reindex.ports import Record, Source
+from reindex.ports import DeferredEmbedder, Record, Source
 from reindex.validation import excused
 from reindex.verify import Category, compare
 
@@ -43,6 +44,7 @@ class SyncReport:
 def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
     """Bring the target level with the source now. Idempotent: a second sync finds nothing to do."""
     started = time.monotonic()
+    _refuse_while_jobs_are_open(m, ledger)
     m.sink.prepare(m.spec)
     letters = ledger.dead_letters(m.plan_id)
     previous = {d.doc_id for d in letters}
@@ -77,6 +79,19 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
         seconds=round(time.monotonic() - started, 3),
         dead_letter_reasons=reasons,
     )
+
+
+def _refuse_while_jobs_are_open(m: Migration, ledger: Ledger) -> None:
+    """A provider batch the run submitted may have been billed already: sync would pay for its texts again."""
+    if not isinstance(m.embedder, DeferredEmbedder):
+        return
+    open_jobs = [j for j in ledger.jobs(m.plan_id) if j.state in ("intent", "submitted") and j.items]
+    if open_jobs:
+        raise ConfigError(
+            f"{len(open_jobs)} provider batch job(s) of this migration are still open; a sync now would pay"
+            " for their texts again",
+            hint="run `reindex run` with the same config to collect them, then sync",
+        )
 
 
 def fetch_records(source: Source, ids: list[str]) -> list[Record]:

@@ -277,6 +277,9 @@ class Lifecycle(RuleBasedStateMachine):
         event("sync or dlq retry crashed: a batch embedder has no `embed` (known defect)")
 
     def _refused_for_want_of_a_run(self, seed: str, exc: Exception) -> None:
+        if self.deferred and seed not in self.finished and "still open" in str(exc):
+            event("sync refused: the unfinished run's provider jobs are open (they may be billed)")
+            return
         started = commands.status(self.world.config(seed)).state != "not-started"
         gone = self.world.target(seed) not in self.world.targets
         assert gone or not started, f"refused although the run and its target exist: {exc}"

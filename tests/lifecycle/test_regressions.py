@@ -16,7 +16,7 @@ from adapters import memory
 from adapters.memory import HashEmbedder
 from reindex import commands, registry
 from reindex.config import load
-from reindex.errors import ConfigError, Interrupted, VerificationFailed
+from reindex.errors import BackendError, ConfigError, Interrupted, VerificationFailed
 from reindex.pipeline import Progress
 from reindex.ports import Tokens, Vectors
 from tests.lifecycle.support import ALIAS, NUL_REASON, Knobs, World
@@ -303,6 +303,27 @@ def test_dlq_retry_with_a_batch_embedder_retries_the_dead_letters(world: World) 
     commands.dlq_retry(world.config())
     level(world)
     world.reconciled(world.config())
+
+
+def test_sync_while_a_failed_batch_runs_jobs_are_open_refuses_instead_of_paying_twice(world: World) -> None:
+    """A batch run failed at its first write after the provider had billed the job; sync then embedded the
+    same texts again (billed twice). It now refuses, naming `reindex run`, which collects the job."""
+    world.embedder_kind, world.reject = "memory-batch", "omega"
+    world.store.put("a", "alpha")
+    world.store.put("b", "alpha")
+    world.store.fail_write(1)
+    with pytest.raises(BackendError):
+        commands.run(world.config())
+    world.store.fail_write(None)
+    billed = world.store.provider.billed_tokens
+    with pytest.raises(ConfigError, match="still open") as refused:
+        commands.sync(world.config())
+    assert refused.value.exit_code == 2 and "reindex run" in str(refused.value.hint)
+    assert world.store.provider.billed_tokens == billed
+    commands.run(world.config())
+    assert world.store.provider.billed_tokens == billed  # the run collected the job it had paid for
+    commands.sync(world.config())
+    level(world)
 
 
 class RateLimitedOnce(HashEmbedder):
