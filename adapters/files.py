@@ -175,6 +175,11 @@ class JsonlSource:
         return None
 
     def scan(self, after: str | None = None) -> Iterator[Record]:
+        for start, line, lines in self._lines(after):
+            yield self._parse(line, str(start), lines.name)
+
+    def _lines(self, after: str | None) -> Iterator[tuple[int, bytes, _LineNumbers]]:
+        """(byte offset, line, line numbering) of each non-blank line after the line at offset `after`."""
         with _file_errors(self.path), self.path.open("rb") as stream:
             offset, lines = 0, _LineNumbers(self.path, known=True)
             if after is not None:
@@ -186,7 +191,7 @@ class JsonlSource:
                 lines.advance(start)
                 line = raw.removeprefix(_BOM) if start == 0 else raw
                 if line.strip():
-                    yield self._parse(line, str(start), lines.name)
+                    yield start, line, lines
 
     def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
         """Shards of `size` documents as columns: per line one `json.loads` and two lookups; a line that is not
@@ -197,47 +202,34 @@ class JsonlSource:
         id_field, text_field = self.id_field, self.text_field
         pending = _Pending(size, (id_field, text_field))
         loads = json.loads
-        with _file_errors(self.path), self.path.open("rb") as stream:
-            offset, lines = 0, _LineNumbers(self.path, known=True)
-            if after is not None:
-                offset, lines = _position(after), _LineNumbers(self.path, known=False)
-                stream.seek(offset)
-                offset += len(stream.readline())
-            ids, texts, objects, extra, last = pending.ids, pending.texts, pending.payloads, False, ""
-            for raw in stream:
-                start, offset = offset, offset + len(raw)
-                lines.advance(start)
-                line = raw.removeprefix(_BOM) if start == 0 else raw
-                if not line or line.isspace():
-                    continue
-                try:
-                    obj = loads(line.decode("utf-8"))  # bytes would let json guess UTF-16 or UTF-32
-                except ValueError:
-                    obj = None
-                doc_id = text = None
-                if obj.__class__ is dict:
-                    doc_id, text = obj.get(id_field), obj.get(text_field)
-                if text.__class__ is str and doc_id is not None and (b"\\u" not in raw or _encodable(text)):
-                    if doc_id.__class__ is not str:
-                        doc_id, extra = str(doc_id), True
-                    ids.append(doc_id)
-                    texts.append(text)
-                    objects.append(obj)
-                    extra = extra or len(obj) != 2
-                else:
-                    record = self._parse(
-                        raw.removeprefix(_BOM) if start == 0 else raw, str(start), lines.name
-                    )
-                    pending.add_record(record)
-                    extra = True
-                last = str(start)
-                if len(ids) >= size:
-                    pending.seal(last, extra)
-                    extra = False
-                    yield from pending.full()
-                    ids, texts, objects = pending.ids, pending.texts, pending.payloads
-            if ids:
+        ids, texts, objects, extra, last = pending.ids, pending.texts, pending.payloads, False, ""
+        for start, line, lines in self._lines(after):
+            try:
+                obj = loads(line.decode("utf-8"))  # bytes would let json guess UTF-16 or UTF-32
+            except ValueError:
+                obj = None
+            doc_id = text = None
+            if obj.__class__ is dict:
+                doc_id, text = obj.get(id_field), obj.get(text_field)
+            if text.__class__ is str and doc_id is not None and (b"\\u" not in line or _encodable(text)):
+                if doc_id.__class__ is not str:
+                    doc_id, extra = str(doc_id), True
+                ids.append(doc_id)
+                texts.append(text)
+                objects.append(obj)
+                extra = extra or len(obj) != 2
+            else:
+                record = self._parse(line, str(start), lines.name)
+                pending.add_record(record)
+                extra = True
+            last = str(start)
+            if len(ids) >= size:
                 pending.seal(last, extra)
+                extra = False
+                yield from pending.full()
+                ids, texts, objects = pending.ids, pending.texts, pending.payloads
+        if ids:
+            pending.seal(last, extra)
         yield from pending.rest()
 
     def _parse(self, line: bytes, cursor: str, fallback: Callable[[], str]) -> Record:
