@@ -22,7 +22,7 @@ LINES = st.one_of(
     st.builds(lambda t: json.dumps({"text": t}), st.text(max_size=4)),  # missing id
     st.builds(lambda i: json.dumps({"id": i, "text": None}), st.text(max_size=4)),
     st.builds(lambda i: json.dumps({"id": i, "text": 5}), st.text(max_size=4)),
-    st.builds(lambda i: '{"id": "%s", "text": "a\\ud800b"}' % i, st.integers(0, 9)),  # lone surrogate
+    st.builds(lambda i: f'{{"id": "{i}", "text": "a\\ud800b"}}', st.integers(0, 9)),  # lone surrogate
     st.just("not json"),
     st.just("[1, 2]"),
     st.just("   "),
