@@ -49,13 +49,6 @@ class ClaimBook:
             states |= {d: self._claims[d] for d in hashes if d in self._claims}
         return states
 
-    def settle(self, states: Sequence[tuple[str, str]], owners: Mapping[str, str]) -> None:
-        """What became of a written shard's texts, known here before its ledger record lands."""
-        with self._lock:
-            for digest, state in states:
-                owner = owners.get(digest) or self._claims.get(digest, ("", ""))[0]
-                self._claims[digest] = (owner, state)
-
     def release(self, hashes: Iterable[str]) -> None:
         """Forget claims whose shard is recorded: the ledger holds them now."""
         with self._lock:

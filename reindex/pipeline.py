@@ -1,9 +1,9 @@
 """The shard loop: read → screen → tokenize | embed → validate | write → mark, as three overlapping stages.
 
-    reader thread ──prepared──► main thread (model) ──embedded──► writer thread (sink) ──written──► recorder (ledger)
+    reader thread ──prepared──► main thread (model) ──embedded──► writer thread (sink, then ledger)
 
 Queues are bounded (`[run] queue_depth` shards), so memory is flat whatever the corpus size; the
-recorder marks a shard in the ledger only after the sink's write returned, in order, so the ledger
+writer marks a shard in the ledger only after the sink's write returned, in order, so the ledger
 always holds a contiguous prefix and a crash redoes at most the shards in flight.
 """
 
@@ -98,7 +98,6 @@ class Pipeline:
         self.progress = Progress()
         self.budget = budget or Budget(None, None)
         self._failed = threading.Event()
-        self._recorder_failed = threading.Event()
         self._failure: BaseException | None = None
         self._last_mark = time.monotonic()
         self._model = threading.Lock()  # the writer re-embeds lost copies; one model call at a time
@@ -119,11 +118,9 @@ class Pipeline:
         self.ledger.release_claims(self.plan_id)  # claims of shards that died in flight
         prepared: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
         embedded: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
-        written: queue.Queue[Any] = queue.Queue(self.config.queue_depth)
         threads = [
             threading.Thread(target=self._guard, args=(self._read, after, seq, prepared), daemon=True),
-            threading.Thread(target=self._guard, args=(self._write_all, embedded, written), daemon=True),
-            threading.Thread(target=self._guard, args=(self._record_all, written), daemon=True),
+            threading.Thread(target=self._guard, args=(self._write_all, embedded), daemon=True),
         ]
         for thread in threads:
             thread.start()
@@ -263,25 +260,14 @@ class Pipeline:
 
     # writer stage -------------------------------------------------------------------------------------
 
-    def _write_all(self, source: queue.Queue[Any], out: queue.Queue[Any]) -> None:
-        try:
-            for shard in self._items(source):
-                self._write(shard)
-                self._hand_to_recorder(out, shard)
-        finally:
-            self._hand_to_recorder(out, _DONE)  # the recorder drains what was written, even after a failure
-
-    def _hand_to_recorder(self, channel: queue.Queue[Any], item: Any) -> None:
-        while not self._recorder_failed.is_set():
-            try:
-                channel.put(item, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+    def _write_all(self, source: queue.Queue[Any]) -> None:
+        for shard in self._items(source):
+            self._write(shard)
+            self._record(shard)
 
     def _write(self, shard: Shard) -> None:
-        """Write the shard to the sink; the recorder thread then marks it in the ledger, in order, while the
-        next shard is written (the database never waits on the ledger's commit)."""
+        """Write the shard to the sink. It is recorded right after, before the next shard is written: a
+        crash leaves at most one shard in the target that the ledger does not mark (the kill -9 loop)."""
         assert shard.vectors is not None
         if crashpoints.armed("mid_write") and len(shard.records) > 1:
             rows = _rows(shard, self.spec.fingerprint)
@@ -289,18 +275,6 @@ class Pipeline:
             crashpoints.die()
         self._store(shard)
         crashpoints.crash_if_armed("after_write")
-        # Its vectors are in the sink: later shards may copy them before the ledger says so.
-        self._claims.settle(text_settlements(shard), shard.claimed | shard.owners)
-
-    # recorder stage -----------------------------------------------------------------------------------
-
-    def _record_all(self, source: queue.Queue[Any]) -> None:
-        try:
-            for shard in self._items(source, drain=True):
-                self._record(shard)
-        except BaseException:
-            self._recorder_failed.set()
-            raise
 
     def _record(self, shard: Shard) -> None:
         now = time.monotonic()
