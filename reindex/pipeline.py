@@ -166,11 +166,8 @@ class Pipeline:
                 continue
         return False
 
-    def _items(
-        self, channel: queue.Queue[Any], *, until_stop: bool = False, drain: bool = False
-    ) -> Iterator[Any]:
-        """Items until _DONE; until a stage fails (unless `drain`: written shards are still recorded)."""
-        while (drain or not self._failed.is_set()) and not (until_stop and self.stop.is_set()):
+    def _items(self, channel: queue.Queue[Any], *, until_stop: bool = False) -> Iterator[Any]:
+        while not self._failed.is_set() and not (until_stop and self.stop.is_set()):
             try:
                 item = channel.get(timeout=0.1)
             except queue.Empty:

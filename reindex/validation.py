@@ -21,7 +21,6 @@ from reindex.columns import Documents, documents
 from reindex.fingerprint import content_hash
 from reindex.ledger import DeadLetter
 from reindex.ports import Record, Vectors
-from reindex.vectors import batch_problems
 
 REASONS = frozenset(
     {
@@ -146,7 +145,8 @@ def excused(letters: Iterable[DeadLetter]) -> dict[str, str | None]:
 
 def vector_dead_letters(vectors: Vectors, dim: int) -> list[str | None]:
     """The dead-letter reason for each vector of a batch, or None when it may be written."""
-    return [VECTOR_REASONS[p] if p else None for p in batch_problems(vectors, dim)]
+    problems = vector_problems(vectors, dim)
+    return [problems.get(row) for row in range(len(vectors))]
 
 
 def vector_problems(vectors: Vectors, dim: int) -> dict[int, str]:
