@@ -33,6 +33,7 @@ from reindex.ledger import (
     RunSummary,
     ShardResult,
     alias_busy,
+    held,
     is_replay,
     job_from_row,
     job_row,
@@ -407,14 +408,15 @@ class PostgresLedger:
         return [job_from_row(row) for row in rows]
 
     def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
-        """Claim each text unless another document already did; return {hash: (owner, state)} of those."""
+        """Claim each text unless another document already did; return {hash: (owner, state)} of the texts
+        not to embed (`reindex.ledger.held`)."""
         with self._fenced() as conn:
             conn.execute(_CLAIM_TEXTS, (plan_id, list(owners), list(owners.values())))
             rows = conn.execute(
                 "SELECT content_hash, owner, state FROM reindex.texts WHERE plan_id = %s AND content_hash = ANY(%s)",
                 (plan_id, list(owners)),
             ).fetchall()
-        return {row[0]: (row[1], row[2]) for row in rows if row[1] != owners[row[0]]}
+        return held(owners, {row[0]: (row[1], row[2]) for row in rows})
 
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
         rows = self._query(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
+from reindex import ledger
 from reindex.ledger import Ledger
 
 
@@ -27,20 +28,21 @@ class ClaimBook:
 
     def claim(self, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
         """Claim each text (hash -> document) unless another document holds it, here or in the ledger;
-        return {hash: (owner, state)} for the texts held elsewhere."""
+        return {hash: (owner, state)} for the texts not to embed (`reindex.ledger.held`)."""
         with self._lock:
             held = {d: self._claims[d] for d in owners if d in self._claims}
             rest = [digest for digest in owners if digest not in held]
         settled = self.ledger.text_states(self.plan_id, rest) if rest else {}
+        settled = ledger.held({d: owners[d] for d in settled}, settled)
         with self._lock:
             for digest in rest:
                 if digest in self._claims:  # claimed meanwhile
                     held[digest] = self._claims[digest]
-                elif digest not in settled or settled[digest][0] == owners[digest]:
-                    self._claims[digest] = (owners[digest], "claimed")
-                else:
+                elif digest in settled:
                     held[digest] = settled[digest]
-        return {digest: state for digest, state in held.items() if state[0] != owners[digest]}
+                else:
+                    self._claims[digest] = (owners[digest], "claimed")
+        return ledger.held(owners, held)
 
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
         """What the ledger says of each text, with this run's in-flight claims on top."""

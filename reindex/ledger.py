@@ -342,6 +342,18 @@ class Ledger(Protocol):
     def close(self) -> None: ...
 
 
+def held(owners: Mapping[str, str], states: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """Of the ledger's states for texts a shard wants to claim ({hash: owner}), the ones it must not embed:
+    another document holds the text, or this very document already carries its written vector (a sync
+    wrote it past the run's cursor). Such a self-copy costs nothing and still checks the stored vector
+    (`copies.copy_rows`); were it embedded again, a provider would bill the text twice."""
+    return {
+        digest: state
+        for digest, state in states.items()
+        if state[0] != owners[digest] or state[1] == "written"
+    }
+
+
 def settlement_rows(
     states: Sequence[tuple[str, str]], owners: Mapping[str, str]
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
@@ -733,7 +745,7 @@ class SqliteLedger:
             mine = {row[0] for row in inserted}
             taken = [digest for digest in owners if digest not in mine]
             rows = self._states(db, plan_id, taken) if taken else {}
-        return {digest: state for digest, state in rows.items() if state[0] != owners[digest]}
+        return held(owners, rows)
 
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
         with self._lock:

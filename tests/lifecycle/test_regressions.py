@@ -328,6 +328,21 @@ def test_sync_while_a_failed_batch_runs_jobs_are_open_refuses_instead_of_paying_
     level(world)
 
 
+def test_a_run_after_sync_does_not_pay_again_for_what_sync_wrote_past_its_cursor(world: World) -> None:
+    """Sync embedded a document the run had not read yet; the next run read it, found its text settled
+    with that very document as owner, claimed it again and paid the provider a second time."""
+    batch_world(world)
+    world.store.put("c", "gamma delta")  # past the run's cursor: sync writes it, then the run reads it
+    commands.sync(world.config())
+    billed = world.store.provider.billed_tokens
+    assert commands.run(world.config()).reconciled
+    assert world.store.provider.billed_tokens == billed
+    level(world)
+    world.store.edit("c", "gamma")  # its vector must still follow its text
+    commands.sync(world.config())
+    level(world)
+
+
 class RateLimitedOnce(HashEmbedder):
     """The `hash` kind, except that its first batch comes back refused with a 429 for every input."""
 
