@@ -29,6 +29,7 @@ from reindex.ledger import (
     DeadLetter,
     Job,
     Lease,
+    PlannedShard,
     RunInfo,
     RunSummary,
     ShardResult,
@@ -105,6 +106,12 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     UPDATE reindex.runs SET nonce = md5(random()::text || clock_timestamp()::text || plan_id);
     CREATE INDEX ON reindex.runs (config_key, created_at);
     CREATE TABLE reindex.lease_tokens (key text PRIMARY KEY, token bigint NOT NULL);
+    """,
+    """
+    CREATE TABLE reindex.shard_plan (
+        plan_id text NOT NULL, seq bigint NOT NULL, after_cursor text, last_cursor text NOT NULL,
+        documents bigint NOT NULL, PRIMARY KEY (plan_id, seq)
+    );
     """,
 )
 _SETTLE: dict[str, LiteralString] = {
@@ -235,6 +242,29 @@ class PostgresLedger:
             for table in FORGET_TABLES:
                 delete = sql.SQL("DELETE FROM reindex.{} WHERE plan_id = %s").format(sql.Identifier(table))
                 conn.execute(delete, (plan_id,))
+
+    def fence(self, lease: Lease) -> None:
+        """Check every write of this object against a lease another process holds (a Ray driver's, for
+        its workers): once a newer run takes the key, their writes raise LeaseLost instead of landing."""
+        self._leases[lease.key] = Lease(lease.key, lease.token)
+
+    def plan_shards(self, plan_id: str, shards: Sequence[PlannedShard]) -> None:
+        """Fix shards in advance (engine `ray`); a shard already planned keeps its first plan."""
+        with self._fenced() as conn, conn.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO reindex.shard_plan (plan_id, seq, after_cursor, last_cursor, documents)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                [(plan_id, s.seq, s.after_cursor, s.last_cursor, s.documents) for s in shards],
+            )
+
+    def shard_plan(self, plan_id: str) -> list[PlannedShard]:
+        rows = self._query(
+            "SELECT p.seq, p.after_cursor, p.last_cursor, p.documents, s.seq IS NOT NULL"
+            " FROM reindex.shard_plan p LEFT JOIN reindex.shards s ON s.plan_id = p.plan_id AND s.seq = p.seq"
+            " WHERE p.plan_id = %s ORDER BY p.seq",
+            (plan_id,),
+        )
+        return [PlannedShard(row[0], row[1], row[2], row[3], bool(row[4])) for row in rows]
 
     def resume_point(self, plan_id: str) -> tuple[str | None, int]:
         """The cursor after the last written shard and the next shard number."""

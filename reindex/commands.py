@@ -15,7 +15,7 @@ from reindex.config import Config
 from reindex.cost import Budget
 from reindex.deferred import DeferredRun
 from reindex.errors import ConfigError, CutoverRefused, VerificationFailed
-from reindex.ledger import Ledger, RunSummary
+from reindex.ledger import Lease, Ledger, RunSummary
 from reindex.migration import (
     Migration,
     config_key,
@@ -108,7 +108,7 @@ def run(
     stop = stop or threading.Event()
     with leased(config) as (ledger, lease), open_migration(config) as m, stop_on_lost_lease(lease, stop):
         m = attach(m, ledger, fresh=fresh, create=True)
-        return _run(m, ledger, stop, on_start, on_progress)
+        return _run(m, ledger, stop, on_start, on_progress, lease=lease)
 
 
 def attach(m: Migration, ledger: Ledger, *, fresh: bool = False, create: bool = False) -> Migration:
@@ -147,6 +147,15 @@ def attach(m: Migration, ledger: Ledger, *, fresh: bool = False, create: bool = 
     return m
 
 
+def _refuse_a_ray_plan(m: Migration, ledger: Ledger) -> None:
+    """The local engine resumes after its last shard; shards a ray run planned may be missing before it."""
+    if any(not shard.recorded for shard in ledger.shard_plan(m.plan_id)):
+        raise ConfigError(
+            'this migration was started with engine = "ray" and has planned shards still to do',
+            hint='finish it with [run] engine = "ray", or start over with `reindex run --fresh`',
+        )
+
+
 def _has_progress(ledger: Ledger, plan_id: str) -> bool:
     summary = ledger.summary(plan_id)
     return bool((summary and summary.shards) or ledger.jobs(plan_id))
@@ -169,6 +178,8 @@ def _run(
     stop: threading.Event | None,
     on_start: Callable[[int | None, int], None] | None,
     on_progress: Callable[[Progress], None] | None,
+    *,
+    lease: Lease | None = None,
 ) -> RunReport:
     before = ledger.summary(m.plan_id)
     if on_start:
@@ -186,10 +197,18 @@ def _run(
         "budget": budget,
     }
     embedder = m.embedder
-    if isinstance(embedder, DeferredEmbedder):
-        progress = DeferredRun(embedder=embedder, **common).run()
+    if m.config.run.engine == "ray":
+        assert lease is not None, "the ray engine's workers are fenced with the run's lease"
+        engine = registry.resolve_engine("ray")
+        progress: Progress = engine.run(
+            m, ledger, lease, stop=stop or threading.Event(), on_progress=on_progress
+        )
     else:
-        progress = Pipeline(embedder=embedder, **common).run()
+        _refuse_a_ray_plan(m, ledger)
+        if isinstance(embedder, DeferredEmbedder):
+            progress = DeferredRun(embedder=embedder, **common).run()
+        else:
+            progress = Pipeline(embedder=embedder, **common).run()
     progress.finish()
     started = time.monotonic()
     m.sink.finalize(m.spec)

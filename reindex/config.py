@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model
 from reindex import registry
 from reindex.errors import ConfigError
 
-SECTIONS = ("source", "embedder", "target", "run")
+SECTIONS = ("source", "embedder", "target", "run", "ray")
 
 
 class RunConfig(BaseModel):
@@ -37,6 +37,7 @@ class RunConfig(BaseModel):
     # Dead letters verify accepts: a count (an integer) or a fraction of the source's documents (a float
     # below 1). Beyond it the target is not complete and cutover refuses without --force.
     max_dead_letters: StrictInt | StrictFloat = Field(0.01, ge=0)
+    engine: Literal["local", "ray"] = "local"  # "ray": shards spread over a Ray cluster ([ray] section)
 
     @model_validator(mode="after")
     def _fraction_or_count(self) -> RunConfig:
@@ -63,6 +64,21 @@ class RunConfig(BaseModel):
         return int(self.max_dead_letters * documents)
 
 
+class RayConfig(BaseModel):
+    """`[ray]`: how the `ray` engine uses a cluster. Run-time knobs, not identity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str | None = None  # "auto", "ray://head:10001", ...; omitted: a local Ray for this run only
+    actors: int = Field(1, ge=1)  # embedding actors (one model each)
+    cpus_per_actor: float = Field(1.0, ge=0)
+    gpus_per_actor: float = Field(0.0, ge=0)  # 1 on CUDA machines: one GPU per actor
+    cpus_per_task: float = Field(1.0, gt=0)  # each read and write task
+    namespace: str | None = None
+    runtime_env: dict[str, Any] = Field(default_factory=dict)  # passed to ray.init as given
+    num_cpus: int | None = Field(None, ge=1)  # local Ray only: CPUs it may use (default: all)
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path
@@ -70,6 +86,7 @@ class Config:
     embedder: dict[str, Any]
     target: dict[str, Any]
     run: RunConfig
+    ray: RayConfig = field(default_factory=RayConfig)
 
     @property
     def alias(self) -> str:
@@ -98,6 +115,7 @@ def load(path: Path) -> Config:
         raw["embedder"],
         raw["target"],
         registry.validate("run", RunConfig, raw.get("run", {})),
+        registry.validate("ray", RayConfig, raw.get("ray", {})),
     )
     check(config)
     return config

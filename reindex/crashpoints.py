@@ -1,6 +1,8 @@
 """Named points where the tool kills itself with SIGKILL, for crash tests: REINDEX_CRASH_AT=<name>[:<n>].
 
 `after_embed:3` dies the third time the run reaches `after_embed`. Unset in production: one dict lookup.
+With REINDEX_CRASH_ONCE=<path> as well, only the first process to get there dies (it creates <path>):
+a Ray actor that is restarted after the crash does not crash again.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ def armed(name: str) -> bool:
     if point != name:
         return False
     _hits[name] = _hits.get(name, 0) + 1
-    return _hits[name] == int(nth or 1)
+    if _hits[name] != int(nth or 1):
+        return False
+    once = os.environ.get("REINDEX_CRASH_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+    return True
 
 
 def crash_if_armed(name: str) -> None:

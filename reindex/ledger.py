@@ -76,6 +76,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX runs_by_config_key ON runs (config_key, created_at);
     CREATE TABLE lease_tokens (key TEXT PRIMARY KEY, token INTEGER NOT NULL) WITHOUT ROWID;
     """,
+    """
+    CREATE TABLE shard_plan (
+        plan_id TEXT NOT NULL, seq INTEGER NOT NULL, after_cursor TEXT, last_cursor TEXT NOT NULL,
+        documents INTEGER NOT NULL, PRIMARY KEY (plan_id, seq)
+    ) WITHOUT ROWID;
+    """,
 )
 
 
@@ -278,6 +284,17 @@ class RunInfo:
     config_key: str | None
 
 
+@dataclass(frozen=True)
+class PlannedShard:
+    """A shard fixed in advance (engine `ray`): documents after `after_cursor` up to `last_cursor`."""
+
+    seq: int
+    after_cursor: str | None
+    last_cursor: str
+    documents: int
+    recorded: bool = False  # the ledger holds the shard's record: written
+
+
 class Ledger(Protocol):
     """The durable record of a migration. SqliteLedger here; PostgresLedger in adapters/ for shared runs."""
 
@@ -308,6 +325,9 @@ class Ledger(Protocol):
         ...
 
     def resume_point(self, plan_id: str) -> tuple[str | None, int]: ...
+    def plan_shards(self, plan_id: str, shards: Sequence[PlannedShard]) -> None: ...
+    def fence(self, lease: Lease) -> None: ...
+    def shard_plan(self, plan_id: str) -> list[PlannedShard]: ...
     def record_shard(self, plan_id: str, shard: ShardResult) -> None: ...
     def settle_retry(
         self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
@@ -444,7 +464,7 @@ def new_nonce() -> str:
 
 
 _RUN_COLUMNS = "plan_id, alias, target, fingerprint, model, nonce, config_key"
-FORGET_TABLES = ("shards", "dead_letters", "texts", "jobs", "verifications", "runs")
+FORGET_TABLES = ("shards", "shard_plan", "dead_letters", "texts", "jobs", "verifications", "runs")
 
 
 class SqliteLedger:
@@ -565,6 +585,29 @@ class SqliteLedger:
             "SELECT seq, last_cursor FROM shards WHERE plan_id = ? ORDER BY seq DESC LIMIT 1", (plan_id,)
         )
         return (None, 0) if not rows else (rows[0][1], rows[0][0] + 1)
+
+    def fence(self, lease: Lease) -> None:
+        """Check every write of this object against a lease another process holds (a Ray driver's, for
+        its workers): once a newer run takes the key, their writes raise LeaseLost instead of landing."""
+        self._leases[lease.key] = Lease(lease.key, lease.token)
+
+    def plan_shards(self, plan_id: str, shards: Sequence[PlannedShard]) -> None:
+        """Fix shards in advance (engine `ray`), so every worker and every rerun cuts the source alike;
+        a shard already planned keeps its first plan."""
+        with self._fenced() as db:
+            db.executemany(
+                "INSERT INTO shard_plan (plan_id, seq, after_cursor, last_cursor, documents)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                [(plan_id, s.seq, s.after_cursor, s.last_cursor, s.documents) for s in shards],
+            )
+
+    def shard_plan(self, plan_id: str) -> list[PlannedShard]:
+        rows = self._query(
+            "SELECT p.seq, p.after_cursor, p.last_cursor, p.documents, s.seq IS NOT NULL FROM shard_plan p"
+            " LEFT JOIN shards s ON s.plan_id = p.plan_id AND s.seq = p.seq WHERE p.plan_id = ? ORDER BY p.seq",
+            (plan_id,),
+        )
+        return [PlannedShard(row[0], row[1], row[2], row[3], bool(row[4])) for row in rows]
 
     def record_shard(self, plan_id: str, shard: ShardResult) -> None:
         """Mark a shard written, with its dead letters and texts, atomically. Call only after the sink's

@@ -40,6 +40,11 @@ SINKS: dict[str, str] = {
 LEDGERS: dict[str, str] = {
     "postgres": "adapters.postgres_ledger:PostgresLedger",
 }
+ENGINES: dict[
+    str, str
+] = {  # [run] engine -> the module whose `run` drives the shards ("local": the pipeline)
+    "ray": "adapters.ray_engine",
+}
 _TABLES: dict[Role, tuple[dict[str, str], str]] = {
     "source": (SOURCES, "reindex.sources"),
     "embedder": (EMBEDDERS, "reindex.embedders"),
@@ -74,6 +79,10 @@ def probe_backends() -> dict[str, Any]:
 def resolve_ledger(kind: str) -> Any:
     module_name, _, class_name = LEDGERS[kind].partition(":")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def resolve_engine(name: str) -> Any:
+    return importlib.import_module(ENGINES[name])
 
 
 def build(role: Role, section: dict[str, Any]) -> Any:

@@ -1,0 +1,295 @@
+"""The `ray` engine: one migration's shards spread over a Ray cluster with Ray Data.
+
+    driver:  plan shards in the ledger → Ray Data: read tasks → embedding actor pool → results → progress
+    read task (CPU):   one planned shard's documents, read from the source over the worker's own connection
+    actor (GPU/CPU):   screen, claim texts in the ledger, tokenise, embed, write to the target over its own
+                       connection, record the shard: the same shard functions as the local engine
+
+The ledger is the one source of truth, as for the local engine: the plan (`shard_plan`, fixed once, so every
+rerun and every worker cuts the source alike) and what is done (`shards`). Ray's own checkpointing is not
+used: a shard is done exactly when the ledger records it, in the same transaction as its texts and dead
+letters, and a replayed record is recognised and changes nothing. A task or actor that dies (its node lost)
+is retried by Ray; a driver that dies leaves unrecorded shards in the plan, and rerunning `reindex run` does
+them. Workers' ledger writes are fenced with the driver's lease token: a driver that lost its lease cannot
+have its workers record anything. Text claims go to the ledger (as for provider batches), so dedupe holds
+across the whole cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from reindex import registry
+from reindex.config import Config
+from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
+from reindex.ledger import Lease, Ledger, PlannedShard, SqliteLedger
+from reindex.migration import Migration, migration, open_backends, open_ledger, with_nonce
+from reindex.pipeline import Pipeline, Progress, scan_documents
+from reindex.ports import DeferredEmbedder, Source
+
+_LOCAL_ADDRESSES = (None, "local")
+
+
+@dataclass
+class WorkerStats:
+    """What one node (and actor) wrote in this run."""
+
+    node: str
+    actor: str
+    shards: int = 0
+    documents: int = 0
+    seconds: float = 0.0  # summed shard times
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.documents / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class RayProgress(Progress):
+    workers: dict[str, WorkerStats] = field(default_factory=dict)
+
+
+def check(config: Config, embedder: Any, ledger: Ledger) -> None:
+    """Refuse, before anything runs, what the ray engine cannot do (exit 2, naming the fix)."""
+    if isinstance(embedder, DeferredEmbedder):
+        raise ConfigError(
+            '[run] engine = "ray" does not run provider batch embedders yet',
+            hint='use engine = "local" (the default) with a batch embedder',
+        )
+    if config.run.max_cost_usd is not None:
+        raise ConfigError(
+            "[run] max_cost_usd is not enforced by the ray engine yet",
+            hint='remove max_cost_usd, or use engine = "local"',
+        )
+    if isinstance(ledger, SqliteLedger) and config.ray.address not in _LOCAL_ADDRESSES:
+        raise ConfigError(
+            f"[run] state is a SQLite file, which only this machine reaches; a Ray cluster at"
+            f" {config.ray.address!r} needs a ledger every node reaches",
+            hint="set [run] state (or state_env) to a postgresql:// URL, or omit [ray] address for a local Ray",
+        )
+
+
+def plan(m: Migration, ledger: Ledger) -> list[PlannedShard]:
+    """The shards still to do: those planned before and not recorded, then new ones cut from the source
+    after the last planned (or, for a migration the local engine started, after its resume point)."""
+    planned = ledger.shard_plan(m.plan_id)
+    after, seq = (planned[-1].last_cursor, planned[-1].seq + 1) if planned else ledger.resume_point(m.plan_id)
+    new: list[PlannedShard] = []
+    for docs in scan_documents(m.source, after, m.config.run.shard_size):
+        last = docs.last_position if docs.last_position is not None else (after or "")
+        new.append(PlannedShard(seq, after, last, len(docs)))
+        after, seq = last, seq + 1
+    if new:
+        ledger.plan_shards(m.plan_id, new)
+    return [shard for shard in planned if not shard.recorded] + new
+
+
+def run(
+    m: Migration,
+    ledger: Ledger,
+    lease: Lease,
+    *,
+    stop: threading.Event,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> RayProgress:
+    """Do every planned shard not yet recorded on Ray; raise Interrupted if stopped early."""
+    ray = _ray()
+    check(m.config, m.embedder, ledger)
+    pending = plan(m, ledger)
+    ledger.release_claims(m.plan_id)  # claims of shards that died in flight
+    progress = RayProgress()
+    if not pending:
+        return progress
+    with _cluster(ray, m.config):
+        rows = _dataset(ray, m, lease, pending).iter_rows()
+        for row in rows:
+            _count(progress, row)
+            if on_progress:
+                on_progress(progress)
+            if stop.is_set():
+                break
+    if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
+        raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
+    return progress
+
+
+def _count(progress: RayProgress, row: dict[str, Any]) -> None:
+    progress.documents += int(row["documents"])
+    progress.written += int(row["written"])
+    progress.dead_letters += int(row["dead_letters"])
+    progress.tokens += int(row["tokens"])
+    progress.model_seconds += float(row["model_seconds"])
+    key = f"{row['node']}/{row['actor']}"
+    stats = progress.workers.setdefault(key, WorkerStats(str(row["node"]), str(row["actor"])))
+    stats.shards += 1
+    stats.documents += int(row["documents"])
+    stats.seconds += float(row["seconds"])
+
+
+def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard]) -> Any:
+    """One row per shard. Ray Data's defaults make it fault tolerant: a task whose worker dies runs
+    again, an actor that dies is restarted and its shard retried (a system failure, not an exception)."""
+    settings = m.config.ray
+    items = [
+        {"seq": s.seq, "after": s.after_cursor, "last": s.last_cursor, "documents": s.documents}
+        for s in pending
+    ]
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    dataset = dataset.map(
+        _read_shard,
+        fn_kwargs={"config": m.config},
+        num_cpus=settings.cpus_per_task,
+    )
+    return dataset.map(
+        ShardWorker,
+        fn_constructor_kwargs={
+            "config": m.config,
+            "plan_id": m.plan_id,
+            "nonce": m.spec.nonce,
+            "lease": (lease.key, lease.token),
+        },
+        compute=ray.data.ActorPoolStrategy(size=settings.actors),
+        num_cpus=settings.cpus_per_actor,
+        num_gpus=settings.gpus_per_actor,
+    )
+
+
+@contextmanager
+def _cluster(ray: Any, config: Config) -> Iterator[None]:
+    """Join the configured cluster, or start a local Ray for this run; leave a Ray someone else started."""
+    if ray.is_initialized():
+        yield
+        return
+    settings = config.ray
+    options: dict[str, Any] = {
+        "namespace": settings.namespace,
+        "runtime_env": settings.runtime_env or None,
+        "log_to_driver": False,
+        "configure_logging": False,
+    }
+    if settings.address in _LOCAL_ADDRESSES:
+        options |= {"num_cpus": settings.num_cpus, "include_dashboard": False}
+    else:
+        options["address"] = settings.address
+    ray.init(**options)
+    try:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        yield
+    finally:
+        ray.shutdown()
+
+
+# on the workers ------------------------------------------------------------------------------------------
+
+_sources: dict[str, Source] = {}  # per worker process: one source connection per [source] section
+
+
+def _read_shard(item: dict[str, Any], config: Config) -> dict[str, Any]:
+    """Read one planned shard: exactly the documents after its first cursor up to its last."""
+    key = json.dumps(config.source, sort_keys=True, default=str)
+    source = _sources.get(key)
+    if source is None:
+        source = _sources[key] = registry.build("source", config.source)
+    after = item["after"]
+    docs = next(scan_documents(source, after, int(item["documents"])), None)
+    found = (len(docs), docs.last_position) if docs is not None else (0, None)
+    if found != (int(item["documents"]), item["last"]):
+        raise BackendError(
+            f"the source changed under planned shard {item['seq']}: expected {item['documents']} documents"
+            f" ending at {item['last']!r}, read {found[0]} ending at {found[1]!r}",
+            hint="`reindex run --fresh` plans again; `reindex sync` catches up edits made after a run",
+        )
+    return {"seq": item["seq"], "after": after, "docs": pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL)}
+
+
+class ShardWorker:
+    """One embedding actor: the model, a target connection and a ledger connection, opened once."""
+
+    def __init__(self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int]) -> None:
+        self.ledger = open_ledger(config)
+        self.ledger.fence(Lease(*lease))
+        self._backends = open_backends(config)
+        source, sink = self._backends.__enter__()
+        m = migration(config, source, sink)
+        if m.plan_id != plan_id:
+            raise ConfigError(
+                f"this worker computes plan {m.plan_id}, the driver {plan_id}: its model or backends differ",
+                hint="give every node the same model weights and the same config",
+            )
+        m = with_nonce(m, nonce) if nonce else m
+        self.pipeline = Pipeline(
+            source=m.source,
+            embedder=m.embedder,
+            sink=m.sink,
+            ledger=self.ledger,
+            spec=m.spec,
+            plan_id=plan_id,
+            run=config.run,
+        )
+        self.pipeline._claims = LedgerClaims(self.ledger, plan_id)  # type: ignore[assignment]
+        self.node = socket.gethostname()
+        self.actor = f"pid-{os.getpid()}"
+
+    def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
+        started = time.monotonic()
+        pipeline = self.pipeline
+        before = replace(pipeline.progress)
+        docs = pickle.loads(item["docs"])
+        shard = pipeline._prepare(int(item["seq"]), item["after"], docs)
+        pipeline._embed([shard], stoppable=False)
+        pipeline._write(shard)
+        pipeline._record(shard)
+        after = pipeline.progress
+        return {
+            "seq": shard.seq,
+            "documents": after.documents - before.documents,
+            "written": after.written - before.written,
+            "dead_letters": after.dead_letters - before.dead_letters,
+            "tokens": after.tokens - before.tokens,
+            "model_seconds": after.model_seconds - before.model_seconds,
+            "seconds": time.monotonic() - started,
+            "node": self.node,
+            "actor": self.actor,
+        }
+
+    def __del__(self) -> None:
+        try:
+            self._backends.__exit__(None, None, None)
+            self.ledger.close()
+        except Exception:
+            pass
+
+
+class LedgerClaims:
+    """Text claims straight in the ledger: every worker of the cluster sees every other's claims."""
+
+    def __init__(self, ledger: Ledger, plan_id: str) -> None:
+        self.ledger, self.plan_id = ledger, plan_id
+
+    def claim(self, owners: dict[str, str]) -> dict[str, tuple[str, str]]:
+        return self.ledger.claim_texts(self.plan_id, owners)
+
+    def text_states(self, plan_id: str, hashes: Any) -> dict[str, tuple[str, str]]:
+        return self.ledger.text_states(plan_id, hashes)
+
+    def release(self, hashes: Any) -> None:
+        """Nothing held here: the shard's record settled its texts in the ledger."""
+
+
+def _ray() -> Any:
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise MissingDependency("ray", extra="ray") from None
+    return ray

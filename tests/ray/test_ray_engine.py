@@ -1,0 +1,123 @@
+"""The `ray` engine on a real local Ray: the same target as the local engine, resumable, refusals exit 2.
+
+Every test drives `reindex.commands` by TOML: a JSONL source, the free `hash` embedder, a pgvector target
+(every worker writes over its own connection) and a SQLite ledger (local Ray) or the Postgres ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+
+from reindex import commands
+from reindex.config import Config, load
+from reindex.errors import ConfigError, Interrupted
+from reindex.pipeline import Progress
+from tests.lifecycle.support import toml
+
+pytest.importorskip("ray", reason="the ray extra is installed by scripts/setup")
+
+DOCUMENTS = 240
+
+
+def corpus(path: Path, documents: int = DOCUMENTS) -> Path:
+    """JSONL with repeated texts (dedupe across shards and workers), an empty text and a broken line."""
+    lines = []
+    for i in range(documents):
+        text = f"shared text {i % 17}" if i % 3 == 0 else f"document {i} about topic {i % 11}"
+        lines.append(json.dumps({"id": f"d{i:04d}", "text": "" if i == 5 else text}))
+    lines.insert(7, "{not json")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def config(
+    tmp_path: Path, dsn: str, source: Path, *, alias: str, engine: str, state: str | None = None, **ray: Any
+) -> Config:
+    sections: dict[str, dict[str, Any]] = {
+        "source": {"kind": "jsonl", "path": str(source)},
+        "embedder": {"kind": "hash", "dim": 16},
+        "target": {"kind": "pgvector", "dsn": dsn, "alias": alias, "index": "none"},
+        "run": {"state": state or str(tmp_path / f"{alias}.db"), "shard_size": 32, "engine": engine},
+        "ray": {"num_cpus": 2, **ray},
+    }
+    path = tmp_path / f"{alias}.toml"
+    path.write_text(toml(sections))
+    return load(path)
+
+
+def stored(dsn: str, table: str) -> dict[str, tuple[str, list[float]]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(f'SELECT id, reindex_content_hash, embedding::text FROM "{table}"').fetchall()
+    return {row[0]: (row[1], json.loads(row[2])) for row in rows}
+
+
+def same_target(dsn: str, a: str, b: str) -> None:
+    left, right = stored(dsn, a), stored(dsn, b)
+    assert left.keys() == right.keys()
+    for doc_id, (digest, vector) in left.items():
+        assert right[doc_id][0] == digest
+        np.testing.assert_array_equal(np.asarray(vector), np.asarray(right[doc_id][1]))
+
+
+def test_a_ray_run_builds_the_same_target_as_the_local_engine(tmp_path: Path, pg_dsn: str) -> None:
+    source = corpus(tmp_path / "docs.jsonl")
+    local = commands.run(config(tmp_path, pg_dsn, source, alias="local_docs", engine="local"))
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", actors=2, cpus_per_actor=0.5)
+    report = commands.run(cluster)
+    assert report.reconciled
+    assert (report.documents, report.written, report.dead_letters) == (
+        local.documents,
+        local.written,
+        local.dead_letters,
+    )
+    same_target(pg_dsn, local.target, report.target)
+    assert commands.verify(cluster).complete
+    assert commands.status(cluster).shards_done == -(-(DOCUMENTS + 1) // 32)
+    letters = {str(d["doc_id"]): str(d["reason"]) for d in commands.dlq_list(cluster).dead_letters}
+    assert letters["d0005"] == "empty_text" and len(letters) == 2
+    assert commands.run(cluster).written == report.written  # nothing left: a rerun does nothing new
+
+
+def test_a_stopped_ray_run_resumes_where_the_plan_left_off(tmp_path: Path, pg_dsn: str) -> None:
+    source = corpus(tmp_path / "docs.jsonl")
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray")
+    stop = threading.Event()
+
+    def halt(progress: Progress) -> None:
+        stop.set()
+
+    with pytest.raises(Interrupted):
+        commands.run(cluster, stop=stop, on_progress=halt)
+    done = commands.status(cluster).shards_done
+    assert 0 < done
+    with pytest.raises(ConfigError, match="engine = \"ray\"") as refused:
+        commands.run(config(tmp_path, pg_dsn, source, alias="ray_docs", engine="local"))
+    assert refused.value.exit_code == 2
+    report = commands.run(cluster)
+    assert report.reconciled
+    local = commands.run(config(tmp_path, pg_dsn, source, alias="local_docs", engine="local"))
+    same_target(pg_dsn, local.target, report.target)
+    assert commands.verify(cluster).complete
+
+
+def test_a_cluster_address_with_a_sqlite_ledger_is_refused(tmp_path: Path, pg_dsn: str) -> None:
+    source = corpus(tmp_path / "docs.jsonl", 10)
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", address="ray://head:10001")
+    with pytest.raises(ConfigError, match="postgresql://") as refused:
+        commands.run(cluster)
+    assert refused.value.exit_code == 2
+
+
+def test_the_postgres_ledger_runs_a_ray_migration(tmp_path: Path, pg_dsn: str) -> None:
+    source = corpus(tmp_path / "docs.jsonl")
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", state=pg_dsn)
+    report = commands.run(cluster)
+    assert report.reconciled and report.documents == DOCUMENTS + 1
+    assert commands.verify(cluster).complete
