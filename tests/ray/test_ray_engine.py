@@ -97,7 +97,7 @@ def test_a_stopped_ray_run_resumes_where_the_plan_left_off(tmp_path: Path, pg_ds
         commands.run(cluster, stop=stop, on_progress=halt)
     done = commands.status(cluster).shards_done
     assert 0 < done
-    with pytest.raises(ConfigError, match="engine = \"ray\"") as refused:
+    with pytest.raises(ConfigError, match='engine = "ray"') as refused:
         commands.run(config(tmp_path, pg_dsn, source, alias="ray_docs", engine="local"))
     assert refused.value.exit_code == 2
     report = commands.run(cluster)
