@@ -33,6 +33,7 @@ from reindex.ledger import (
     RunInfo,
     RunSummary,
     ShardResult,
+    WorkerSummary,
     alias_busy,
     held,
     is_replay,
@@ -43,6 +44,7 @@ from reindex.ledger import (
     run_info_from_row,
     settlement_rows,
     shard_row,
+    worker_summaries,
 )
 
 if TYPE_CHECKING:
@@ -112,6 +114,7 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         plan_id text NOT NULL, seq bigint NOT NULL, after_cursor text, last_cursor text NOT NULL,
         documents bigint NOT NULL, PRIMARY KEY (plan_id, seq)
     );
+    ALTER TABLE reindex.shards ADD COLUMN worker text;
     """,
 )
 _SETTLE: dict[str, LiteralString] = {
@@ -257,6 +260,14 @@ class PostgresLedger:
                 [(plan_id, s.seq, s.after_cursor, s.last_cursor, s.documents) for s in shards],
             )
 
+    def workers(self, plan_id: str) -> list[WorkerSummary]:
+        rows = self._query(
+            "SELECT worker, documents, seconds, written_at FROM reindex.shards"
+            " WHERE plan_id = %s AND worker IS NOT NULL",
+            (plan_id,),
+        )
+        return worker_summaries(rows)
+
     def shard_plan(self, plan_id: str) -> list[PlannedShard]:
         rows = self._query(
             "SELECT p.seq, p.after_cursor, p.last_cursor, p.documents, s.seq IS NOT NULL"
@@ -290,7 +301,7 @@ class PostgresLedger:
             conn.execute(
                 "INSERT INTO reindex.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
                 " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens,"
-                " vanished) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
+                " vanished, worker) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                 shard_row(plan_id, shard, now),
             )
             conn.cursor().executemany(

@@ -237,8 +237,10 @@ class ShardWorker:
             run=config.run,
         )
         self.pipeline._claims = LedgerClaims(self.ledger, plan_id)  # type: ignore[assignment]
-        self.node = socket.gethostname()
-        self.actor = f"pid-{os.getpid()}"
+        context = _ray().get_runtime_context()
+        self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
+        self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
+        self.pipeline.worker = f"{self.node}/{self.actor}"
 
     def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()

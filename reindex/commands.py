@@ -273,6 +273,7 @@ class StatusReport:
     is_live: bool
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
+    workers: list[dict[str, Any]] = field(default_factory=list)  # engine "ray": who wrote what, how fast
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -309,6 +310,7 @@ def status(config: Config) -> StatusReport:
             is_live=bool(target) and alias.target == target,
             dead_letter_reasons=summary.dead_letter_reasons if summary else {},
             history=history,
+            workers=[asdict(w) for w in ledger.workers(run.plan_id)] if run else [],
         )
 
 

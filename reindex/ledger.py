@@ -81,6 +81,7 @@ MIGRATIONS: tuple[str, ...] = (
         plan_id TEXT NOT NULL, seq INTEGER NOT NULL, after_cursor TEXT, last_cursor TEXT NOT NULL,
         documents INTEGER NOT NULL, PRIMARY KEY (plan_id, seq)
     ) WITHOUT ROWID;
+    ALTER TABLE shards ADD COLUMN worker TEXT;
     """,
 )
 
@@ -135,6 +136,45 @@ class ShardResult:
     texts: Sequence[tuple[str, str]] = ()  # (content_hash, "written" | "dead:<reason>") this shard embedded
     # content_hash -> the document that now owns the text (re-embedded copies); recorded with the shard
     owners: Mapping[str, str] = field(default_factory=dict)
+    worker: str | None = None  # "node/actor" that wrote it (engine `ray`); None for the local engine
+
+
+@dataclass(frozen=True)
+class WorkerSummary:
+    """What one worker of a ray run wrote: `status --json` lists them."""
+
+    worker: str
+    shards: int
+    documents: int
+    docs_per_second: float  # over its shard times
+    recent_docs_per_second: float  # over its shards of the last minute it wrote in
+    last_written_at: float
+
+
+def worker_summaries(rows: Sequence[tuple[str, int, float, float]]) -> list[WorkerSummary]:
+    """Per worker, from (worker, documents, seconds, written_at) of each shard it recorded."""
+    by_worker: dict[str, list[tuple[int, float, float]]] = {}
+    for worker, documents, seconds, at in rows:
+        by_worker.setdefault(worker, []).append((int(documents), float(seconds), float(at)))
+    summaries = []
+    for worker, shards in sorted(by_worker.items()):
+        last = max(at for _, _, at in shards)
+        recent = [(d, s) for d, s, at in shards if at >= last - 60]
+        summaries.append(
+            WorkerSummary(
+                worker,
+                len(shards),
+                sum(d for d, _, _ in shards),
+                _rate(sum(d for d, _, _ in shards), sum(s for _, s, _ in shards)),
+                _rate(sum(d for d, _ in recent), sum(s for _, s in recent)),
+                last,
+            )
+        )
+    return summaries
+
+
+def _rate(documents: int, seconds: float) -> float:
+    return round(documents / seconds, 1) if seconds > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +368,7 @@ class Ledger(Protocol):
     def plan_shards(self, plan_id: str, shards: Sequence[PlannedShard]) -> None: ...
     def fence(self, lease: Lease) -> None: ...
     def shard_plan(self, plan_id: str) -> list[PlannedShard]: ...
+    def workers(self, plan_id: str) -> list[WorkerSummary]: ...
     def record_shard(self, plan_id: str, shard: ShardResult) -> None: ...
     def settle_retry(
         self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
@@ -430,6 +471,7 @@ def shard_row(plan_id: str, shard: ShardResult, now: float) -> tuple[Any, ...]:
         now,
         shard.billed_tokens,
         shard.vanished,
+        shard.worker,
     )
 
 
@@ -601,6 +643,13 @@ class SqliteLedger:
                 [(plan_id, s.seq, s.after_cursor, s.last_cursor, s.documents) for s in shards],
             )
 
+    def workers(self, plan_id: str) -> list[WorkerSummary]:
+        rows = self._query(
+            "SELECT worker, documents, seconds, written_at FROM shards WHERE plan_id = ? AND worker IS NOT NULL",
+            (plan_id,),
+        )
+        return worker_summaries(rows)
+
     def shard_plan(self, plan_id: str) -> list[PlannedShard]:
         rows = self._query(
             "SELECT p.seq, p.after_cursor, p.last_cursor, p.documents, s.seq IS NOT NULL FROM shard_plan p"
@@ -622,8 +671,8 @@ class SqliteLedger:
                 return
             db.execute(
                 "INSERT INTO shards (plan_id, seq, after_cursor, last_cursor, documents, written, dead_letters,"
-                " duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens, vanished)"
-                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                " duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens, vanished, worker)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 shard_row(plan_id, shard, now),
             )
             db.executemany(

@@ -103,6 +103,7 @@ class Pipeline:
         self._model = threading.Lock()  # the writer re-embeds lost copies; one model call at a time
         self._feeder = Feeder(embedder, retrying)
         self._claims = ClaimBook(ledger, plan_id)
+        self.worker: str | None = None  # recorded with each shard (the ray engine's "node/actor")
 
     def run(self) -> Progress:
         """Process every shard after the ledger's resume point; raise Interrupted if stopped early."""
@@ -290,6 +291,7 @@ class Pipeline:
             billed_tokens=shard.billed_tokens,
             texts=text_settlements(shard),
             owners=shard.claimed | shard.owners,  # the claims were only in memory: written here, once
+            worker=self.worker,
         )
         self.budget.charge(shard.billed_tokens, reserved=shard.token_count)
         self._last_mark = now

@@ -38,13 +38,21 @@ def corpus(path: Path, documents: int = DOCUMENTS) -> Path:
 
 
 def config(
-    tmp_path: Path, dsn: str, source: Path, *, alias: str, engine: str, state: str | None = None, **ray: Any
+    tmp_path: Path,
+    dsn: str,
+    source: Path,
+    *,
+    alias: str,
+    engine: str,
+    state: str | None = None,
+    shard_size: int = 32,
+    **ray: Any,
 ) -> Config:
     sections: dict[str, dict[str, Any]] = {
         "source": {"kind": "jsonl", "path": str(source)},
         "embedder": {"kind": "hash", "dim": 16},
         "target": {"kind": "pgvector", "dsn": dsn, "alias": alias, "index": "none"},
-        "run": {"state": state or str(tmp_path / f"{alias}.db"), "shard_size": 32, "engine": engine},
+        "run": {"state": state or str(tmp_path / f"{alias}.db"), "shard_size": shard_size, "engine": engine},
         "ray": {"num_cpus": 2, **ray},
     }
     path = tmp_path / f"{alias}.toml"
@@ -79,7 +87,11 @@ def test_a_ray_run_builds_the_same_target_as_the_local_engine(tmp_path: Path, pg
     )
     same_target(pg_dsn, local.target, report.target)
     assert commands.verify(cluster).complete
-    assert commands.status(cluster).shards_done == -(-(DOCUMENTS + 1) // 32)
+    status = commands.status(cluster)
+    assert status.shards_done == -(-(DOCUMENTS + 1) // 32)
+    assert sum(w["documents"] for w in status.workers) == report.documents
+    assert sum(w["shards"] for w in status.workers) == status.shards_done
+    assert all(w["docs_per_second"] > 0 for w in status.workers)
     letters = {str(d["doc_id"]): str(d["reason"]) for d in commands.dlq_list(cluster).dead_letters}
     assert letters["d0005"] == "empty_text" and len(letters) == 2
     assert commands.run(cluster).written == report.written  # nothing left: a rerun does nothing new
@@ -87,7 +99,7 @@ def test_a_ray_run_builds_the_same_target_as_the_local_engine(tmp_path: Path, pg
 
 def test_a_stopped_ray_run_resumes_where_the_plan_left_off(tmp_path: Path, pg_dsn: str) -> None:
     source = corpus(tmp_path / "docs.jsonl")
-    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray")
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=8)
     stop = threading.Event()
 
     def halt(progress: Progress) -> None:
@@ -96,9 +108,9 @@ def test_a_stopped_ray_run_resumes_where_the_plan_left_off(tmp_path: Path, pg_ds
     with pytest.raises(Interrupted):
         commands.run(cluster, stop=stop, on_progress=halt)
     done = commands.status(cluster).shards_done
-    assert 0 < done
+    assert 0 < done < -(-(DOCUMENTS + 1) // 8)
     with pytest.raises(ConfigError, match='engine = "ray"') as refused:
-        commands.run(config(tmp_path, pg_dsn, source, alias="ray_docs", engine="local"))
+        commands.run(config(tmp_path, pg_dsn, source, alias="ray_docs", engine="local", shard_size=8))
     assert refused.value.exit_code == 2
     report = commands.run(cluster)
     assert report.reconciled
