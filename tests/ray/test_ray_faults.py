@@ -13,17 +13,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 import pytest
 
 from reindex import commands
+from reindex.config import Config
 from reindex.pipeline import Progress
 from tests.ray.test_ray_engine import config, corpus, same_target
 
 ray = pytest.importorskip("ray", reason="the ray extra is installed by scripts/setup")
 
 
-def complete_and_equal_to_local(tmp_path: Path, dsn: str, source: Path, cluster: commands.Config) -> None:
+def complete_and_equal_to_local(tmp_path: Path, dsn: str, source: Path, cluster: Config) -> None:
     report = commands.run(cluster)  # a rerun finds nothing to do, or finishes what is left
     assert report.reconciled, report.to_json()
     assert commands.verify(cluster).complete
