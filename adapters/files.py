@@ -104,6 +104,13 @@ class ParquetSource:
         if len(buffer):
             yield _ending(buffer, first + len(buffer) - 1)
 
+    def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
+        """(last row, rows) of each shard of `size` rows after row `after`: arithmetic on the row count."""
+        start, total = (0 if after is None else _position(after) + 1), int(self._file.metadata.num_rows)
+        for first in range(start, total, size):
+            last = min(first + size, total) - 1
+            yield str(last), last - first + 1
+
     def _columns(self, batch: Any, first: int) -> Documents:
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -192,6 +199,27 @@ class JsonlSource:
                 line = raw.removeprefix(_BOM) if start == 0 else raw
                 if line.strip():
                     yield start, line, lines
+
+    def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
+        """(byte offset of the last line, lines) of each shard of `size` non-blank lines after the line at
+        offset `after`: one pass over the bytes, no JSON parsed, so a driver plans a big file quickly."""
+        with _file_errors(self.path), self.path.open("rb", buffering=1 << 20) as stream:
+            offset = 0
+            if after is not None:
+                offset = _position(after)
+                stream.seek(offset)
+                offset += len(stream.readline())
+            count, last = 0, -1
+            for raw in stream:
+                line = raw.removeprefix(_BOM) if offset == 0 else raw
+                if line.strip():  # as `_lines` reads: blank lines are no documents
+                    count, last = count + 1, offset
+                    if count == size:
+                        yield str(last), count
+                        count = 0
+                offset += len(raw)
+            if count:
+                yield str(last), count
 
     def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
         """Shards of `size` documents as columns: per line one `json.loads` and two lookups; a line that is not

@@ -161,6 +161,25 @@ class PostgresSource:
                 return
             after = page[-1].id
 
+    def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
+        """(last id, rows) of each shard of `size` rows after id `after`, in one query over the ids only:
+        keyset boundaries a cluster's workers read in parallel (`WHERE id > after ... LIMIT size`)."""
+        from psycopg import sql
+
+        key = self._shape.key
+        where = sql.SQL("WHERE {} > %s::{}").format(key.ident, key.cast) if after is not None else sql.SQL("")
+        query = sql.SQL(
+            "SELECT k, n FROM (SELECT {k} AS k, row_number() OVER (ORDER BY {k}) AS n, count(*) OVER () AS total"
+            " FROM {t} {w}) AS numbered WHERE n %% %s = 0 OR n = total ORDER BY n"
+        ).format(k=key.ident, t=_identifier(self.table), w=where)
+        params = [after, size] if after is not None else [size]
+        with self._db.errors():
+            rows = self._db.connection().execute(query, params).fetchall()
+        previous = 0
+        for last, number in rows:
+            yield str(last), int(number) - previous
+            previous = int(number)
+
     def identity(self) -> str:
         """`postgres:<system identifier>/<database>/<schema>.<table>#<id>,<text>`: no DSN, no knobs."""
         return self._identity

@@ -1,0 +1,72 @@
+"""`shard_bounds`: the cheap shard cut a ray driver plans with must equal the cut a full read gives
+(`scan_documents`), position for position and count for count, from the start and after any cursor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from adapters.files import JsonlSource, ParquetSource
+from adapters.postgres import PostgresSource
+from reindex.pipeline import scan_documents
+from reindex.ports import Source
+
+
+def by_reading(source: Source, after: str | None, size: int) -> list[tuple[str, int]]:
+    return [(str(docs.last_position), len(docs)) for docs in scan_documents(source, after, size)]
+
+
+def same_cut(source: Source, sizes: tuple[int, ...] = (1, 3, 7, 50)) -> None:
+    for size in sizes:
+        whole = by_reading(source, None, size)
+        assert list(source.shard_bounds(None, size)) == whole, size  # type: ignore[attr-defined]
+        for last, _ in whole[:3]:
+            expected = by_reading(source, last, size)
+            assert list(source.shard_bounds(last, size)) == expected, (size, last)  # type: ignore[attr-defined]
+
+
+def test_jsonl_bounds_skip_blank_lines_and_count_broken_ones(tmp_path: Path) -> None:
+    lines = [json.dumps({"id": f"d{i}", "text": f"text {i}"}) for i in range(23)]
+    lines[4] = "   "  # blank: no document
+    lines[9] = "{broken"  # a dead letter, still a document
+    lines[15] = ""
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n\n")
+    same_cut(JsonlSource(path))
+
+
+def test_jsonl_bounds_of_a_file_without_a_final_newline(tmp_path: Path) -> None:
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"id": i, "text": "t"}) for i in range(10)))
+    same_cut(JsonlSource(path))
+
+
+def test_parquet_bounds_are_row_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "docs.parquet"
+    table = pa.table({"id": [f"d{i}" for i in range(31)], "text": [f"text {i}" for i in range(31)]})
+    pq.write_table(table, path, row_group_size=4)
+    same_cut(ParquetSource(path))
+
+
+def test_postgres_bounds_are_keyset_ids(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE docs (id bigint PRIMARY KEY, body text)")
+        conn.execute("INSERT INTO docs SELECT i * 3, 'text ' || i FROM generate_series(1, 40) i")
+    source = PostgresSource(pg_dsn, table="docs", page_size=6)
+    try:
+        same_cut(source)
+        assert list(source.shard_bounds("120", 5)) == []  # nothing after the last id
+    finally:
+        source.close()
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_an_empty_jsonl_file_has_no_shards(tmp_path: Path, size: int) -> None:
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n  \n")
+    assert list(JsonlSource(path).shard_bounds(None, size)) == []
