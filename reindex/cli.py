@@ -82,11 +82,22 @@ def plan(
     config: ConfigOption,
     as_json: JsonOption = False,
     calibrate: Annotated[bool, typer.Option(help="time a small sample to estimate the ETA")] = True,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="ETA on this many workers (default: [ray] actors, or 1)")
+    ] = None,
+    worker_rate: Annotated[
+        float | None,
+        typer.Option(min=0.001, help="documents/s per worker, e.g. a GPU's rate (default: calibrated here)"),
+    ] = None,
 ) -> None:
     """Dry run: documents, tokens, ETA, storage, target and alias state, coverage. Changes nothing."""
     cfg = _load(config)
     with _status("counting documents and tokens", as_json):
-        report = _guarded(lambda: commands.plan(cfg, calibrate=calibrate))
+        report = _guarded(
+            lambda: commands.plan(
+                cfg, calibrate=calibrate, workers=workers, worker_docs_per_second=worker_rate
+            )
+        )
     _render(report, as_json, "plan")
 
 

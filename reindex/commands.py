@@ -31,7 +31,7 @@ from reindex.migration import (
     with_nonce,
 )
 from reindex.pipeline import Pipeline, Progress
-from reindex.planning import PlanReport, estimate
+from reindex.planning import PlanReport, estimate, spread
 from reindex.ports import DeferredEmbedder
 from reindex.sync import SyncReport, catch_up, fetch_records
 from reindex.validation import excused
@@ -40,14 +40,26 @@ from reindex.verify import Coverage, coverage
 # plan ---------------------------------------------------------------------------------------------------
 
 
-def plan(config: Config, *, calibrate: bool = True) -> PlanReport:
+def plan(
+    config: Config,
+    *,
+    calibrate: bool = True,
+    workers: int | None = None,
+    worker_docs_per_second: float | None = None,
+) -> PlanReport:
     """Dry run: count documents and tokens, estimate time and storage, report the target's coverage.
 
     Changes nothing: no target is created, no ledger is written.
+
+    Args:
+        workers: the ETA on this many workers (default: [ray] actors with engine "ray", else 1).
+        worker_docs_per_second: each worker's rate (default: the rate calibrated here).
     """
     with open_migration(config) as m:
         exists = m.sink.describe(m.spec.name) is not None
         report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate)
+        default = config.ray.actors if config.run.engine == "ray" else 1
+        spread(report, config.run, workers or default, worker_docs_per_second)
         alias = m.sink.alias(m.spec.alias)
         report.plan_id, report.target, report.target_exists = m.plan_id, m.spec.name, exists
         report.alias, report.alias_target, report.alias_fingerprint = (

@@ -52,6 +52,15 @@ class PlanReport:
     cost_batch_usd: float | None = None  # the provider batch tier (about half), finished within its window
     batch_window: str | None = None
     backends: dict[str, Any] | None = None  # what this machine can run (CUDA, vLLM, CPU precision flags)
+    # Spread over workers (engine "ray": one embedding actor each): the ETA at `worker_docs_per_second` each
+    # (measured here by calibration, or given: e.g. the per-GPU rate scripts/gpu-check reports), the shards
+    # the run cuts, and what the ledger must absorb; a reclaimed worker redoes at most its shard in flight.
+    workers: int = 1
+    worker_docs_per_second: float | None = None
+    eta_seconds_workers: float | None = None
+    shards: int = 0
+    ledger_shards_per_second: float | None = None
+    redone_documents_per_reclaim: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +95,21 @@ def estimate(source: Source, embedder: Embedder, run: RunConfig, *, calibrate: b
     if calibrate and calibration and not paid and hasattr(embedder, "embed"):  # a dry run never spends money
         _calibrate(report, embedder, calibration, run)
     return report
+
+
+def spread(report: PlanReport, run: RunConfig, workers: int, docs_per_second: float | None) -> None:
+    """The ETA and ledger load of this plan on `workers` workers, each at `docs_per_second` (default: the
+    calibrated rate). Ideal scaling of the embedding stage: the source reads and the ledger must keep up,
+    which `scripts/bench-ray` measures."""
+    report.workers = workers
+    report.shards = -(-report.documents // run.shard_size)
+    report.redone_documents_per_reclaim = min(run.shard_size, report.documents)
+    rate = docs_per_second or report.calibration_docs_per_second
+    if not rate:
+        return
+    report.worker_docs_per_second = round(rate, 1)
+    report.eta_seconds_workers = round(report.documents / (rate * workers), 1)
+    report.ledger_shards_per_second = round(rate * workers / run.shard_size, 3)
 
 
 def _new_texts(report: PlanReport, chunk: list[Record], seen: set[str]) -> list[str]:

@@ -97,6 +97,19 @@ def test_plan_run_verify_cutover_rollback_prune_on_pgvector(configs: tuple[Path,
     assert code == 4 and "pruned" in stderr
 
 
+def test_plan_gives_the_eta_on_a_number_of_workers(configs: tuple[Path, Path]) -> None:
+    _, new = configs
+    code, one, _ = invoke("plan", "-c", str(new), "--json")
+    assert code == 0 and one is not None and one["workers"] == 1
+    assert one["eta_seconds_workers"] == pytest.approx(301 / one["worker_docs_per_second"], abs=0.1)
+    code, fleet, _ = invoke("plan", "-c", str(new), "--json", "--workers", "16", "--worker-rate", "40000")
+    assert code == 0 and fleet is not None
+    assert (fleet["workers"], fleet["shards"], fleet["worker_docs_per_second"]) == (16, 5, 40000)
+    assert fleet["eta_seconds_workers"] == pytest.approx(301 / 640_000, abs=0.1)
+    assert fleet["ledger_shards_per_second"] == pytest.approx(640_000 / 64)
+    assert invoke("plan", "-c", str(new), "--workers", "0")[0] == 2
+
+
 def test_incomplete_target_fails_verify_and_refuses_cutover(configs: tuple[Path, Path], pg_dsn: str) -> None:
     _, new = configs
     assert invoke("run", "-c", str(new))[0] == 0
