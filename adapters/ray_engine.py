@@ -299,6 +299,11 @@ class LedgerClaims:
         """Nothing held here: the shard's record settled its texts in the ledger."""
 
 
+def require() -> None:
+    """MissingDependency (exit 2, naming the `ray` extra) unless Ray Data imports."""
+    _ray()
+
+
 def _ray() -> Any:
     try:
         import ray

@@ -7,6 +7,7 @@ Every test drives `reindex.commands` by TOML: a JSONL source, the free `hash` em
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 
 from reindex import commands
 from reindex.config import Config, load
-from reindex.errors import ConfigError, Interrupted
+from reindex.errors import ConfigError, Interrupted, MissingDependency
 from reindex.pipeline import Progress
 from tests.lifecycle.support import toml
 
@@ -133,3 +134,15 @@ def test_the_postgres_ledger_runs_a_ray_migration(tmp_path: Path, pg_dsn: str) -
     report = commands.run(cluster)
     assert report.reconciled and report.documents == DOCUMENTS + 1
     assert commands.verify(cluster).complete
+
+
+def test_engine_ray_without_ray_installed_exits_2_naming_the_extra(
+    tmp_path: Path, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = corpus(tmp_path / "docs.jsonl", 10)
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray")
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(MissingDependency) as refused:
+        commands.run(cluster)
+    assert refused.value.exit_code == 2 and "reindex-embeddings[ray]" in str(refused.value.hint)
+    assert not Path(cluster.run.state).exists(), "the refusal came after the ledger was opened"
