@@ -100,7 +100,7 @@ def test_a_ray_run_builds_the_same_target_as_the_local_engine(tmp_path: Path, pg
 
 def test_a_stopped_ray_run_resumes_where_the_plan_left_off(tmp_path: Path, pg_dsn: str) -> None:
     source = corpus(tmp_path / "docs.jsonl")
-    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=8)
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=16)
     stop = threading.Event()
 
     def halt(progress: Progress) -> None:
@@ -109,9 +109,9 @@ def test_a_stopped_ray_run_resumes_where_the_plan_left_off(tmp_path: Path, pg_ds
     with pytest.raises(Interrupted):
         commands.run(cluster, stop=stop, on_progress=halt)
     done = commands.status(cluster).shards_done
-    assert 0 < done < -(-(DOCUMENTS + 1) // 8)
+    assert 0 < done < -(-(DOCUMENTS + 1) // 16)
     with pytest.raises(ConfigError, match='engine = "ray"') as refused:
-        commands.run(config(tmp_path, pg_dsn, source, alias="ray_docs", engine="local", shard_size=8))
+        commands.run(config(tmp_path, pg_dsn, source, alias="ray_docs", engine="local", shard_size=16))
     assert refused.value.exit_code == 2
     report = commands.run(cluster)
     assert report.reconciled

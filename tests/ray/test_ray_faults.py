@@ -100,8 +100,8 @@ def test_a_worker_node_lost_mid_run_has_its_shards_run_elsewhere(
 
 
 def test_a_driver_killed_with_sigkill_is_resumed_by_rerunning(tmp_path: Path, pg_dsn: str) -> None:
-    source = corpus(tmp_path / "docs.jsonl", 4000)
-    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=40)
+    source = corpus(tmp_path / "docs.jsonl", 1200)
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=20)
     driver = subprocess.Popen(
         [sys.executable, "-m", "reindex", "run", "-c", str(cluster.path), "--json"],
         stdout=subprocess.DEVNULL,
@@ -114,8 +114,12 @@ def test_a_driver_killed_with_sigkill_is_resumed_by_rerunning(tmp_path: Path, pg
         children = psutil.Process(driver.pid).children(recursive=True)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
-    assert commands.status(cluster).shards_done < 101, "the driver finished before it was killed"
-    psutil.wait_procs(children, timeout=30)  # the local Ray it started shares its fate
+    assert commands.status(cluster).shards_done < 61, "the driver finished before it was killed"
+    # The local Ray it started shares its fate, except Ray's own agents, which may outlive a SIGKILLed
+    # driver by minutes: this test cleans them up itself.
+    _, alive = psutil.wait_procs(children, timeout=5)
+    for process in alive:
+        process.kill()
     complete_and_equal_to_local(tmp_path, pg_dsn, source, cluster)
 
 
