@@ -188,8 +188,8 @@ def _cluster(ray: Any, config: Config) -> Iterator[None]:
         "log_to_driver": False,
         "configure_logging": False,
     }
-    if settings.address in _LOCAL_ADDRESSES:
-        options |= {"num_cpus": settings.num_cpus, "include_dashboard": False}
+    if settings.address in _LOCAL_ADDRESSES:  # "local": never join a Ray another process runs here
+        options |= {"address": "local", "num_cpus": settings.num_cpus, "include_dashboard": False}
     else:
         options["address"] = settings.address
     ray.init(**options)
