@@ -48,6 +48,7 @@ from bench import (  # the throughput bench's helpers: one way to start Postgres
     ZERO_DIM,
     console,
     drop_table,
+    minilm_path,
     postgres,
     private_runtime_dir,
     source,
@@ -156,6 +157,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--documents", type=int, default=20_000, help="synthetic corpus size (part 1)")
     parser.add_argument("--shard-size", type=int, default=2000, help="[run] shard_size (part 1)")
     parser.add_argument(
+        "--embedder",
+        choices=("hash", "minilm"),
+        default="hash",
+        help="part 1: the free hash embedder (plumbing only), or all-MiniLM-L6-v2 fp32 on CPU (real work)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="interleaved repetitions, both parts (medians)"
     )
     parser.add_argument(
@@ -235,7 +242,7 @@ def engine_part(
             run = engine_case(args, work, dsn, corpus, case, repeat)
             runs[case.name].append(run)
             console.print(f"  {run.documents:,} documents in {run.seconds:.2f} s")
-    return engine_results(cases, runs)
+    return {**engine_results(cases, runs), "embedder": args.embedder}
 
 
 def ledger_part(args: argparse.Namespace, work: Path, dsn: str) -> dict[str, Any]:
@@ -273,7 +280,7 @@ def settings(args: argparse.Namespace, cases: Sequence[EngineCase]) -> dict[str,
             "documents": args.documents,
             "shard_size": args.shard_size,
             "source": "synthetic JSONL, 20-80 words per document (scripts/bench.py synthetic_corpus)",
-            "embedder": {"kind": "hash", "dim": ZERO_DIM},
+            "embedder": embedder_section(args),
             "target": "pgvector, index none (embedded Postgres)",
             "ledger": "SQLite, a fresh file per run",
             "cases": {
@@ -300,12 +307,18 @@ def settings(args: argparse.Namespace, cases: Sequence[EngineCase]) -> dict[str,
 # ---- part 1: the engines ----
 
 
+def embedder_section(args: argparse.Namespace) -> dict[str, Any]:
+    if args.embedder == "minilm":
+        return {"kind": "sentence-transformers", "model": str(minilm_path())}
+    return {"kind": "hash", "dim": ZERO_DIM}
+
+
 def engine_case(
     args: argparse.Namespace, work: Path, dsn: str, corpus: Path, case: EngineCase, repeat: int
 ) -> EngineRun:
     """One migration into a fresh target with a fresh ledger, in a child; the target is dropped after."""
     label = f"{case.name}-{repeat}"
-    embedder = {"kind": "hash", "dim": ZERO_DIM}
+    embedder = embedder_section(args)
     target = {"kind": "pgvector", "dsn": dsn, "alias": f"bench_ray_{case.name}_{repeat}", "index": "none"}
     run = {"shard_size": args.shard_size, "engine": case.engine}
     path = write_config(work, label, source(corpus), embedder, target, run)
@@ -708,7 +721,8 @@ def render(results: dict[str, Any]) -> list[Table]:
 
 def engine_table(engine: dict[str, Any], caption: str) -> Table:
     table = Table(
-        title=f"1. engine overhead: {engine['documents']:,} documents, hash embedder → pgvector (no index)",
+        title=f"1. engine overhead: {engine['documents']:,} documents, {engine.get('embedder', 'hash')} → pgvector"
+        " (no index)",
         caption="cold: the run starts and stops Ray; warm: Ray was started before the run. steady: documents/s"
         " between the first and the last shard result; per-run: seconds - documents / steady. " + caption,
     )
