@@ -30,7 +30,7 @@ from typing import Any
 
 from reindex import registry
 from reindex.config import Config
-from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
+from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency, ReindexError
 from reindex.ledger import Lease, Ledger, PlannedShard, SqliteLedger
 from reindex.migration import Migration, migration, open_backends, open_ledger, with_nonce
 from reindex.pipeline import Pipeline, Progress, scan_documents
@@ -124,6 +124,10 @@ def run(
     with _cluster(ray, m.config):
         rows = _dataset(ray, m, lease, pending).iter_rows()
         for row in rows:
+            if row["error"]:
+                raise pickle.loads(
+                    row["error"]
+                )  # a worker's ReindexError, as itself: same exit code and hint
             _count(progress, row)
             if on_progress:
                 on_progress(progress)
@@ -206,7 +210,16 @@ _sources: dict[str, Source] = {}  # per worker process: one source connection pe
 
 
 def _read_shard(item: dict[str, Any], config: Config) -> dict[str, Any]:
-    """Read one planned shard: exactly the documents after its first cursor up to its last."""
+    """Read one planned shard: exactly the documents after its first cursor up to its last. A ReindexError
+    travels on in the row (Ray would wrap it beyond recognition); the driver raises it."""
+    try:
+        docs = _read(item, config)
+    except ReindexError as exc:
+        return {"seq": item["seq"], "after": item["after"], "docs": b"", "error": pickle.dumps(exc)}
+    return {"seq": item["seq"], "after": item["after"], "docs": docs, "error": b""}
+
+
+def _read(item: dict[str, Any], config: Config) -> bytes:
     key = json.dumps(config.source, sort_keys=True, default=str)
     source = _sources.get(key)
     if source is None:
@@ -220,7 +233,7 @@ def _read_shard(item: dict[str, Any], config: Config) -> dict[str, Any]:
             f" ending at {item['last']!r}, read {found[0]} ending at {found[1]!r}",
             hint="`reindex run --fresh` plans again; `reindex sync` catches up edits made after a run",
         )
-    return {"seq": item["seq"], "after": after, "docs": pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL)}
+    return pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class ShardWorker:
@@ -254,6 +267,15 @@ class ShardWorker:
         self.pipeline.worker = f"{self.node}/{self.actor}"
 
     def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
+        error = item["error"]
+        if not error:
+            try:
+                return self._process(item)
+            except ReindexError as exc:  # LeaseLost, BackendError, ...: the driver raises it
+                error = pickle.dumps(exc)
+        return {**_NOTHING, "seq": int(item["seq"]), "node": self.node, "actor": self.actor, "error": error}
+
+    def _process(self, item: dict[str, Any]) -> dict[str, Any]:
         started = time.monotonic()
         pipeline = self.pipeline
         before = replace(pipeline.progress)
@@ -273,6 +295,7 @@ class ShardWorker:
             "seconds": time.monotonic() - started,
             "node": self.node,
             "actor": self.actor,
+            "error": b"",
         }
 
     def __del__(self) -> None:
@@ -281,6 +304,16 @@ class ShardWorker:
             self.ledger.close()
         except Exception:
             pass
+
+
+_NOTHING: dict[str, Any] = {
+    "documents": 0,
+    "written": 0,
+    "dead_letters": 0,
+    "tokens": 0,
+    "model_seconds": 0.0,
+    "seconds": 0.0,
+}
 
 
 class LedgerClaims:

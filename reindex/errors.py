@@ -27,6 +27,17 @@ class ReindexError(Exception):
     def __str__(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        """Pickle with the hint and every attribute (a Ray worker's error reaches the driver whole)."""
+        return (_rebuilt, (type(self), dict(self.__dict__)))
+
+
+def _rebuilt(cls: type[ReindexError], state: dict[str, object]) -> ReindexError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, state.get("message", ""))
+    error.__dict__.update(state)
+    return error
+
 
 class ConfigError(ReindexError):
     exit_code = 2

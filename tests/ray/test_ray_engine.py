@@ -18,7 +18,7 @@ import pytest
 
 from reindex import commands
 from reindex.config import Config, load
-from reindex.errors import ConfigError, Interrupted, MissingDependency
+from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
 from reindex.pipeline import Progress
 from tests.lifecycle.support import toml
 
@@ -146,3 +146,22 @@ def test_engine_ray_without_ray_installed_exits_2_naming_the_extra(
         commands.run(cluster)
     assert refused.value.exit_code == 2 and "reindex-embeddings[ray]" in str(refused.value.hint)
     assert not Path(cluster.run.state).exists(), "the refusal came after the ledger was opened"
+
+
+def test_a_source_changed_under_the_plan_fails_with_the_shard_and_the_fix(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """The plan fixed byte offsets; lines inserted before them move every later shard. The worker's
+    BackendError reaches the driver as itself (exit 1, naming --fresh), not wrapped by Ray."""
+    source = corpus(tmp_path / "docs.jsonl")
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=16)
+    stop = threading.Event()
+    with pytest.raises(Interrupted):
+        commands.run(cluster, stop=stop, on_progress=lambda progress: stop.set())
+    lines = source.read_text().splitlines()
+    source.write_text("\n".join([json.dumps({"id": "new", "text": "inserted at the top"}), *lines]) + "\n")
+    with pytest.raises(BackendError, match="changed under planned shard") as failed:
+        commands.run(cluster)
+    assert failed.value.exit_code == 1 and "--fresh" in str(failed.value.hint)
+    assert commands.run(cluster, fresh=True).reconciled
+    assert commands.verify(cluster).complete
