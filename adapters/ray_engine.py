@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -121,13 +121,10 @@ def run(
     progress = RayProgress()
     if not pending:
         return progress
-    with _cluster(ray, m.config):
-        rows = _dataset(ray, m, lease, pending).iter_rows()
-        for row in rows:
-            if row["error"]:
-                raise pickle.loads(
-                    row["error"]
-                )  # a worker's ReindexError, as itself: same exit code and hint
+    with _cluster(ray, m.config), closing(iter(_dataset(ray, m, lease, pending).iter_rows())) as rows:
+        for row in rows:  # leaving closes the stream: Ray Data stops its tasks and actors
+            if row["error"]:  # a worker's ReindexError, raised as itself: same exit code and hint
+                raise pickle.loads(row["error"])
             _count(progress, row)
             if on_progress:
                 on_progress(progress)
@@ -164,6 +161,7 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard]) 
         _read_shard,
         fn_kwargs={"config": m.config},
         num_cpus=settings.cpus_per_task,
+        runtime_env=settings.runtime_env or None,  # also on a Ray this run did not start
     )
     return dataset.map(
         ShardWorker,
@@ -176,6 +174,7 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard]) 
         compute=ray.data.ActorPoolStrategy(size=settings.actors),
         num_cpus=settings.cpus_per_actor,
         num_gpus=settings.gpus_per_actor,
+        runtime_env=settings.runtime_env or None,
     )
 
 

@@ -23,6 +23,7 @@ from reindex.pipeline import Progress
 from tests.lifecycle.support import toml
 
 pytest.importorskip("ray", reason="the ray extra is installed by scripts/setup")
+pytestmark = pytest.mark.usefixtures("local_ray")
 
 DOCUMENTS = 240
 
@@ -47,8 +48,10 @@ def config(
     engine: str,
     state: str | None = None,
     shard_size: int = 32,
+    env: dict[str, str] | None = None,
     **ray: Any,
 ) -> Config:
+    """`env`: environment variables for the workers, through `[ray] runtime_env`."""
     sections: dict[str, dict[str, Any]] = {
         "source": {"kind": "jsonl", "path": str(source)},
         "embedder": {"kind": "hash", "dim": 16},
@@ -56,8 +59,12 @@ def config(
         "run": {"state": state or str(tmp_path / f"{alias}.db"), "shard_size": shard_size, "engine": engine},
         "ray": {"num_cpus": 2, **ray},
     }
+    text = toml(sections)
+    if env:
+        variables = ", ".join(f"{key} = {json.dumps(value)}" for key, value in env.items())
+        text += f"runtime_env = {{ env_vars = {{ {variables} }} }}\n"
     path = tmp_path / f"{alias}.toml"
-    path.write_text(toml(sections))
+    path.write_text(text)
     return load(path)
 
 

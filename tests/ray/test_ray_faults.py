@@ -1,6 +1,6 @@
-"""Faults on a cluster: an embedding actor killed at a crash point, a worker node removed mid-run, the driver
-killed with SIGKILL. Every case ends with verify complete, the ledger reconciled, no shard recorded twice,
-and the target equal, id by id and vector by vector, to a local-engine run of the same source."""
+"""Faults on a local Ray: an embedding actor killed at a crash point, the driver killed with SIGKILL (node
+losses: test_ray_cluster). Every case ends with verify complete, the ledger reconciled, no shard recorded
+twice, and the target equal, id by id and vector by vector, to a local-engine run of the same source."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]
@@ -18,7 +17,6 @@ import pytest
 
 from reindex import commands
 from reindex.config import Config
-from reindex.pipeline import Progress
 from tests.ray.test_ray_engine import config, corpus, same_target
 
 ray = pytest.importorskip("ray", reason="the ray extra is installed by scripts/setup")
@@ -35,71 +33,24 @@ def complete_and_equal_to_local(tmp_path: Path, dsn: str, source: Path, cluster:
 
 
 def test_an_actor_killed_after_its_write_is_restarted_and_its_shard_retried(
-    tmp_path: Path, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, pg_dsn: str, local_ray: None
 ) -> None:
     """The actor dies (SIGKILL) with its second shard written but not recorded; Ray restarts it and
     retries the shard, whose replayed write lands on the same ids."""
     source = corpus(tmp_path / "docs.jsonl")
     once = tmp_path / "crashed"
-    monkeypatch.setenv("REINDEX_CRASH_AT", "after_write:2")
-    monkeypatch.setenv("REINDEX_CRASH_ONCE", str(once))  # the local Ray's workers inherit both
-    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray")
+    crash = {"REINDEX_CRASH_AT": "after_write:2", "REINDEX_CRASH_ONCE": str(once)}  # for the workers only
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", env=crash)
     report = commands.run(cluster)
     assert once.exists(), "no actor reached the crash point"
     assert report.reconciled
-    monkeypatch.delenv("REINDEX_CRASH_AT")
     complete_and_equal_to_local(tmp_path, pg_dsn, source, cluster)
 
 
-@pytest.fixture
-def three_nodes() -> Iterator[object]:
-    """A head and two worker nodes of one CPU each, on this machine (`ray.cluster_utils.Cluster`)."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
-
-
-@pytest.mark.parametrize("graceful", [False, True], ids=["gone-without-warning", "sigterm"])
-def test_a_worker_node_lost_mid_run_has_its_shards_run_elsewhere(
-    tmp_path: Path, pg_dsn: str, three_nodes: object, graceful: bool
+def test_a_driver_killed_with_sigkill_is_resumed_by_rerunning(
+    tmp_path: Path, pg_dsn: str, local_ray: None
 ) -> None:
-    source = corpus(tmp_path / "docs.jsonl", 600)
-    cluster = config(
-        tmp_path,
-        pg_dsn,
-        source,
-        alias="ray_docs",
-        engine="ray",
-        state=pg_dsn,  # several nodes: the Postgres ledger
-        shard_size=20,
-        address=three_nodes.address,  # type: ignore[attr-defined]
-        actors=2,  # one CPU each on three one-CPU nodes: a restarted actor always finds a free node
-        cpus_per_actor=1,
-        num_cpus=None,
-    )
-    removed: list[object] = []
-
-    def lose_a_node(progress: Progress) -> None:
-        """Remove a worker node that runs an embedding actor: its shard in flight dies with it."""
-        busy = {key.split("/")[0].split(":")[-1] for key in getattr(progress, "workers", {})}
-        nodes = [n for n in three_nodes.worker_nodes if n.node_id[:8] in busy]  # type: ignore[attr-defined]
-        if nodes and not removed:
-            three_nodes.remove_node(nodes[0], allow_graceful=graceful)  # type: ignore[attr-defined]
-            removed.append(nodes[0])
-
-    report = commands.run(cluster, on_progress=lose_a_node)
-    assert removed and report.reconciled
-    complete_and_equal_to_local(tmp_path, pg_dsn, source, cluster)
-
-
-def test_a_driver_killed_with_sigkill_is_resumed_by_rerunning(tmp_path: Path, pg_dsn: str) -> None:
+    """The driver (a `reindex run` process with a local Ray of its own) dies mid-run; rerunning resumes."""
     source = corpus(tmp_path / "docs.jsonl", 1200)
     cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=20)
     driver = subprocess.Popen(
