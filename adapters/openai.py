@@ -343,6 +343,8 @@ class _Settings(BaseModel):
     timeout_s: float = Field(default=60.0, gt=0)
     tokenizer: str = "cl100k_base"  # exact for OpenAI models; an estimate for other served models
     max_attempts: int = Field(default=8, gt=0)
+    backoff_s: float = Field(default=1.0, gt=0)  # first wait after a refusal without Retry-After; doubles
+    max_backoff_s: float = Field(default=60.0, gt=0)  # per attempt up to this (jittered)
     prices: dict[str, float] | None = (
         None  # {"online": x, "batch": y} USD per 1M tokens; else configs/pricing.toml
     )
@@ -401,6 +403,8 @@ class OpenAIEmbedder:
             requests_per_minute=config.requests_per_minute,
             tokens_per_minute=config.tokens_per_minute,
             attempts=config.max_attempts,
+            backoff_s=config.backoff_s,
+            max_backoff_s=config.max_backoff_s,
         )
         return cls(
             make_client(config.base_url, config.api_key_env, config.timeout_s),
@@ -529,7 +533,12 @@ class OpenAIBatchEmbedder:
 
     @classmethod
     def from_config(cls, config: Config) -> OpenAIBatchEmbedder:
-        pacer = Pacer(requests_per_minute=config.requests_per_minute, attempts=config.max_attempts)
+        pacer = Pacer(
+            requests_per_minute=config.requests_per_minute,
+            attempts=config.max_attempts,
+            backoff_s=config.backoff_s,
+            max_backoff_s=config.max_backoff_s,
+        )
         return cls(
             make_client(config.base_url, config.api_key_env, config.timeout_s),
             model=config.model,

@@ -44,12 +44,14 @@ def make_tool(
     *,
     kind: str = "openai-batch",
     poison: bool = False,
+    embedder: dict[str, object] | None = None,
     **run: object,
 ) -> tuple[Tool, list[str]]:
     texts = corpus(tmp_path / "docs.jsonl", poison=poison)
     options = {"shard_size": 100, "poll_seconds": 0.05, "poll_max_seconds": 0.2, **run}
     run_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in options.items())
     extra = "inputs_per_request = 16\n" if kind == "openai-batch" else ""
+    extra += "".join(f"{k} = {json.dumps(v)}\n" for k, v in (embedder or {}).items())
     config = tmp_path / "provider.toml"
     config.write_text(
         f'[source]\nkind = "jsonl"\npath = "{tmp_path / "docs.jsonl"}"\n\n'
@@ -172,7 +174,10 @@ def test_sigkill_at_each_batch_step_never_double_bills(tmp_path, emulator, pg_ds
 
 def test_online_endpoint_under_429_storm_and_poison_input(tmp_path, emulator, pg_dsn):
     emulator.set_faults(FaultPlan(rate_limit=5, retry_after_s=0.3, server_errors=3, poison_substring=POISON))
-    tool, texts = make_tool(tmp_path, emulator, pg_dsn, kind="openai", poison=True)
+    # The storm's failures fall on one probing request, whose backoff doubles per attempt: start it at
+    # 50 ms (capped at 0.5 s) so the test spends its time on the behaviour, not on waiting.
+    backoff = {"backoff_s": 0.05, "max_backoff_s": 0.5}
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, kind="openai", poison=True, embedder=backoff)
     run_to_end(tool)
     letters = tool.json("dlq", "list")["dead_letters"]
     assert [d["reason"] for d in letters] == ["provider_rejected:invalid_request_error"]
