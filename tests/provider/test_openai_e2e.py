@@ -11,6 +11,7 @@ import json
 import os
 import signal
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def make_tool(
     *,
     kind: str = "openai-batch",
     poison: bool = False,
-    embedder: dict[str, object] | None = None,
+    embedder: Mapping[str, object] | None = None,
     **run: object,
 ) -> tuple[Tool, list[str]]:
     texts = corpus(tmp_path / "docs.jsonl", poison=poison)
