@@ -168,6 +168,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--actors", type=_counts, default=(1, 2), help="ray actor counts (default 1,2; 2+ share the CPUs)"
     )
+    parser.add_argument(
+        "--cpus-per-actor", type=float, default=None, help="[ray] cpus_per_actor (default 1, or 1/actors)"
+    )
     parser.add_argument("--writers", type=_counts, default=(1, 4, 8), help="Postgres ledger writer processes")
     parser.add_argument(
         "--sqlite-writers", type=_counts, default=(1, 4), help="SQLite ledger writer processes"
@@ -197,13 +200,15 @@ def _counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def engine_cases(actors: Sequence[int]) -> list[EngineCase]:
+def engine_cases(actors: Sequence[int], cpus_per_actor: float | None = None) -> list[EngineCase]:
     """local, then per actor count a cold and a warm ray case. Two actors or more share the 2 CPUs
     (cpus_per_actor 1/actors), so the read tasks still get a CPU."""
     cases = [EngineCase("local", "local")]
     for count in actors:
         ray: dict[str, Any] = {"num_cpus": RAY_CPUS, "actors": count}
-        if count > 1:
+        if cpus_per_actor is not None:
+            ray["cpus_per_actor"] = cpus_per_actor
+        elif count > 1:
             ray["cpus_per_actor"] = round(1 / count, 3)
         cases.append(EngineCase(f"ray_{count}", "ray", ray))
         cases.append(EngineCase(f"ray_{count}_warm", "ray", ray, warm=True))
@@ -218,7 +223,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     work.mkdir()
     load_before = os.getloadavg()
     started = time.perf_counter()
-    cases = engine_cases(args.actors)
+    cases = engine_cases(args.actors, args.cpus_per_actor)
     with postgres(args.workdir) as dsn:
         engine = None if args.skip_engine else engine_part(args, work, dsn, cases)
         ledger = None if args.skip_ledger else ledger_part(args, work, dsn)
