@@ -118,10 +118,39 @@ def run(
     check(m.config, m.embedder, ledger)
     pending = plan(m, ledger)
     ledger.release_claims(m.plan_id)  # claims of shards that died in flight
-    progress = RayProgress()
     if not pending:
-        return progress
-    with _cluster(ray, m.config), closing(iter(_dataset(ray, m, lease, pending).iter_rows())) as rows:
+        return RayProgress()
+    with _cluster(ray, m.config):
+        _check_room(m.config, float(ray.cluster_resources().get("CPU", 0)))
+        progress = _stream(ray, m, lease, pending, stop, on_progress)
+    if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
+        raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
+    return progress
+
+
+def _check_room(config: Config, cpus: float) -> None:
+    """Actors that take every CPU leave none for a read task, and the stream would wait forever."""
+    settings = config.ray
+    wanted = settings.actors * settings.cpus_per_actor + settings.cpus_per_task
+    if wanted > cpus:
+        raise ConfigError(
+            f"[ray] {settings.actors} actor(s) x {settings.cpus_per_actor:g} CPU plus a read task's"
+            f" {settings.cpus_per_task:g} need {wanted:g} CPUs; the cluster has {cpus:g}",
+            hint="lower [ray] actors, cpus_per_actor or cpus_per_task (fractions are fine), or add nodes",
+        )
+
+
+def _stream(
+    ray: Any,
+    m: Migration,
+    lease: Lease,
+    pending: list[PlannedShard],
+    stop: threading.Event,
+    on_progress: Callable[[Progress], None] | None,
+) -> RayProgress:
+    """Feed the planned shards through Ray Data and count what comes back, until done or stopped."""
+    progress = RayProgress()
+    with closing(iter(_dataset(ray, m, lease, pending).iter_rows())) as rows:
         for row in rows:  # leaving closes the stream: Ray Data stops its tasks and actors
             if row["error"]:  # a worker's ReindexError, raised as itself: same exit code and hint
                 raise pickle.loads(row["error"])
@@ -130,8 +159,6 @@ def run(
                 on_progress(progress)
             if stop.is_set():
                 break
-    if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
-        raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
     return progress
 
 

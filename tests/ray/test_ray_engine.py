@@ -172,3 +172,12 @@ def test_a_source_changed_under_the_plan_fails_with_the_shard_and_the_fix(
     assert failed.value.exit_code == 1 and "--fresh" in str(failed.value.hint)
     assert commands.run(cluster, fresh=True).reconciled
     assert commands.verify(cluster).complete
+
+
+def test_actors_that_leave_no_cpu_for_a_read_task_are_refused(tmp_path: Path, pg_dsn: str) -> None:
+    """The module's Ray has 2 CPUs: one actor of 2 CPUs would starve the read tasks, and the run wait."""
+    source = corpus(tmp_path / "docs.jsonl", 10)
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", cpus_per_actor=2)
+    with pytest.raises(ConfigError, match="need 3 CPUs; the cluster has 2") as refused:
+        commands.run(cluster)
+    assert refused.value.exit_code == 2
