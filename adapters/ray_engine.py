@@ -24,11 +24,12 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reindex import registry
+from reindex.claims import LedgerClaims
 from reindex.config import Config
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency, ReindexError
 from reindex.ledger import Lease, Ledger, PlannedShard, SqliteLedger
@@ -60,7 +61,8 @@ class RayProgress(Progress):
 
 
 def check(config: Config, embedder: Any, ledger: Ledger) -> None:
-    """Refuse, before anything runs, what the ray engine cannot do (exit 2, naming the fix)."""
+    """Refuse what the ray engine cannot do (exit 2, naming the fix); `reindex run` calls it before the
+    migration's run and target are touched."""
     if isinstance(embedder, DeferredEmbedder):
         raise ConfigError(
             '[run] engine = "ray" does not run provider batch embedders yet',
@@ -77,6 +79,7 @@ def check(config: Config, embedder: Any, ledger: Ledger) -> None:
             f" {config.ray.address!r} needs a ledger every node reaches",
             hint="set [run] state (or state_env) to a postgresql:// URL, or omit [ray] address for a local Ray",
         )
+    _check_room(config)
 
 
 def plan(m: Migration, ledger: Ledger) -> list[PlannedShard]:
@@ -115,28 +118,28 @@ def run(
 ) -> RayProgress:
     """Do every planned shard not yet recorded on Ray; raise Interrupted if stopped early."""
     ray = _ray()
-    check(m.config, m.embedder, ledger)
-    pending = plan(m, ledger)
-    ledger.release_claims(m.plan_id)  # claims of shards that died in flight
-    if not pending:
-        return RayProgress()
     with _cluster(ray, m.config):
-        _check_room(m.config, float(ray.cluster_resources().get("CPU", 0)))
-        progress = _stream(ray, m, lease, pending, stop, on_progress)
+        pending = plan(m, ledger)
+        ledger.release_claims(m.plan_id)  # claims of shards that died in flight
+        progress = _stream(ray, m, lease, pending, stop, on_progress) if pending else RayProgress()
     if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
         raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
     return progress
 
 
-def _check_room(config: Config, cpus: float) -> None:
-    """Actors that take every CPU leave none for a read task, and the stream would wait forever."""
+def _check_room(config: Config) -> None:
+    """On a local Ray, actors that take every CPU leave none for a read task, and the stream would wait
+    forever. (A cluster may autoscale, so its CPUs now say nothing: Ray waits for nodes there.)"""
     settings = config.ray
+    if settings.address not in _LOCAL_ADDRESSES:
+        return
+    cpus = settings.num_cpus or os.cpu_count() or 1
     wanted = settings.actors * settings.cpus_per_actor + settings.cpus_per_task
     if wanted > cpus:
         raise ConfigError(
             f"[ray] {settings.actors} actor(s) x {settings.cpus_per_actor:g} CPU plus a read task's"
-            f" {settings.cpus_per_task:g} need {wanted:g} CPUs; the cluster has {cpus:g}",
-            hint="lower [ray] actors, cpus_per_actor or cpus_per_task (fractions are fine), or add nodes",
+            f" {settings.cpus_per_task:g} need {wanted:g} CPUs; the local Ray has {cpus:g}",
+            hint="lower [ray] actors, cpus_per_actor or cpus_per_task (fractions are fine), or raise num_cpus",
         )
 
 
@@ -277,6 +280,9 @@ class ShardWorker:
                 hint="give every node the same model weights and the same config",
             )
         m = with_nonce(m, nonce) if nonce else m
+        context = _ray().get_runtime_context()
+        self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
+        self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
         self.pipeline = Pipeline(
             source=m.source,
             embedder=m.embedder,
@@ -285,12 +291,9 @@ class ShardWorker:
             spec=m.spec,
             plan_id=plan_id,
             run=config.run,
+            claims=LedgerClaims(self.ledger, plan_id),
+            worker=f"{self.node}/{self.actor}",
         )
-        self.pipeline._claims = LedgerClaims(self.ledger, plan_id)  # type: ignore[assignment]
-        context = _ray().get_runtime_context()
-        self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
-        self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
-        self.pipeline.worker = f"{self.node}/{self.actor}"
 
     def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
         error = item["error"]
@@ -305,11 +308,7 @@ class ShardWorker:
         started = time.monotonic()
         pipeline = self.pipeline
         before = replace(pipeline.progress)
-        docs = pickle.loads(item["docs"])
-        shard = pipeline._prepare(int(item["seq"]), item["after"], docs)
-        pipeline._embed([shard], stoppable=False)
-        pipeline._write(shard)
-        pipeline._record(shard)
+        shard = pipeline.run_shard(int(item["seq"]), item["after"], pickle.loads(item["docs"]))
         after = pipeline.progress
         return {
             "seq": shard.seq,
@@ -325,11 +324,10 @@ class ShardWorker:
         }
 
     def __del__(self) -> None:
-        try:
+        """An actor going away closes what it opened; nobody is left to hear of a failure to close."""
+        with suppress(Exception):
             self._backends.__exit__(None, None, None)
             self.ledger.close()
-        except Exception:
-            pass
 
 
 _NOTHING: dict[str, Any] = {
@@ -340,22 +338,6 @@ _NOTHING: dict[str, Any] = {
     "model_seconds": 0.0,
     "seconds": 0.0,
 }
-
-
-class LedgerClaims:
-    """Text claims straight in the ledger: every worker of the cluster sees every other's claims."""
-
-    def __init__(self, ledger: Ledger, plan_id: str) -> None:
-        self.ledger, self.plan_id = ledger, plan_id
-
-    def claim(self, owners: dict[str, str]) -> dict[str, tuple[str, str]]:
-        return self.ledger.claim_texts(self.plan_id, owners)
-
-    def text_states(self, plan_id: str, hashes: Any) -> dict[str, tuple[str, str]]:
-        return self.ledger.text_states(plan_id, hashes)
-
-    def release(self, hashes: Any) -> None:
-        """Nothing held here: the shard's record settled its texts in the ledger."""
 
 
 def require() -> None:

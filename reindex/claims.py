@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 from reindex import ledger
 from reindex.ledger import Ledger
+
+
+class Claims(Protocol):
+    def claim(self, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]: ...
+    def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]: ...
+    def release(self, hashes: Iterable[str]) -> None: ...
 
 
 class ClaimBook:
@@ -32,8 +39,7 @@ class ClaimBook:
         with self._lock:
             held = {d: self._claims[d] for d in owners if d in self._claims}
             rest = [digest for digest in owners if digest not in held]
-        settled = self.ledger.text_states(self.plan_id, rest) if rest else {}
-        settled = ledger.held({d: owners[d] for d in settled}, settled)
+        settled = ledger.held(owners, self.ledger.text_states(self.plan_id, rest)) if rest else {}
         with self._lock:
             for digest in rest:
                 if digest in self._claims:  # claimed meanwhile
@@ -56,3 +62,20 @@ class ClaimBook:
         with self._lock:
             for digest in hashes:
                 self._claims.pop(digest, None)
+
+
+class LedgerClaims:
+    """Claims straight in the ledger, for pipelines in several processes at once (the ray engine's actors):
+    each sees the others' claims. The shard's record settles its texts; nothing is held here."""
+
+    def __init__(self, ledger: Ledger, plan_id: str) -> None:
+        self.ledger, self.plan_id = ledger, plan_id
+
+    def claim(self, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+        return self.ledger.claim_texts(self.plan_id, owners)
+
+    def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
+        return self.ledger.text_states(plan_id, hashes)
+
+    def release(self, hashes: Iterable[str]) -> None:
+        """Nothing to forget: the claims are rows the shard's record already settled."""

@@ -118,9 +118,12 @@ def run(
         fresh: forget this migration's progress and drop its target (unless an alias serves it) first.
     """
     stop = stop or threading.Event()
-    if config.run.engine != "local":
-        registry.resolve_engine(config.run.engine).require()  # before anything is opened or written
+    engine = registry.resolve_engine(config.run.engine) if config.run.engine != "local" else None
+    if engine is not None:
+        engine.require()  # before anything is opened or written
     with leased(config) as (ledger, lease), open_migration(config) as m, stop_on_lost_lease(lease, stop):
+        if engine is not None:
+            engine.check(config, m.embedder, ledger)  # before the run and its target are touched
         m = attach(m, ledger, fresh=fresh, create=True)
         return _run(m, ledger, stop, on_start, on_progress, lease=lease)
 

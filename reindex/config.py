@@ -73,7 +73,7 @@ class RayConfig(BaseModel):
     actors: int = Field(1, ge=1)  # embedding actors (one model each)
     cpus_per_actor: float = Field(1.0, ge=0)
     gpus_per_actor: float = Field(0.0, ge=0)  # 1 on CUDA machines: one GPU per actor
-    cpus_per_task: float = Field(1.0, gt=0)  # each read and write task
+    cpus_per_task: float = Field(1.0, gt=0)  # each read task
     namespace: str | None = None
     runtime_env: dict[str, Any] = Field(default_factory=dict)  # passed to ray.init as given
     num_cpus: int | None = Field(None, ge=1)  # local Ray only: CPUs it may use (default: all)

@@ -24,7 +24,7 @@ import stamina
 
 from reindex import crashpoints
 from reindex.batching import chunks, padded_tokens, token_batches
-from reindex.claims import ClaimBook
+from reindex.claims import ClaimBook, Claims
 from reindex.columns import Documents, TokenColumns
 from reindex.config import RunConfig
 from reindex.copies import Copies, copy_rows
@@ -90,7 +90,11 @@ class Pipeline:
         stop: threading.Event | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         budget: Budget | None = None,
+        claims: Claims | None = None,
+        worker: str | None = None,
     ) -> None:
+        """`claims`: where text claims live (default: this process's memory, see `ClaimBook`); `worker`:
+        recorded with each shard (the ray engine's "node/actor")."""
         self.source, self.embedder, self.sink, self.ledger = source, embedder, sink, ledger
         self.spec, self.plan_id, self.config = spec, plan_id, run
         self.stop = stop or threading.Event()
@@ -102,8 +106,8 @@ class Pipeline:
         self._last_mark = time.monotonic()
         self._model = threading.Lock()  # the writer re-embeds lost copies; one model call at a time
         self._feeder = Feeder(embedder, retrying)
-        self._claims = ClaimBook(ledger, plan_id)
-        self.worker: str | None = None  # recorded with each shard (the ray engine's "node/actor")
+        self._claims = claims or ClaimBook(ledger, plan_id)
+        self.worker = worker
 
     def run(self) -> Progress:
         """Process every shard after the ledger's resume point; raise Interrupted if stopped early."""
@@ -147,6 +151,15 @@ class Pipeline:
         settle = functools.partial(self.ledger.settle_texts, owners=shard.claimed | shard.owners)
         retrying(settle, self.plan_id, text_settlements(shard))
         self._claims.release(shard.claimed | shard.owners)
+        return shard
+
+    def run_shard(self, seq: int, after: str | None, records: Sequence[Record]) -> Shard:
+        """One shard of a run, start to end in this thread: prepare, embed, write, record (the ray engine's
+        actors call this for each shard the driver planned)."""
+        shard = self._prepare(seq, after, records)
+        self._embed([shard], stoppable=False)
+        self._write(shard)
+        self._record(shard)
         return shard
 
     def _guard(self, stage: Callable[..., None], *args: Any) -> None:

@@ -40,9 +40,8 @@ SINKS: dict[str, str] = {
 LEDGERS: dict[str, str] = {
     "postgres": "adapters.postgres_ledger:PostgresLedger",
 }
-ENGINES: dict[
-    str, str
-] = {  # [run] engine -> the module whose `run` drives the shards ("local": the pipeline)
+# [run] engine -> the module whose `run` drives the shards ("local", the default, is reindex.pipeline)
+ENGINES: dict[str, str] = {
     "ray": "adapters.ray_engine",
 }
 _TABLES: dict[Role, tuple[dict[str, str], str]] = {

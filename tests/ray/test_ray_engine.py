@@ -133,6 +133,7 @@ def test_a_cluster_address_with_a_sqlite_ledger_is_refused(tmp_path: Path, pg_ds
     with pytest.raises(ConfigError, match="postgresql://") as refused:
         commands.run(cluster)
     assert refused.value.exit_code == 2
+    assert commands.status(cluster).state == "not-started"  # refused before the run began
 
 
 def test_the_postgres_ledger_runs_a_ray_migration(tmp_path: Path, pg_dsn: str) -> None:
@@ -175,9 +176,11 @@ def test_a_source_changed_under_the_plan_fails_with_the_shard_and_the_fix(
 
 
 def test_actors_that_leave_no_cpu_for_a_read_task_are_refused(tmp_path: Path, pg_dsn: str) -> None:
-    """The module's Ray has 2 CPUs: one actor of 2 CPUs would starve the read tasks, and the run wait."""
+    """A local Ray of 2 CPUs: one actor of 2 CPUs would starve the read tasks, and the run wait forever.
+    Refused before the run begins."""
     source = corpus(tmp_path / "docs.jsonl", 10)
     cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", cpus_per_actor=2)
-    with pytest.raises(ConfigError, match="need 3 CPUs; the cluster has 2") as refused:
+    with pytest.raises(ConfigError, match="need 3 CPUs; the local Ray has 2") as refused:
         commands.run(cluster)
     assert refused.value.exit_code == 2
+    assert commands.status(cluster).state == "not-started"
