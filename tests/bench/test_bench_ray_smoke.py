@@ -6,7 +6,6 @@ One actor count (2 actors of 0.5 CPU, cold and warm) keeps it to two Ray start-u
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -22,8 +21,7 @@ def test_ray_bench_reports_engine_overhead_ray_startup_and_ledger_rates(tmp_path
     command += ["--repeats", "1", "--actors", "2", "--writers", "1,2", "--sqlite-writers", "1,2"]
     command += ["--ledger-shards", str(SHARDS_PER_WRITER), "--texts", str(TEXTS)]
     command += ["--workdir", str(tmp_path / "bench"), "--json", str(output)]
-    env = {key: value for key, value in os.environ.items() if key != "OUT"}
-    done = subprocess.run(command, cwd=ROOT, env=env, timeout=120, capture_output=True, text=True)
+    done = subprocess.run(command, cwd=ROOT, timeout=120, capture_output=True, text=True)
 
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     report = json.loads(output.read_text())

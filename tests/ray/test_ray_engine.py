@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
+from psycopg import sql
 
 from reindex import commands
 from reindex.config import Config, load
@@ -70,7 +71,10 @@ def config(
 
 def stored(dsn: str, table: str) -> dict[str, tuple[str, list[float]]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute(f'SELECT id, reindex_content_hash, embedding::text FROM "{table}"').fetchall()
+        query = sql.SQL("SELECT id, reindex_content_hash, embedding::text FROM {}").format(
+            sql.Identifier(table)
+        )
+        rows = conn.execute(query).fetchall()
     return {row[0]: (row[1], json.loads(row[2])) for row in rows}
 
 
