@@ -3,8 +3,9 @@
     reader thread ──prepared──► main thread (model) ──embedded──► writer thread (sink, then ledger)
 
 Queues are bounded (`[run] queue_depth` shards), so memory is flat whatever the corpus size; the
-writer marks a shard in the ledger only after the sink's write returned, in order, so the ledger
-always holds a contiguous prefix and a crash redoes at most the shards in flight.
+writer marks a shard in the ledger only after the sink's write returned, in order (a recorder thread
+commits it while the next shard is written), so the ledger always holds a contiguous prefix and a crash
+redoes at most the shards in flight.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -272,13 +274,27 @@ class Pipeline:
     # writer stage -------------------------------------------------------------------------------------
 
     def _write_all(self, source: queue.Queue[Any]) -> None:
-        for shard in self._items(source):
-            self._write(shard)
-            self._record(shard)
+        """Write shard after shard; each is recorded in the ledger by a recorder thread while the next one
+        is written, in order, one record at a time. So a crash leaves at most two shards in the target that
+        the ledger does not mark (the one being recorded and the one being written), and the ledger's
+        commit never stalls the sink. A shard with copies waits for the record before it: its copies may
+        name texts that shard settles (the ledger, not a claim, says their vector is stored)."""
+        recording: Future[None] | None = None
+        with ThreadPoolExecutor(1, thread_name_prefix="reindex-recorder") as recorder:
+            try:
+                for shard in self._items(source):
+                    if shard.copies and recording is not None:
+                        recording.result()
+                    self._write(shard)
+                    if recording is not None:
+                        recording.result()
+                    recording = recorder.submit(self._record, shard)
+            finally:
+                if recording is not None:
+                    recording.result()
 
     def _write(self, shard: Shard) -> None:
-        """Write the shard to the sink. It is recorded right after, before the next shard is written: a
-        crash leaves at most one shard in the target that the ledger does not mark (the kill -9 loop)."""
+        """Write the shard to the sink; it is recorded once written (see `_write_all`)."""
         assert shard.vectors is not None
         if crashpoints.armed("mid_write") and len(shard.records) > 1:
             rows = _rows(shard, self.spec.fingerprint)

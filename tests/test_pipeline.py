@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,6 +44,16 @@ class BrokenEmbedder(HashEmbedder):
             elif "zero" in str(item.data):
                 vectors[row] = 0.0
         return vectors
+
+
+class CountingEmbedder(HashEmbedder):
+    """Counts the texts it is asked to embed."""
+
+    embedded = 0
+
+    def embed_columns(self, tokens):
+        self.embedded += len(tokens)
+        return super().embed_columns(tokens)
 
 
 def corpus(n: int) -> list[Record]:
@@ -101,6 +112,27 @@ def test_identical_texts_are_embedded_once_and_written_to_every_id(ledger):
     summary = ledger.summary("plan")
     assert report.complete and summary.written == 200
     assert summary.reused == 200 - 10  # 10 unique texts, each embedded once for the whole run
+
+
+class SlowLedger(SqliteLedger):
+    """Takes its time to record a shard, as a remote ledger under load does."""
+
+    def record_shard(self, plan_id, shard):
+        time.sleep(0.05)
+        super().record_shard(plan_id, shard)
+
+
+def test_a_shard_recorded_while_the_next_is_written_still_hands_its_texts_to_copies(tmp_path):
+    # The recorder commits shard n while shard n+1 is written; n+1's copies of n's texts must wait for
+    # that record (a claim is no stored vector) rather than embed those texts a second time.
+    ledger = SlowLedger(tmp_path / "state.db")
+    records = [Record(str(i), f"same text {i % 50}", {}) for i in range(500)]
+    embedder = CountingEmbedder(dim=16, max_tokens=8)
+    report = migrate(records, MemorySink(), ledger, embedder=embedder, shard_size=50)
+    summary = ledger.summary("plan")
+    assert summary is not None
+    assert report.complete and summary.written == 500 and summary.shards == 10
+    assert embedder.embedded == 50 and summary.reused == 450
 
 
 def test_poison_documents_become_dead_letters_with_reasons(ledger):
