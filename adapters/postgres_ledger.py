@@ -33,6 +33,7 @@ from reindex.ledger import (
     RunInfo,
     RunSummary,
     ShardResult,
+    Verification,
     WorkerSummary,
     alias_busy,
     held,
@@ -115,6 +116,9 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         documents bigint NOT NULL, PRIMARY KEY (plan_id, seq)
     );
     ALTER TABLE reindex.shards ADD COLUMN worker text;
+    """,
+    """
+    ALTER TABLE reindex.verifications ADD COLUMN kind text NOT NULL DEFAULT 'coverage';
     """,
 )
 _SETTLE: dict[str, LiteralString] = {
@@ -390,11 +394,22 @@ class PostgresLedger:
         )
         return [DeadLetter(*row) for row in rows]
 
-    def record_verification(self, plan_id: str, complete: bool, report: dict[str, Any]) -> None:
+    def record_verification(
+        self, plan_id: str, complete: bool, report: dict[str, Any], *, kind: str = "coverage"
+    ) -> None:
         self._execute(
-            "INSERT INTO reindex.verifications (plan_id, at, complete, report) VALUES (%s,%s,%s,%s)",
-            (plan_id, time.time(), complete, json.dumps(report)),
+            "INSERT INTO reindex.verifications (plan_id, at, complete, report, kind) VALUES (%s,%s,%s,%s,%s)",
+            (plan_id, time.time(), complete, json.dumps(report), kind),
         )
+
+    def verifications(self, plan_id: str, kind: str | None = None) -> list[Verification]:
+        """The run's checks, oldest first (of one kind when given)."""
+        rows = self._query(
+            "SELECT at, kind, complete, report FROM reindex.verifications"
+            " WHERE plan_id = %s AND (%s::text IS NULL OR kind = %s) ORDER BY at",
+            (plan_id, kind, kind),
+        )
+        return [Verification(row[0], row[1], bool(row[2]), json.loads(row[3])) for row in rows]
 
     def cutover_intent(
         self,

@@ -83,6 +83,9 @@ MIGRATIONS: tuple[str, ...] = (
     ) WITHOUT ROWID;
     ALTER TABLE shards ADD COLUMN worker TEXT;
     """,
+    """
+    ALTER TABLE verifications ADD COLUMN kind TEXT NOT NULL DEFAULT 'coverage';
+    """,
 )
 
 
@@ -296,6 +299,16 @@ class Cutover:
 
 
 @dataclass(frozen=True, slots=True)
+class Verification:
+    """One check of a run's target: `coverage` (verify) or `quality` (compare), passed or not, its report."""
+
+    at: float
+    kind: str
+    passed: bool
+    report: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Lease:
     """The one-run-at-a-time right to write a migration's progress.
 
@@ -377,7 +390,10 @@ class Ledger(Protocol):
     def finish(self, plan_id: str) -> None: ...
     def summary(self, plan_id: str) -> RunSummary | None: ...
     def dead_letters(self, plan_id: str) -> list[DeadLetter]: ...
-    def record_verification(self, plan_id: str, complete: bool, report: dict[str, Any]) -> None: ...
+    def record_verification(
+        self, plan_id: str, complete: bool, report: dict[str, Any], *, kind: str = "coverage"
+    ) -> None: ...
+    def verifications(self, plan_id: str, kind: str | None = None) -> list[Verification]: ...
     def cutover_intent(
         self,
         alias: str,
@@ -771,12 +787,23 @@ class SqliteLedger:
         )
         return [DeadLetter(*row) for row in rows]
 
-    def record_verification(self, plan_id: str, complete: bool, report: dict[str, Any]) -> None:
+    def record_verification(
+        self, plan_id: str, complete: bool, report: dict[str, Any], *, kind: str = "coverage"
+    ) -> None:
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO verifications VALUES (?,?,?,?)",
-                (plan_id, time.time(), int(complete), json.dumps(report)),
+                "INSERT INTO verifications (plan_id, at, complete, report, kind) VALUES (?,?,?,?,?)",
+                (plan_id, time.time(), int(complete), json.dumps(report), kind),
             )
+
+    def verifications(self, plan_id: str, kind: str | None = None) -> list[Verification]:
+        """The run's checks, oldest first (of one kind when given)."""
+        rows = self._query(
+            "SELECT at, kind, complete, report FROM verifications WHERE plan_id = ? AND (?2 IS NULL OR kind = ?2)"
+            " ORDER BY at, rowid",
+            (plan_id, kind),
+        )
+        return [Verification(row[0], row[1], bool(row[2]), json.loads(row[3])) for row in rows]
 
     def cutover_intent(
         self,

@@ -183,6 +183,15 @@ def test_record_verification_keeps_every_report(ledger: Ledger, state: str) -> N
         (False, '{"missing": 3}'),
         (True, '{"missing": 0}'),
     ]
+    ledger.record_verification(PLAN, False, {"overlap_at_k": 0.2}, kind="quality")
+    checks = ledger.verifications(PLAN)
+    assert [(c.kind, c.passed, c.report) for c in checks] == [
+        ("coverage", False, {"missing": 3}),
+        ("coverage", True, {"missing": 0}),
+        ("quality", False, {"overlap_at_k": 0.2}),
+    ]
+    assert [c.report for c in ledger.verifications(PLAN, "quality")] == [{"overlap_at_k": 0.2}]
+    assert ledger.verifications("another plan") == []
 
 
 def test_a_newer_schema_is_refused(open_ledger: Opener, state: str) -> None:
