@@ -623,16 +623,25 @@ class _Database:
         return conn
 
     def _register_vector(self, conn: Connection) -> None:
+        """Register pgvector's types, first creating the extension where it is missing and the role may
+        (a fresh database just works); otherwise a ConfigError naming the statement to run."""
         from pgvector.psycopg import register_vector
 
+        psycopg = _psycopg()
         try:
             register_vector(conn)
-        except _psycopg().ProgrammingError:
-            conn.close()
-            raise ConfigError(
-                "the vector extension is missing in the target database",
-                hint="run CREATE EXTENSION vector there",
-            ) from None
+        except psycopg.ProgrammingError:
+            try:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")  # autocommit: its own transaction
+                register_vector(conn)
+            except psycopg.Error as exc:
+                conn.close()
+                reason = _scrub(_first_line(exc), self._secrets)
+                raise ConfigError(
+                    f"the vector extension is missing in the {self.section} database and cannot be"
+                    f" created by this role: {reason}",
+                    hint="run CREATE EXTENSION vector there as a role that may (or install pgvector)",
+                ) from None
         _register_packed_vectors(conn)
 
 

@@ -10,11 +10,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from types import FrameType
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -28,35 +29,97 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from typer.core import TyperGroup
 
 from reindex import commands
 from reindex import config as config_module
 from reindex.errors import ReindexError, VerificationFailed
 
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+T = TypeVar("T")
+_JSON: ContextVar[bool] = ContextVar("json_output", default=False)  # this invocation was given --json
+
+
+class _Verbs(TyperGroup):
+    """The command group. Given `--json`, every outcome is exactly one JSON document on stdout: the
+    result, or `{"error": {"code", "message", "hint"}}` with the exit code, usage errors included."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        as_json = "--json" in argv
+        token = _JSON.set(as_json)
+        try:
+            if not as_json:
+                return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+            try:
+                code = super().main(argv, prog_name, complete_var, False, **extra)
+            except typer.TyperException as exc:  # a usage error: parsed before any verb ran
+                context = getattr(exc, "ctx", None)
+                verb = context.command_path.partition(" ")[2] if context is not None else ""
+                hint = f"see `reindex {verb} --help`".replace("  ", " ")
+                code = _error_json(exc.exit_code, exc.format_message(), hint)
+            except typer.Abort:
+                code = _error_json(1, "aborted", None)
+            code = code if isinstance(code, int) else 0
+            if standalone_mode:
+                sys.exit(code)
+            return code
+        finally:
+            _JSON.reset(token)
+
+
 app = typer.Typer(
+    cls=_Verbs,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,  # locals of a crashed frame can hold DSNs and API keys
     help="Re-embed a corpus into a fresh index, prove full coverage, and flip a read alias atomically. "
-    "Exit codes: 0 done, 1 failed, 2 configuration, 3 verification failed, 4 cutover refused, 75 interrupted.",
+    "Exit codes: 0 done; 1 failed; 2 usage or configuration; 3 verification or quality gate failed "
+    "(cutover refused for it); 4 cutover refused for another reason (alias moved, lock busy, nothing to "
+    "roll back); 75 interrupted, rerun to resume. With --json, errors are JSON on stdout too.",
 )
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
-T = TypeVar("T")
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="the migration's TOML file")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")]
 
 
 def _guarded(action: Callable[[], T]) -> T:
-    """Run a verb; a ReindexError becomes `error: <message>` on stderr and its exit code."""
+    """Run a verb; a ReindexError becomes `error: <message>` on stderr (with --json, the error document on
+    stdout) and its exit code. With --json, an unexpected exception is a JSON error with exit code 1 too."""
     try:
         return action()
     except ReindexError as exc:
         if os.environ.get("REINDEX_DEBUG"):
             raise
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(exc.exit_code) from None
+        _fail(exc.exit_code, exc.message, exc.hint)
+    except Exception as exc:
+        if not _JSON.get() or os.environ.get("REINDEX_DEBUG"):
+            raise
+        hint = "this is a bug: rerun with REINDEX_DEBUG=1 for the traceback and report it"
+        _fail(1, f"{type(exc).__name__}: {exc}", hint)
+
+
+def _fail(code: int, message: str, hint: str | None) -> NoReturn:
+    if _JSON.get():
+        _error_json(code, message, hint)
+    else:
+        line = f"{message} ({hint})" if hint else message
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _error_json(code: int, message: str, hint: str | None) -> int:
+    """Print the one JSON document of a failed verb; return its exit code."""
+    out.print_json(json.dumps({"error": {"code": code, "message": message, "hint": hint}}))
+    return code
 
 
 def _load(path: Path) -> config_module.Config:
@@ -222,12 +285,28 @@ def sync(config: ConfigOption, as_json: JsonOption = False) -> None:
 
 dlq = typer.Typer(no_args_is_help=True, help="Dead letters: documents that could not be embedded.")
 app.add_typer(dlq, name="dlq")
+DlqConfigOption = Annotated[
+    Path | None, typer.Option("--config", "-c", help="the migration's TOML file (before or after the verb)")
+]
+
+
+@dlq.callback()
+def dlq_group(ctx: typer.Context, config: DlqConfigOption = None) -> None:
+    """Dead letters: documents that could not be embedded."""
+    ctx.obj = config  # `reindex dlq -c FILE list` as well as `reindex dlq list -c FILE`
+
+
+def _dlq_config(ctx: typer.Context, config: Path | None) -> config_module.Config:
+    path = config or ctx.obj
+    if path is None:
+        _fail(2, "missing option '--config' / '-c'", "reindex dlq list -c FILE (or reindex dlq -c FILE list)")
+    return _load(path)
 
 
 @dlq.command("list")
-def dlq_list(config: ConfigOption, as_json: JsonOption = False) -> None:
+def dlq_list(ctx: typer.Context, config: DlqConfigOption = None, as_json: JsonOption = False) -> None:
     """List dead letters with their reasons."""
-    cfg = _load(config)
+    cfg = _dlq_config(ctx, config)
     report = _guarded(lambda: commands.dlq_list(cfg))
     if as_json:
         _render(report, True, "dead letters")
@@ -239,9 +318,9 @@ def dlq_list(config: ConfigOption, as_json: JsonOption = False) -> None:
 
 
 @dlq.command("retry")
-def dlq_retry(config: ConfigOption, as_json: JsonOption = False) -> None:
+def dlq_retry(ctx: typer.Context, config: DlqConfigOption = None, as_json: JsonOption = False) -> None:
     """Re-read dead-lettered documents from the source and try again (after a fix or a policy change)."""
-    cfg = _load(config)
+    cfg = _dlq_config(ctx, config)
     _render(_guarded(lambda: commands.dlq_retry(cfg)), as_json, "dead-letter retry")
 
 

@@ -345,8 +345,7 @@ def verify(config: Config, *, sample: int = 0) -> Coverage:
 
 
 def _verify(m: Migration, ledger: Ledger, *, sample: int = 0) -> Coverage:
-    if m.sink.describe(m.spec.name) is None:
-        raise VerificationFailed(f"target {m.spec.name!r} does not exist", hint="run `reindex run` first")
+    """The coverage of this migration's target; before any run, an empty target's (nothing complete)."""
     report = coverage(
         m.source,
         m.sink,
@@ -398,6 +397,8 @@ def cutover(
 
 def _cutover(m: Migration, ledger: Ledger, force: bool, sample: int) -> alias_moves.AliasMove:
     report = _verify(m, ledger, sample=sample)
+    if not report.target_exists:  # not even --force promotes a target that is not there
+        raise VerificationFailed(f"target {report.target!r} does not exist", hint="run `reindex run` first")
     if not report.complete and not force:
         raise VerificationFailed(
             f"cutover refused: target {report.target!r} is not complete ({report.problems()})",

@@ -50,6 +50,7 @@ class Coverage:
     ids_per_second: float = 0.0
     sample: dict[str, Any] | None = None  # re-embedding check, when asked for
     dead_letter_ceiling: int | None = None  # [run] max_dead_letters for this source; None: not checked
+    target_exists: bool = True  # False: nothing is built yet (every source document is missing)
 
     @property
     def over_ceiling(self) -> bool:
@@ -66,6 +67,8 @@ class Coverage:
             "of ids the source holds with two texts": self.conflicting,
         }
         parts = [f"{v} {k}" for k, v in counts.items() if v]
+        if not self.target_exists:
+            parts.insert(0, f"target {self.target!r} does not exist")
         if self.over_ceiling:
             parts.append(
                 f"{self.dead_letters} dead letters exceed the ceiling [run] max_dead_letters"
@@ -110,8 +113,8 @@ _INSERT_SOURCE = (
 class Comparison:
     """Source and target loaded side by side in a scratch database; ask for counts or id streams."""
 
-    def __init__(self, db: sqlite3.Connection, target: str, seconds: float) -> None:
-        self.db, self.target, self.seconds = db, target, seconds
+    def __init__(self, db: sqlite3.Connection, target: str, seconds: float, *, exists: bool = True) -> None:
+        self.db, self.target, self.seconds, self.exists = db, target, seconds, exists
 
     def count(self, category: Category) -> int:
         return int(self.db.execute(f"SELECT count(*) {_WHERE[category][1]}").fetchone()[0])
@@ -152,7 +155,7 @@ class Comparison:
         complete = complete and (limit is None or counts["dead_letters"] <= limit)
         return Coverage(
             self.target,
-            complete,
+            complete and self.exists,
             source_documents,
             target_vectors,
             fingerprints=fingerprints,
@@ -161,6 +164,7 @@ class Comparison:
             seconds=round(self.seconds, 3),
             ids_per_second=round(rate),
             dead_letter_ceiling=limit,
+            target_exists=self.exists,
             **counts,
         )
 
@@ -171,15 +175,16 @@ def compare(
 ) -> Iterator[Comparison]:
     """Stream both sides into a scratch database; `dead_letters` maps excused ids to their failed hash."""
     started = time.monotonic()
+    exists = sink.describe(target) is not None
     with tempfile.TemporaryDirectory(prefix="reindex-verify-") as scratch:
         db = _scratch_db(Path(scratch) / "coverage.db")
         try:
             _load(db, _INSERT_SOURCE, _source_rows(source.scan()))
             _load(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
-            _load(
-                db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?)", _target_rows(sink.scan_index(target, dim))
-            )
-            yield Comparison(db, target, time.monotonic() - started)
+            if exists:  # a target not built yet is an empty one: every source document is missing
+                entries = _target_rows(sink.scan_index(target, dim))
+                _load(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?)", entries)
+            yield Comparison(db, target, time.monotonic() - started, exists=exists)
         finally:
             db.close()
 

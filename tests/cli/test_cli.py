@@ -231,3 +231,78 @@ def test_whole_migration_into_qdrant_local_with_a_real_model(tmp_path: Path, tin
     finally:
         client.close()
     assert hits[0].payload is not None and hits[0].payload["reindex_id"] == "d0007"
+
+
+def test_json_is_one_document_for_every_outcome_errors_included(
+    configs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    old, _ = configs
+    # before any run: verify gives the whole coverage shape (nothing built, all missing), not an error text
+    code, report, _ = invoke("verify", "-c", str(old), "--json")
+    assert code == 3 and report is not None and report["complete"] is False
+    assert report["target_exists"] is False and report["missing"] == 301 and report["target_vectors"] == 0
+    code, refused, _ = invoke("cutover", "-c", str(old), "--json")
+    assert code == 3 and refused is not None
+    assert refused["error"]["code"] == 3 and "does not exist" in refused["error"]["message"]
+    assert refused["error"]["hint"] == "run `reindex run` first"
+    # a configuration error, a missing file and a usage error: JSON on stdout, with the exit code
+    bad = tmp_path / "bad.toml"
+    bad.write_text(old.read_text().replace('alias = "docs"', 'alias = "docs"\naliass = "typo"'))
+    for args, expected in [
+        (("status", "-c", str(bad)), "unknown key 'aliass'"),
+        (("plan", "-c", str(tmp_path / "nope.toml")), "not found"),
+        (("run",), "Missing option"),
+        (("verify", "-c", str(old), "--sample", "-1"), "--sample"),
+    ]:
+        result = runner.invoke(app, [*args, "--json"])
+        error = json.loads(result.stdout)["error"]
+        assert result.exit_code == 2 == error["code"], result.stdout
+        assert expected in error["message"] and set(error) == {"code", "message", "hint"}
+
+
+def test_dlq_takes_its_config_before_or_after_the_verb(configs: tuple[Path, Path]) -> None:
+    old, _ = configs
+    assert invoke("run", "-c", str(old))[0] == 0
+    before = invoke("dlq", "-c", str(old), "list", "--json")
+    after = invoke("dlq", "list", "-c", str(old), "--json")
+    assert before[0] == after[0] == 0 and before[1] == after[1] and after[1] is not None
+    assert after[1]["reasons"] == {"empty_text": 1}
+    code, missing, _ = invoke("dlq", "list", "--json")
+    assert code == 2 and missing is not None and "--config" in missing["error"]["message"]
+
+
+def test_a_fresh_database_gets_the_vector_extension_or_a_one_line_fix(tmp_path: Path, pg_server: str) -> None:
+    corpus = write_corpus(tmp_path / "docs.jsonl", 20)
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute('CREATE DATABASE "fresh_ext"')
+        conn.execute('CREATE DATABASE "fresh_noext"')
+        conn.execute('CREATE ROLE "plain_role" LOGIN')
+        conn.execute('GRANT ALL ON DATABASE "fresh_noext" TO "plain_role"')
+    fresh = pg_server.replace("/postgres?", "/fresh_ext?")
+    for name, dsn in [("ext", fresh), ("noext", _as_role(pg_server.replace("/postgres?", "/fresh_noext?")))]:
+        config = write_config(
+            tmp_path / f"{name}.toml",
+            source=f'kind = "jsonl"\npath = "{corpus}"',
+            embedder='kind = "hash"\ndim = 8',
+            target=f'kind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"',
+            state=tmp_path / f"{name}.db",
+        )
+        code, _, stderr = invoke("run", "-c", str(config))
+        if name == "ext":
+            assert code == 0, stderr
+            with psycopg.connect(fresh) as conn:
+                assert conn.execute(
+                    "SELECT count(*) FROM pg_extension WHERE extname = 'vector'"
+                ).fetchone() == (1,)
+        else:
+            assert code == 2 and "cannot be created by this role" in stderr
+            assert "CREATE EXTENSION vector" in stderr and len(stderr.strip().splitlines()) <= 2
+
+
+def _as_role(dsn: str) -> str:
+    """The DSN with user plain_role (pgserver trusts local connections)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(dsn)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"plain_role@{host}"))
