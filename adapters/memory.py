@@ -25,6 +25,7 @@ from reindex.errors import BackendError, ConfigError, CutoverRefused, RowsReject
 from reindex.fingerprint import fingerprint
 from reindex.ports import (
     AliasInfo,
+    Distance,
     EmbedderInfo,
     IndexEntry,
     JobItem,
@@ -628,6 +629,26 @@ class MemorySink:
         with self.state.lock:
             stored = self.targets_[target]
             return {i: stored[i][1] for i, h in expected.items() if i in stored and stored[i][2] == h}
+
+    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
+        with self.state.lock:
+            entries = [(doc_id, vector) for doc_id, (_, vector, _, _) in self.targets_[target].items()]
+        for start in range(0, len(entries), batch):
+            part = entries[start : start + batch]
+            yield [doc_id for doc_id, _ in part], np.stack([v for _, v in part]).astype(np.float32)
+
+    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
+        """Exact: the memory sink has no ANN index."""
+        from reindex.quality import exact_neighbours
+
+        found = exact_neighbours(
+            self.scan_vectors(target), vectors, [None] * len(vectors), k, self.distance(target)
+        )
+        return [ids for ids, _ in found]
+
+    def distance(self, target: str) -> Distance:
+        with self.state.lock:
+            return self.specs[target].source.distance
 
     def alias(self, alias: str) -> AliasInfo:
         with self.state.lock:

@@ -61,6 +61,7 @@ _OPCLASSES: dict[Distance, str] = {
     "euclid": "vector_l2_ops",
 }
 _DISTANCES: dict[str, Distance] = {"_cosine_ops": "cosine", "_ip_ops": "dot", "_l2_ops": "euclid"}
+_OPERATORS: dict[Distance, str] = {"cosine": "<=>", "dot": "<#>", "euclid": "<->"}
 _PRIVILEGES = frozenset(
     {"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER", "MAINTAIN"}
 )
@@ -413,6 +414,50 @@ class PgvectorSink:
         with self._db.errors():
             rows = self._db.connection().execute(query, [list(expected), list(expected.values())]).fetchall()
         return {key: _as_vector(value) for key, value in rows if value is not None}
+
+    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
+        from psycopg import sql
+
+        layout = self._layout(target)
+        if layout.vector is None:
+            return
+        query = sql.SQL("SELECT {k}::text, {v} FROM {t} WHERE {v} IS NOT NULL").format(
+            k=layout.key.ident, v=layout.vector.ident, t=layout.ident
+        )
+        name = f"reindex_vectors_{next(_cursor_names)}"
+        with self._db.transaction() as conn, conn.cursor(name=name) as cursor:
+            cursor.itersize = batch
+            cursor.execute(query)
+            while rows := cursor.fetchmany(batch):
+                yield [row[0] for row in rows], np.stack([_as_vector(row[1]) for row in rows])
+
+    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
+        """One `ORDER BY vector <op> query LIMIT k` per vector, through the ANN index (ef_search >= k): its
+        recall is what `reindex compare` measures, so the planner is not let fall back to an exact scan."""
+        from psycopg import sql
+
+        layout = self._layout(target)
+        if layout.vector is None:
+            return [[] for _ in vectors]
+        operator = _OPERATORS[self.distance(target)]
+        query = sql.SQL("SELECT {k}::text FROM {t} ORDER BY {v} {op} %s::vector LIMIT %s").format(
+            k=layout.key.ident, t=layout.ident, v=layout.vector.ident, op=sql.SQL(operator)
+        )
+        found: list[list[str]] = []
+        with self._db.transaction() as conn:
+            conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(max(40, min(k, 1000)))))
+            conn.execute("SET LOCAL enable_seqscan = off")  # the index's answer, even where a scan is cheaper
+            for vector in vectors:
+                rows = conn.execute(query, [np.asarray(vector, dtype=np.float32), k]).fetchall()
+                found.append([row[0] for row in rows])
+        return found
+
+    def distance(self, target: str) -> Distance:
+        layout = self._layout(target)
+        if layout.vector is None:
+            return "cosine"
+        with self._db.errors():
+            return _detect_distance(self._db.connection(), layout.oid, layout.vector.name)
 
     def alias(self, alias: str) -> AliasInfo:
         _identifier(alias)

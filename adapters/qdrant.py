@@ -394,6 +394,47 @@ class QdrantSink:
                     found[doc_id] = _stored_vector(point, name)
         return found
 
+    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
+        name = self._vector_name(target)
+        offset: Any = None
+        while True:
+            with _translated():
+                points, offset = self._client.scroll(
+                    target,
+                    limit=batch,
+                    offset=offset,
+                    with_payload=INDEX_KEYS,
+                    with_vectors=_with_vector(name),
+                )
+            kept = [(p, _stored_vector(p, name)) for p in points]
+            kept = [(p, v) for p, v in kept if v.size]
+            if kept:
+                ids = [str((p.payload or {}).get("reindex_id", p.id)) for p, _ in kept]
+                yield ids, np.stack([v for _, v in kept]).astype(np.float32)
+            if offset is None:
+                return
+
+    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
+        """Qdrant's own (HNSW) search, one query per vector."""
+        name = self._vector_name(target)
+        found: list[list[str]] = []
+        for vector in vectors:
+            with _translated():
+                response = self._client.query_points(
+                    target,
+                    query=np.asarray(vector, dtype=np.float32).tolist(),
+                    using=name,
+                    limit=k,
+                    with_payload=INDEX_KEYS,
+                )
+            found.append([str((p.payload or {}).get("reindex_id", p.id)) for p in response.points])
+        return found
+
+    def distance(self, target: str) -> Distance:
+        with _translated():
+            config = self._client.get_collection(target).config
+        return _distance(_vector_params(config.params.vectors, self._vector_name(target)), target)
+
     def alias(self, alias: str) -> AliasInfo:
         if alias in self._collections():
             return AliasInfo(alias, None, is_physical=True)

@@ -214,6 +214,19 @@ def verify(config: ConfigOption, as_json: JsonOption = False, sample: SampleOpti
 
 
 @app.command()
+def compare(config: ConfigOption, as_json: JsonOption = False) -> None:
+    """Before cutover: the new target against the live index (neighbourhoods, ANN recall, judged queries
+    from [compare]); exit 3 when a [gate] threshold is not met."""
+    cfg = _load(config)
+    with _status("comparing the new target with the live index", as_json):
+        report = _guarded(lambda: commands.compare(cfg))
+    _render(report, as_json, "compare")
+    if not report.passed:
+        err.print(f"[bold red]quality gate:[/] {escape('; '.join(report.failures))}", highlight=False)
+        raise typer.Exit(VerificationFailed.exit_code)
+
+
+@app.command()
 def cutover(
     config: ConfigOption,
     as_json: JsonOption = False,

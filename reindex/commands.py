@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from reindex import cutover as alias_moves
-from reindex import registry
+from reindex import quality, registry
 from reindex.config import Config
 from reindex.cost import Budget
 from reindex.deferred import DeferredRun
@@ -404,6 +404,14 @@ def _cutover(m: Migration, ledger: Ledger, force: bool, sample: int) -> alias_mo
             f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
             hint=f"see `reindex verify -c {m.config.path} --json`",
         )
+    failures: list[str] = []
+    if m.config.gate.thresholds:  # measured now, against what the alias serves now: never a stale verdict
+        failures = _compare(m, ledger).failures
+        if failures and not force:
+            raise VerificationFailed(
+                f"cutover refused by the quality gate: {'; '.join(failures)}",
+                hint=f"see `reindex compare -c {m.config.path} --json`; --force promotes anyway (recorded)",
+            )
     return alias_moves.move(
         m.sink,
         ledger,
@@ -411,9 +419,54 @@ def _cutover(m: Migration, ledger: Ledger, force: bool, sample: int) -> alias_mo
         target=m.spec.name,
         fingerprint=m.spec.fingerprint,
         model=dict(m.spec.model),
-        forced=force and not report.complete,
+        forced=force and (not report.complete or bool(failures)),
         report=report.to_json(),
     )
+
+
+# compare ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    """`reindex compare`: the new target against the live index ([compare]), judged by [gate]."""
+
+    report: dict[str, Any]
+
+    @property
+    def failures(self) -> list[str]:
+        return list(self.report["gate"]["failures"])
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.report["gate"]["passed"])
+
+    def to_json(self) -> dict[str, Any]:
+        return self.report
+
+
+def compare(config: Config) -> QualityReport:
+    """Measure the new target against the live index: neighbourhoods kept, the ANN index's recall, and
+    judged queries when [compare] names them; record it and apply the [gate] thresholds."""
+    with open_migration(config) as m, ledger_of(config) as ledger:
+        return _compare(m, ledger)
+
+
+def _compare(m: Migration, ledger: Ledger) -> QualityReport:
+    if m.sink.describe(m.spec.name) is None:
+        raise VerificationFailed(f"target {m.spec.name!r} does not exist", hint="run `reindex run` first")
+    alias = m.sink.alias(m.spec.alias)
+    live = alias.alias if alias.is_physical else alias.target
+    settings = m.config.compare
+    old = registry.build("embedder", settings.embedder) if settings.embedder is not None else None
+    sides = quality.Sides(m.spec.name, None if live == m.spec.name else live)
+    try:
+        report = quality.compare(m.source, m.sink, m.embedder, sides, settings, m.config.gate, old)
+    finally:
+        if old is not None and hasattr(old, "close"):
+            old.close()
+    ledger.record_verification(m.plan_id, report["gate"]["passed"], report, kind="quality")
+    return QualityReport(report)
 
 
 def rollback(config: Config) -> alias_moves.AliasMove:

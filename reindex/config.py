@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model
 from reindex import registry
 from reindex.errors import ConfigError
 
-SECTIONS = ("source", "embedder", "target", "run", "ray")
+SECTIONS = ("source", "embedder", "target", "run", "ray", "compare", "gate")
 
 
 class RunConfig(BaseModel):
@@ -79,6 +79,43 @@ class RayConfig(BaseModel):
     num_cpus: int | None = Field(None, ge=1)  # local Ray only: CPUs it may use (default: all)
 
 
+class CompareConfig(BaseModel):
+    """`[compare]`: how `reindex compare` measures the new target against the live index."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    k: int = Field(10, ge=1, le=1000)  # neighbours compared per query
+    sample: int = Field(200, ge=1, le=100_000)  # documents used as queries, chosen by a hash of their id
+    examples: int = Field(5, ge=0, le=100)  # most changed neighbourhoods shown
+    seed: str = ""  # another seed picks another deterministic sample
+    queries: Path | None = None  # BEIR queries.jsonl ({"_id", "text"}); with qrels: judged metrics
+    qrels: Path | None = None  # BEIR qrels (query-id, corpus-id, score; tab-separated, header line)
+    embedder: dict[str, Any] | None = None  # the live index's model (an [embedder] table): judged live too
+
+    @model_validator(mode="after")
+    def _queries_with_qrels(self) -> CompareConfig:
+        if (self.queries is None) != (self.qrels is None):
+            raise ValueError("queries and qrels go together (the BEIR layout)")
+        return self
+
+
+class GateConfig(BaseModel):
+    """`[gate]`: thresholds the new target must meet before `cutover` flips the alias (else exit 3)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_overlap_at_k: float | None = Field(None, ge=0, le=1)  # neighbourhoods kept, live vs new
+    min_rbo: float | None = Field(None, ge=0, le=1)
+    min_ann_recall: float | None = Field(None, ge=0, le=1)  # the target's ANN index vs exact neighbours
+    min_ndcg_at_10: float | None = Field(None, ge=0, le=1)  # judged queries on the new target
+    min_recall_at_k: float | None = Field(None, ge=0, le=1)
+    max_ndcg_drop: float | None = Field(None, ge=0, le=1)  # live nDCG@10 minus new (needs [compare] embedder)
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        return {name: value for name, value in self.model_dump().items() if value is not None}
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path
@@ -87,6 +124,8 @@ class Config:
     target: dict[str, Any]
     run: RunConfig
     ray: RayConfig = field(default_factory=RayConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
     @property
     def alias(self) -> str:
@@ -116,6 +155,8 @@ def load(path: Path) -> Config:
         raw["target"],
         registry.validate("run", RunConfig, raw.get("run", {})),
         registry.validate("ray", RayConfig, raw.get("ray", {})),
+        registry.validate("compare", CompareConfig, raw.get("compare", {})),
+        registry.validate("gate", GateConfig, raw.get("gate", {})),
     )
     check(config)
     return config

@@ -255,6 +255,19 @@ class Sink(Protocol):
         carries it still holds that very text's vector."""
         ...
 
+    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
+        """Every stored vector with its document id, `batch` at a time, in any order (exact neighbours
+        for `reindex compare`)."""
+        ...
+
+    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
+        """The ids of each vector's `k` nearest stored vectors, as the target's own ANN index finds them."""
+        ...
+
+    def distance(self, target: str) -> Distance:
+        """The metric the target's vectors are compared by (its ANN index's, else cosine)."""
+        ...
+
     def alias(self, alias: str) -> AliasInfo: ...
 
     def move_alias(

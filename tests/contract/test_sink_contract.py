@@ -167,3 +167,21 @@ def test_a_batch_with_a_nul_byte_is_stored_exactly_or_refused_whole(sink: Sink) 
         assert list(sink.scan_index("docs__aaaa0001", DIM)) == []
     else:
         assert {e.id for e in sink.scan_index("docs__aaaa0001", DIM)} == {"good", "poison"}
+
+
+def test_scan_vectors_search_and_distance_serve_the_quality_comparison(sink: Sink) -> None:
+    sink.prepare(spec("docs__aaaa0001"))
+    ids = [f"d{i:02d}" for i in range(40)]
+    written = rows(ids, seed=3)
+    sink.write("docs__aaaa0001", written)
+    sink.finalize(spec("docs__aaaa0001"))
+    assert sink.distance("docs__aaaa0001") == "cosine"
+    batches = list(sink.scan_vectors("docs__aaaa0001", batch=16))
+    assert sorted(i for part, _ in batches for i in part) == ids
+    assert max(len(part) for part, _ in batches) <= 16 and all(len(p) == len(v) for p, v in batches)
+    by_id = {i: v for part, vectors in batches for i, v in zip(part, vectors, strict=True)}
+    unit = written.vectors / np.linalg.norm(written.vectors, axis=1, keepdims=True)
+    np.testing.assert_allclose(by_id["d07"] / np.linalg.norm(by_id["d07"]), unit[7], atol=1e-5)
+    found = sink.search("docs__aaaa0001", written.vectors[[7, 21]], 3)
+    nearest = np.argsort(-(unit[[7, 21]] @ unit.T), axis=1)[:, :3]
+    assert found == [[ids[j] for j in row] for row in nearest]  # 40 points: any ANN index is exact here
