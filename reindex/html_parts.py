@@ -184,7 +184,7 @@ h3 { font-size: 16px; margin: 20px 0 8px; }
 .subtitle { color: var(--muted); margin: 0 0 8px; }
 nav a { margin-right: 16px; color: #0969da; text-decoration: none; font-size: 14px; }
 code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 13px; }
-.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(130px, 1fr)); gap: 12px; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 12px; }
 .card { border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px; background: var(--soft); }
 .card .label { color: var(--muted); font-size: 13px; }
 .card .big { font-size: 22px; font-weight: 600; font-variant-numeric: tabular-nums; }
