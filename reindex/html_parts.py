@@ -187,7 +187,7 @@ code, .mono { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monosp
 .cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 12px; }
 .card { border: 1px solid var(--line); border-radius: 8px; padding: 10px 14px; background: var(--soft); }
 .card .label { color: var(--muted); font-size: 13px; }
-.card .big { font-size: 22px; font-weight: 600; font-variant-numeric: tabular-nums; }
+.card .big { font-size: 20px; font-weight: 600; font-variant-numeric: tabular-nums; }
 .card .note { color: var(--muted); font-size: 12px; }
 table { border-collapse: collapse; width: 100%; margin: 8px 0 16px; font-size: 14px; }
 th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }

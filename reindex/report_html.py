@@ -53,9 +53,7 @@ def _summary(report: Report) -> str:
         h.card(
             "Source documents now",
             h.metric("source_documents", s["source_documents"]),
-            ""
-            if s["source_documents"] is not None
-            else "not counted: this source cannot count without a scan",
+            "" if s["source_documents"] is not None else "not counted (this source needs a scan)",
         ),
         h.card(
             "Live behind the alias",
