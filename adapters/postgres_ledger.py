@@ -32,6 +32,7 @@ from reindex.ledger import (
     PlannedShard,
     RunInfo,
     RunSummary,
+    ShardRecord,
     ShardResult,
     Verification,
     WorkerSummary,
@@ -271,6 +272,17 @@ class PostgresLedger:
             (plan_id,),
         )
         return worker_summaries(rows)
+
+    def shards(self, plan_id: str) -> list[ShardRecord]:
+        rows = self._query(
+            "SELECT seq, documents, written, tokens, seconds, written_at, worker FROM reindex.shards"
+            " WHERE plan_id = %s ORDER BY written_at, seq",
+            (plan_id,),
+        )
+        return [
+            ShardRecord(int(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]), r[6])
+            for r in rows
+        ]
 
     def shard_plan(self, plan_id: str) -> list[PlannedShard]:
         rows = self._query(

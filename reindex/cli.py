@@ -31,8 +31,9 @@ from rich.progress import (
 from rich.table import Table
 from typer.core import TyperGroup
 
-from reindex import commands
+from reindex import commands, plan_html, report_html
 from reindex import config as config_module
+from reindex import report as report_module
 from reindex.errors import ReindexError, VerificationFailed
 
 out = Console(soft_wrap=True)
@@ -89,6 +90,9 @@ app = typer.Typer(
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="the migration's TOML file")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")]
+HtmlOption = Annotated[
+    Path | None, typer.Option("--html", help="also write a self-contained HTML page to this file")
+]
 
 
 def _guarded(action: Callable[[], T]) -> T:
@@ -152,6 +156,7 @@ def plan(
         float | None,
         typer.Option(min=0.001, help="documents/s per worker, e.g. a GPU's rate (default: calibrated here)"),
     ] = None,
+    html: HtmlOption = None,
 ) -> None:
     """Dry run: documents, tokens, ETA, storage, target and alias state, coverage. Changes nothing."""
     cfg = _load(config)
@@ -161,6 +166,8 @@ def plan(
                 cfg, calibrate=calibrate, workers=workers, worker_docs_per_second=worker_rate
             )
         )
+    if html is not None:
+        _write_page(html, plan_html.plan_page(report, str(config), report_module.now()))
     _render(report, as_json, "plan")
 
 
@@ -195,6 +202,34 @@ def status(config: ConfigOption, as_json: JsonOption = False) -> None:
     """Shards written, reconciliation, dead letters by reason, where the alias points, cutover history."""
     cfg = _load(config)
     _render(_guarded(lambda: commands.status(cfg)), as_json, "status")
+
+
+@app.command()
+def report(
+    config: ConfigOption,
+    as_json: JsonOption = False,
+    html: HtmlOption = None,
+    with_plan: Annotated[
+        bool, typer.Option("--plan/--no-plan", help="recompute the plan to compare (loads the model)")
+    ] = True,
+    calibrate: Annotated[bool, typer.Option(help="time a small sample for the planned duration")] = True,
+) -> None:
+    """Coverage, dead letters, throughput, plan against actual, quality and alias history in one page."""
+    cfg = _load(config)
+    with _status("gathering the report", as_json):
+        result = _guarded(lambda: report_module.build(cfg, plan=with_plan, calibrate=calibrate))
+    if html is not None:
+        _write_page(html, report_html.page(result))
+    if as_json:
+        _render(result, True, "report")
+        return
+    for line in result.summary_lines():
+        out.print(line, highlight=False, markup=False)
+
+
+def _write_page(path: Path, page: str) -> None:
+    _guarded(lambda: report_module.write(path, page))
+    err.print(f"wrote {escape(str(path))}", highlight=False)
 
 
 SampleOption = Annotated[

@@ -286,6 +286,19 @@ class RunSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class ShardRecord:
+    """One recorded shard as the report plots it: how much it carried and how long it took."""
+
+    seq: int
+    documents: int
+    written: int
+    tokens: int
+    seconds: float  # since the previous record of the same run: the run's wall time, shard by shard
+    written_at: float  # epoch seconds
+    worker: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class Cutover:
     id: int
     alias: str
@@ -382,6 +395,10 @@ class Ledger(Protocol):
     def fence(self, lease: Lease) -> None: ...
     def shard_plan(self, plan_id: str) -> list[PlannedShard]: ...
     def workers(self, plan_id: str) -> list[WorkerSummary]: ...
+    def shards(self, plan_id: str) -> list[ShardRecord]:
+        """The run's recorded shards in the order they were written."""
+        ...
+
     def record_shard(self, plan_id: str, shard: ShardResult) -> None: ...
     def settle_retry(
         self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
@@ -665,6 +682,14 @@ class SqliteLedger:
             (plan_id,),
         )
         return worker_summaries(rows)
+
+    def shards(self, plan_id: str) -> list[ShardRecord]:
+        rows = self._query(
+            "SELECT seq, documents, written, tokens, seconds, written_at, worker FROM shards"
+            " WHERE plan_id = ? ORDER BY written_at, seq",
+            (plan_id,),
+        )
+        return [ShardRecord(*row) for row in rows]
 
     def shard_plan(self, plan_id: str) -> list[PlannedShard]:
         rows = self._query(

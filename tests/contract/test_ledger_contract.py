@@ -125,6 +125,19 @@ def test_summary_totals_every_shard_and_reconciles(ledger: Ledger) -> None:
     assert summary.reconciled
 
 
+def test_shards_lists_each_recorded_shard_in_write_order_for_the_report(ledger: Ledger) -> None:
+    assert ledger.shards(PLAN) == []
+    ledger.record_shard(PLAN, shard(0, dead=(letter("doc-0001"),)))
+    ledger.record_shard(PLAN, replace(shard(1), worker="node-1/actor-0"))
+    rows = ledger.shards(PLAN)
+    assert [(r.seq, r.documents, r.written, r.tokens, r.seconds, r.worker) for r in rows] == [
+        (0, 10, 9, 100, 0.5, None),
+        (1, 10, 10, 100, 0.5, "node-1/actor-0"),
+    ]
+    assert rows[0].written_at <= rows[1].written_at and isinstance(rows[0].written_at, float)
+    assert ledger.shards("another plan") == []
+
+
 def test_settle_retry_moves_counts_and_keeps_reconciliation(ledger: Ledger) -> None:
     letters = (letter("doc-0001"), letter("doc-0002"), letter("doc-0003"))
     ledger.record_shard(PLAN, shard(0, dead=letters))
