@@ -210,6 +210,7 @@ svg .axis-label { font-size: 12px; fill: var(--fg); }
 svg .mean-label { font-size: 11px; fill: var(--bad); }
 .note, .empty { color: var(--muted); }
 .callout { border-left: 4px solid var(--warn); background: #fff8c5; padding: 8px 14px; border-radius: 4px; }
-.example-text { max-width: 420px; overflow-wrap: anywhere; }
+.example-text { min-width: 16em; max-width: 420px; overflow-wrap: anywhere; }
+ol.ids { margin: 0; padding-left: 1.8em; font-size: 12px; overflow-wrap: anywhere; }
 @media print { main { max-width: none; } nav { display: none; } }
 """

@@ -320,11 +320,18 @@ def _examples(examples: list[dict[str, Any]]) -> str:
                 f"<code>{h.text(e.get('id', ''))}</code>",
                 f'<div class="example-text">{h.text(shown)}</div>',
                 h.text(h.value(e.get("overlap"))),
-                f'<span class="mono">{h.text(h.value(e.get("live")))}</span>',
-                f'<span class="mono">{h.text(h.value(e.get("new")))}</span>',
+                _ranked(e.get("live")),
+                _ranked(e.get("new")),
             )
         )
     return h.table(["id", "text", "overlap", "live neighbours", "new neighbours"], rows, numeric=[2])
+
+
+def _ranked(ids: Any) -> str:
+    """A neighbour list, best first, one id per line."""
+    if not isinstance(ids, list) or not ids:
+        return "–"
+    return '<ol class="ids mono">' + "".join(f"<li>{h.text(str(i))}</li>" for i in ids) + "</ol>"
 
 
 def _fingerprints(report: Report) -> str:

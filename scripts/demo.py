@@ -1,4 +1,5 @@
-"""A whole migration on the embedded defaults: legacy index → plan, run, verify, cutover, rollback, cutover.
+"""A whole migration on the embedded defaults: legacy index → plan, run, verify, compare, cutover, rollback,
+cutover.
 
 Runs against an embedded PostgreSQL with pgvector (pgserver) and Qdrant local mode, under `.demo/`.
 """
@@ -56,6 +57,7 @@ class Outcome:
     backend: str
     run: dict[str, Any] = field(default_factory=dict)
     verify: dict[str, Any] = field(default_factory=dict)
+    compare: dict[str, Any] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
     hits: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -135,6 +137,11 @@ def set_up(uri: str, limit: int | None) -> dict[str, Path]:
         "The legacy model is a stand-in: HashEmbedder derives vectors from sha256 of the text, so it "
         "retrieves nothing useful. The migration moves both indexes to all-MiniLM-L6-v2 (384-d)."
     )
+    judged = _timed("judgement set (known-item queries)", lambda: write_judgements(documents))
+    console.print(
+        f"{judged} judged queries: each document's summary line, with that document as the one relevant"
+        " answer (known-item search), for `reindex compare`."
+    )
     configs = write_configs(uri)
     console.print(
         f"set-up done in {time.perf_counter() - started:.1f} s; configs: {', '.join(map(str, configs.values()))}"
@@ -156,6 +163,35 @@ def build_corpus(limit: int | None) -> list[Document]:
     command += [] if limit is None else ["--limit", str(limit)]
     _call(command, "corpus.py")
     return read_jsonl(path)
+
+
+JUDGED = 200  # documents whose summary line becomes a query
+QUERIES = DEMO / "queries.jsonl"
+QRELS = {backend: DEMO / f"qrels-{backend}.tsv" for backend in BACKENDS}
+
+
+def write_judgements(documents: Sequence[Document]) -> int:
+    """A BEIR judgement set built from the corpus: a docstring's first line (at least five words, and not
+    the whole text) is a query whose one relevant document is that docstring. Evenly spread, so the same
+    documents every time."""
+    candidates = [
+        (d.id, d.text.splitlines()[0].strip())
+        for d in documents
+        if len(d.text.splitlines()[0].split()) >= 5 and d.text.strip() != d.text.splitlines()[0].strip()
+    ]
+    step = max(1, len(candidates) // JUDGED)
+    picked = candidates[::step][:JUDGED]
+    QUERIES.write_text(
+        "".join(json.dumps({"_id": f"q{n}", "text": q}) + "\n" for n, (_, q) in enumerate(picked))
+    )
+    from adapters.qdrant import point_id
+
+    # The Qdrant source names a document by its point id (the legacy collection has no id field of its own).
+    names: dict[str, Callable[[str], str]] = {"pgvector": str, "qdrant": point_id}
+    for backend, path in QRELS.items():
+        rows = "".join(f"q{n}\t{names[backend](i)}\t1\n" for n, (i, _) in enumerate(picked))
+        path.write_text("query-id\tcorpus-id\tscore\n" + rows)
+    return len(picked)
 
 
 def legacy_vectors(documents: Sequence[Document]) -> NDArray[np.float32]:
@@ -242,6 +278,11 @@ def write_configs(uri: str) -> dict[str, Path]:
     for backend, config in sections.items():
         config["embedder"] = {"kind": "sentence-transformers", "model": str(minilm_path()), "normalize": True}
         config["run"] = {"state": str(DEMO / f"state-{backend}.db")}
+        # The models differ entirely, so neighbourhoods are expected to change: the gate asks that the new
+        # model answer the judged queries at least as well as the legacy one, and that the ANN index holds.
+        config["compare"] = {"k": 10, "sample": 200, "queries": str(QUERIES), "qrels": str(QRELS[backend])}
+        config["compare.embedder"] = {"kind": "hash", "dim": LEGACY_DIM}  # the live index's own model
+        config["gate"] = {"min_ann_recall": 0.9, "max_ndcg_drop": 0.0}
         paths[backend] = DEMO / f"{backend}.toml"
         paths[backend].write_text(to_toml(config))
     return paths
@@ -250,7 +291,9 @@ def write_configs(uri: str) -> dict[str, Path]:
 def to_toml(config: dict[str, dict[str, Any]]) -> str:
     """Flat sections of strings and booleans: a JSON string is a valid TOML basic string."""
     lines = []
-    for section in ("source", "embedder", "target", "run"):
+    for section in ("source", "embedder", "target", "run", "compare", "compare.embedder", "gate"):
+        if section not in config:
+            continue
         lines.append(f"[{section}]")
         lines += [f"{key} = {json.dumps(value)}" for key, value in config[section].items()]
         lines.append("")
@@ -278,6 +321,7 @@ def migrate(backend: str, config: Path, uri: str) -> Outcome:
     outcome.verify = reindex("verify", config, "--json")
     if outcome.verify.get("complete") is not True:
         raise DemoFailed(f"{backend}: verify did not report a complete target")
+    outcome.compare = reindex("compare", config, "--json")
     reindex("cutover", config)
     outcome.hits = search(backend, uri)
     console.print(f"query {QUERY!r} through the alias → {outcome.hits}")
@@ -410,6 +454,10 @@ def report(outcomes: Sequence[Outcome]) -> Table:
         "dead letters": lambda o: _count(o.run.get("dead_letters")),
         "docs/s (run)": lambda o: f"{float(o.run.get('docs_per_second', 0.0)):.1f}",
         "verify": lambda o: "complete" if o.verify.get("complete") else "INCOMPLETE",
+        "nDCG@10 judged: legacy → new": lambda o: _judged(o, "ndcg_at_10"),
+        "Recall@10 judged: legacy → new": lambda o: _judged(o, "recall_at_k"),
+        "neighbours kept (overlap@10, RBO)": lambda o: _neighbours(o),
+        "ANN recall@10 (new target)": lambda o: _metric(o.compare, "ann", "recall_at_k"),
         "alias now →": lambda o: str(o.status.get("alias_target", "?")),
         "top-3": lambda o: "\n".join(o.hits),
         "rollback (whole CLI call)": lambda o: f"{o.rollback_seconds:.2f} s",
@@ -418,6 +466,23 @@ def report(outcomes: Sequence[Outcome]) -> Table:
     for label, cell in rows.items():
         table.add_row(label, *(cell(o) for o in outcomes))
     return table
+
+
+def _judged(outcome: Outcome, metric: str) -> str:
+    live = _metric(outcome.compare, "judged", "live", metric)
+    new = _metric(outcome.compare, "judged", "new", metric)
+    return f"{live} → {new}"
+
+
+def _neighbours(outcome: Outcome) -> str:
+    return f"{_metric(outcome.compare, 'neighbours', 'overlap_at_k')}, {_metric(outcome.compare, 'neighbours', 'rbo')}"
+
+
+def _metric(report: dict[str, Any], *path: str) -> str:
+    value: Any = report
+    for key in path:
+        value = value.get(key) if isinstance(value, dict) else None
+    return f"{value:.3f}" if isinstance(value, float | int) else "?"
 
 
 def _count(value: Any) -> str:
