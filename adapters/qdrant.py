@@ -346,25 +346,30 @@ class QdrantSink:
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
         name = self._vector_name(target)
+        for points in self._pages(target, name, self.upsert_batch):
+            for point in points:
+                payload = point.payload or {}
+                vector = _stored_vector(point, name)
+                yield IndexEntry(
+                    _document_id(point),
+                    payload.get("reindex_content_hash"),
+                    payload.get("reindex_fingerprint"),
+                    vector_problem(vector, dim),
+                )
+
+    def _pages(self, target: str, name: str | None, limit: int) -> Iterator[list[models.Record]]:
+        """Every point with the index keys and its vector, a scroll page at a time."""
         offset: Any = None
         while True:
             with _translated():
                 points, offset = self._client.scroll(
                     target,
-                    limit=self.upsert_batch,
+                    limit=limit,
                     offset=offset,
                     with_payload=INDEX_KEYS,
                     with_vectors=_with_vector(name),
                 )
-            for point in points:
-                payload = point.payload or {}
-                vector = _stored_vector(point, name)
-                yield IndexEntry(
-                    str(payload.get("reindex_id", point.id)),
-                    payload.get("reindex_content_hash"),
-                    payload.get("reindex_fingerprint"),
-                    vector_problem(vector, dim),
-                )
+            yield points
             if offset is None:
                 return
 
@@ -396,23 +401,10 @@ class QdrantSink:
 
     def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
         name = self._vector_name(target)
-        offset: Any = None
-        while True:
-            with _translated():
-                points, offset = self._client.scroll(
-                    target,
-                    limit=batch,
-                    offset=offset,
-                    with_payload=INDEX_KEYS,
-                    with_vectors=_with_vector(name),
-                )
-            kept = [(p, _stored_vector(p, name)) for p in points]
-            kept = [(p, v) for p, v in kept if v.size]
+        for points in self._pages(target, name, batch):
+            kept = [(p, v) for p in points if (v := _stored_vector(p, name)).size]
             if kept:
-                ids = [str((p.payload or {}).get("reindex_id", p.id)) for p, _ in kept]
-                yield ids, np.stack([v for _, v in kept]).astype(np.float32)
-            if offset is None:
-                return
+                yield [_document_id(p) for p, _ in kept], np.stack([v for _, v in kept]).astype(np.float32)
 
     def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
         """Qdrant's own (HNSW) search, one query per vector."""
@@ -427,7 +419,7 @@ class QdrantSink:
                     limit=k,
                     with_payload=INDEX_KEYS,
                 )
-            found.append([str((p.payload or {}).get("reindex_id", p.id)) for p in response.points])
+            found.append([_document_id(p) for p in response.points])
         return found
 
     def distance(self, target: str) -> Distance:
@@ -958,6 +950,11 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, bytes | bytearray | memoryview):
         return base64.b64encode(bytes(value)).decode("ascii")
     return str(value)
+
+
+def _document_id(point: Any) -> str:
+    """The source's id of a point: `reindex_id` on points we wrote, else the point id (an index we adopt)."""
+    return str((point.payload or {}).get("reindex_id", point.id))
 
 
 def _with_vector(name: str | None) -> bool | list[str]:
