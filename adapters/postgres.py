@@ -338,7 +338,8 @@ class PgvectorSink:
             self._db.connection().execute(statement, [list(ids)])
 
     def finalize(self, spec: TargetSpec) -> None:
-        """Build the HNSW index after the load, ANALYZE, and carry the live table's grants over."""
+        """Build the HNSW index after the load, ANALYZE, carry the live table's grants over, and let the
+        application write through the alias once it serves this target (`_accept_application_writes`)."""
         from psycopg import sql
 
         layout = self._layout(spec.name)
@@ -351,6 +352,8 @@ class PgvectorSink:
             live = self._live_table(conn, spec.alias)
             if live is not None and live != layout.oid:
                 _grant(conn, layout.ident, _grants_of(conn, live))
+            with conn.transaction():
+                _accept_application_writes(conn, layout, spec)
 
     def describe(self, target: str) -> TargetInfo | None:
         from psycopg import sql
@@ -1101,6 +1104,63 @@ def _schemaless_columns(spec: TargetSpec) -> list[sql.Composable]:
         _vector_column("embedding", spec.dim),
         *_reindex_columns(),
     ]
+
+
+# Rows the application writes through the alias (an INSERT, a LangChain upsert, an UPDATE of the text) carry
+# no bookkeeping: the fingerprint defaults to the target's, and this trigger fills the content hash from the
+# text column (named by TG_ARGV[0]) as `reindex.fingerprint.content_hash` computes it, unless the writer set
+# it (reindex itself does) or the text did not change. So verify, sync and copies see such rows as first-class.
+_FILL_CONTENT_HASH = """
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $body$
+DECLARE
+    body text;
+BEGIN
+    IF TG_OP = 'INSERT' AND NEW.reindex_content_hash IS NOT NULL THEN
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.reindex_content_hash IS DISTINCT FROM OLD.reindex_content_hash THEN
+        RETURN NEW;
+    END IF;
+    body := to_jsonb(NEW) ->> TG_ARGV[0];
+    IF TG_OP = 'UPDATE' AND body IS NOT DISTINCT FROM (to_jsonb(OLD) ->> TG_ARGV[0]) THEN
+        RETURN NEW;
+    END IF;
+    NEW.reindex_content_hash := left(encode(sha256(convert_to(coalesce(body, ''), 'UTF8')), 'hex'), 32);
+    RETURN NEW;
+END
+$body$
+"""
+
+
+def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSpec) -> None:
+    """Bookkeeping columns an application's write through the alias may leave out: a default fingerprint
+    and a trigger for the content hash. Created after the bulk load, so the load pays no trigger; kept
+    idempotent (finalize runs after every run)."""
+    from psycopg import sql
+
+    names = {a.name for a in layout.columns}
+    if not set(_RESERVED) <= names or spec.source.text_field not in names:
+        return
+    schema = _one(
+        conn.execute(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+            [layout.oid],
+        ).fetchone()
+    )
+    function = sql.Identifier(str(schema), "reindex_fill_content_hash")  # beside the target, same owner
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ALTER COLUMN reindex_fingerprint SET DEFAULT {}").format(
+            layout.ident, sql.Literal(spec.fingerprint)
+        )
+    )
+    conn.execute(sql.SQL(_FILL_CONTENT_HASH).format(function=function))
+    conn.execute(sql.SQL("DROP TRIGGER IF EXISTS reindex_content_hash ON {}").format(layout.ident))
+    conn.execute(
+        sql.SQL(
+            "CREATE TRIGGER reindex_content_hash BEFORE INSERT OR UPDATE ON {} FOR EACH ROW"
+            " EXECUTE FUNCTION {}({})"
+        ).format(layout.ident, function, sql.Literal(spec.source.text_field))
+    )
 
 
 def _vector_column(name: str, dim: int) -> sql.Composable:
