@@ -11,7 +11,7 @@ import bisect
 import hashlib
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Literal
@@ -658,8 +658,16 @@ class MemorySink:
         return AliasInfo(alias, target, fingerprint=meta.get("fingerprint"), model=meta.get("model"))
 
     def move_alias(
-        self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
+        self,
+        alias: str,
+        target: str,
+        *,
+        expected: str | None,
+        meta: Mapping[str, Any],
+        settle: Callable[[], None] | None = None,
     ) -> str | None:
+        if settle is not None:
+            settle()
         with self.state.lock:  # compare-and-swap: the check and the move are one step
             current = self.aliases.get(alias, (None, {}))[0]
             if current != expected:

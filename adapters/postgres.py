@@ -14,7 +14,7 @@ import re
 import struct
 import time
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -468,9 +468,16 @@ class PgvectorSink:
             return _resolve_alias(self._db.connection(), alias).info
 
     def move_alias(
-        self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
+        self,
+        alias: str,
+        target: str,
+        *,
+        expected: str | None,
+        meta: Mapping[str, Any],
+        settle: Callable[[], None] | None = None,
     ) -> str | None:
-        """Swap the view in one short transaction; a busy lock is retried, then refused (old target stays)."""
+        """Swap the view in one short transaction; a busy lock is retried, then refused (old target stays).
+        With `settle`, writers are held first (EXCLUSIVE: readers pass), then settle runs, then the swap."""
         import psycopg
 
         _identifier(alias)
@@ -478,7 +485,7 @@ class PgvectorSink:
         with self._db.errors():
             for attempt in range(1, self.swap_attempts + 1):
                 try:
-                    previous = self._swap(alias, target, expected, meta)
+                    previous = self._swap(alias, target, expected, meta, settle)
                 except psycopg.errors.LockNotAvailable:
                     if attempt < self.swap_attempts:
                         time.sleep(min(1.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.5))
@@ -559,10 +566,22 @@ class PgvectorSink:
         resolved = _resolve_alias(conn, alias)
         return resolved.oid if resolved.info.is_physical else resolved.target_oid
 
-    def _swap(self, alias: str, target: str, expected: str | None, meta: Mapping[str, Any]) -> str | None:
+    def _swap(
+        self,
+        alias: str,
+        target: str,
+        expected: str | None,
+        meta: Mapping[str, Any],
+        settle: Callable[[], None] | None = None,
+    ) -> str | None:
         conn = self._db.connection()
         with conn.transaction():
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
+            if settle is not None:
+                # Writers wait from here to the commit; a writer that waited on the old table is sent to
+                # the new view when it gets the lock (Postgres looks the name up again after waiting).
+                _lock_alias(conn, alias, mode="EXCLUSIVE")
+                settle()
             _lock_alias(conn, alias)
             if _regclass(conn, target) is None:
                 raise CutoverRefused(f"target {target!r} does not exist")
@@ -1412,7 +1431,9 @@ def _resolve_alias(conn: Connection, alias: str) -> _ResolvedAlias:
     return _ResolvedAlias(info, oid, relkind, int(base))
 
 
-def _lock_alias(conn: Connection, alias: str) -> None:
+def _lock_alias(
+    conn: Connection, alias: str, mode: Literal["EXCLUSIVE", "ACCESS EXCLUSIVE"] = "ACCESS EXCLUSIVE"
+) -> None:
     """Serialise movers of this alias, then hold the alias itself until commit (compare-and-swap)."""
     from psycopg import sql
 
@@ -1424,7 +1445,7 @@ def _lock_alias(conn: Connection, alias: str) -> None:
     )
     if _regclass(conn, alias) is not None:
         # On a view this also locks the target it reads; the swap is one short transaction.
-        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_identifier(alias)))
+        conn.execute(sql.SQL("LOCK TABLE {} IN {} MODE").format(_identifier(alias), sql.SQL(mode)))
 
 
 def _serves(conn: Connection, resolved: _ResolvedAlias, expected: str | None) -> bool:

@@ -15,7 +15,7 @@ import os
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
@@ -439,9 +439,16 @@ class QdrantSink:
         )
 
     def move_alias(
-        self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
+        self,
+        alias: str,
+        target: str,
+        *,
+        expected: str | None,
+        meta: Mapping[str, Any],
+        settle: Callable[[], None] | None = None,
     ) -> str | None:
-        """Compare-and-swap in ONE update_collection_aliases call, then read back.
+        """Compare-and-swap in ONE update_collection_aliases call, then read back. Qdrant cannot hold
+        writers back: `settle` runs right before the call.
 
         The guard alias `<alias>__reindex_serves__<expected>` is the token: the call first renames it
         to the new target's guard, and a rename of a missing alias fails the whole call before any
@@ -458,6 +465,8 @@ class QdrantSink:
             raise CutoverRefused(_physical_alias_message(alias))
         if target not in collections:
             raise CutoverRefused(f"target collection {target!r} does not exist")
+        if settle is not None:
+            settle()
         with self._move_lock():
             guards = self._claim(alias, target, expected)
             crashpoints.crash_if_armed("cutover_before_commit")

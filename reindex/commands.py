@@ -388,22 +388,19 @@ def cutover(
     with ledger_of(config) as ledger, ledger.alias_lock(config.alias):
         if sync:
             with ledger.lease(lease_key(config)), open_migration(config) as m:
-                m = attach(m, ledger)
-                catch_up(m, ledger)
-                return _cutover(m, ledger, force, sample)
+                return _cutover(attach(m, ledger), ledger, force, sample, sync=True)
         with open_migration(config) as m:
             return _cutover(m, ledger, force, sample)
 
 
-def _cutover(m: Migration, ledger: Ledger, force: bool, sample: int) -> alias_moves.AliasMove:
-    report = _verify(m, ledger, sample=sample)
-    if not report.target_exists:  # not even --force promotes a target that is not there
-        raise VerificationFailed(f"target {report.target!r} does not exist", hint="run `reindex run` first")
-    if not report.complete and not force:
-        raise VerificationFailed(
-            f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
-            hint=f"see `reindex verify -c {m.config.path} --json`",
-        )
+def _cutover(
+    m: Migration, ledger: Ledger, force: bool, sample: int, *, sync: bool = False
+) -> alias_moves.AliasMove:
+    """Gate, verify, move. With `sync`, catch up first with the application's writers running, then catch
+    up again and verify while the sink holds them back (`Sink.move_alias` settle): the flip then serves
+    every write, and a write that waited lands in the new target."""
+    if sync:
+        catch_up(m, ledger)  # the bulk of the changes, writers running
     failures: list[str] = []
     if m.config.gate.thresholds:  # measured now, against what the alias serves now: never a stale verdict
         failures = _compare(m, ledger).failures
@@ -412,6 +409,16 @@ def _cutover(m: Migration, ledger: Ledger, force: bool, sample: int) -> alias_mo
                 f"cutover refused by the quality gate: {'; '.join(failures)}",
                 hint=f"see `reindex compare -c {m.config.path} --json`; --force promotes anyway (recorded)",
             )
+    checked: list[Coverage] = []
+
+    def check() -> None:
+        if sync:
+            catch_up(m, ledger)  # what came since, writers held
+        checked.append(_complete_or_refused(m, ledger, force, sample))
+
+    if not sync:
+        check()
+    complete = checked[0].complete if checked else True
     return alias_moves.move(
         m.sink,
         ledger,
@@ -419,9 +426,23 @@ def _cutover(m: Migration, ledger: Ledger, force: bool, sample: int) -> alias_mo
         target=m.spec.name,
         fingerprint=m.spec.fingerprint,
         model=dict(m.spec.model),
-        forced=force and (not report.complete or bool(failures)),
-        report=report.to_json(),
+        # with --sync the verdict comes under the hold, after the intent: --force is recorded as given
+        forced=force and (sync or not complete or bool(failures)),
+        report=checked[0].to_json() if checked else None,
+        settle=check if sync else None,
     )
+
+
+def _complete_or_refused(m: Migration, ledger: Ledger, force: bool, sample: int) -> Coverage:
+    report = _verify(m, ledger, sample=sample)
+    if not report.target_exists:  # not even --force promotes a target that is not there
+        raise VerificationFailed(f"target {report.target!r} does not exist", hint="run `reindex run` first")
+    if not report.complete and not force:
+        raise VerificationFailed(
+            f"cutover refused: target {report.target!r} is not complete ({report.problems()})",
+            hint=f"see `reindex verify -c {m.config.path} --json`",
+        )
+    return report
 
 
 # compare ------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,8 +49,10 @@ def move(
     report: dict[str, Any] | None = None,
     expected: str | None = None,
     check_expected: bool = False,
+    settle: Callable[[], None] | None = None,
 ) -> AliasMove:
-    """Point `alias` at `target`, recording intent first so a crash at any instant is resolvable."""
+    """Point `alias` at `target`, recording intent first so a crash at any instant is resolvable.
+    `settle`: the final catch-up, run while the sink holds writers back (`Sink.move_alias`)."""
     settle_pending(sink, ledger, alias)
     served = sink.alias(alias)
     current = served.target
@@ -69,7 +72,7 @@ def move(
     crashpoints.crash_if_armed("cutover_after_intent")
     meta = {"target": target, "fingerprint": fingerprint, "model": model, "moved_at": time.time()}
     try:
-        previous = sink.move_alias(alias, target, expected=current, meta=meta)
+        previous = sink.move_alias(alias, target, expected=current, meta=meta, settle=settle)
     except BaseException:
         settle_pending(sink, ledger, alias)
         raise

@@ -5,7 +5,7 @@ Source ──Record──► Embedder (tokenize → embed) ──Rows──► S
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -271,9 +271,19 @@ class Sink(Protocol):
     def alias(self, alias: str) -> AliasInfo: ...
 
     def move_alias(
-        self, alias: str, target: str, *, expected: str | None, meta: Mapping[str, Any]
+        self,
+        alias: str,
+        target: str,
+        *,
+        expected: str | None,
+        meta: Mapping[str, Any],
+        settle: Callable[[], None] | None = None,
     ) -> str | None:
         """Point `alias` at `target` atomically if it still points at `expected`, then read it back.
+
+        `settle` (the final catch-up of `cutover --sync`) runs right before the move, once writers to the
+        alias are held back where the backend can hold them (pgvector: an EXCLUSIVE lock that readers pass,
+        kept until the move commits), so no write lands in the old index between the two.
 
         Returns what the alias served before: `expected`, or the new name of a physical table it
         adopted (pgvector renames a real table `<alias>__adopted` and keeps it for rollback). Raises
