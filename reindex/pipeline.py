@@ -35,7 +35,15 @@ from reindex.errors import ConfigError, Interrupted, RowsRejected, TransientErro
 from reindex.feeding import Feeder
 from reindex.ledger import DeadLetter, Ledger, ShardResult
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
-from reindex.shards import Copy, Shard, finish_shard, keep_records, prepare_shard, text_settlements
+from reindex.shards import (
+    Copy,
+    Shard,
+    finish_shard,
+    keep_records,
+    prepare_shard,
+    text_settlements,
+    unstorable,
+)
 from reindex.validation import vector_problems
 
 T = TypeVar("T")
@@ -337,6 +345,7 @@ class Pipeline:
         refused = self._write_rows(_rows(shard, self.spec.fingerprint))
         if refused:
             gone = {letter.doc_id for letter in refused}
+            shard.unstorable |= unstorable(shard.records, shard.hashes, refused)
             keep_records(shard, [record.id not in gone for record in shard.records])
             shard.dead.extend(refused)
         copies = copy_rows(self._claims, self.sink, self.spec, self.plan_id, shard.copies)
@@ -357,6 +366,7 @@ class Pipeline:
         assert extra.vectors is not None
         refused = self._write_rows(_rows(extra, self.spec.fingerprint))
         gone = {letter.doc_id for letter in refused}
+        shard.unstorable |= unstorable(extra.records, extra.hashes, refused)
         keep_records(extra, [record.id not in gone for record in extra.records])
         extra.dead.extend(refused)
         shard.dead.extend(extra.dead)

@@ -45,6 +45,7 @@ class Shard:
     copied: list[str] = field(default_factory=list)  # copies written (ids): not embedded as this shard's own
     owners: dict[str, str] = field(default_factory=dict)  # texts this shard took over (re-embedded copies)
     settled: dict[str, str] = field(default_factory=dict)  # what became of the texts it took over
+    unstorable: set[str] = field(default_factory=set)  # texts whose row the sink refused for a NUL they hold
 
     @property
     def written_ids(self) -> list[str]:
@@ -166,5 +167,20 @@ def text_settlements(shard: Shard) -> list[tuple[str, str]]:
             settled[digest] = "written"
         else:
             settled[digest] = f"dead:{reasons.get(digest, 'unknown')}"
-    # A sink refuses a row, not a text (a NUL may sit in the payload): copies must try for themselves.
-    return sorted((d, "lost" if s.startswith("dead:sink_rejected") else s) for d, s in settled.items())
+    # A sink refuses a row, not a text (a NUL may sit in the payload): copies must try for themselves,
+    # unless the text itself holds the NUL, which the sink refuses in every row that carries it.
+    return sorted(
+        (d, "lost" if s.startswith("dead:sink_rejected") and d not in shard.unstorable else s)
+        for d, s in settled.items()
+    )
+
+
+def unstorable(records: Sequence[Record], hashes: Sequence[str], refused: Sequence[DeadLetter]) -> set[str]:
+    """The hashes of refused rows whose text holds a NUL byte: no row carrying that text can be stored by
+    a sink that refuses NUL (Postgres), so its copies are dead letters rather than texts to embed again."""
+    gone = {letter.doc_id for letter in refused if letter.reason.startswith("sink_rejected")}
+    return {
+        digest
+        for record, digest in zip(records, hashes, strict=True)
+        if record.id in gone and "\x00" in record.text
+    }

@@ -343,6 +343,24 @@ def test_a_run_after_sync_does_not_pay_again_for_what_sync_wrote_past_its_cursor
     level(world)
 
 
+def test_a_text_whose_nul_the_sink_refuses_is_not_paid_for_again_by_its_copies(world: World) -> None:
+    """A NUL in the text makes the sink refuse every row that carries it. The inline path (dlq retry,
+    sync) marked such a text lost, so a later document with the same text paid the provider again for a
+    vector no row can hold (found by the deferred lifecycle model)."""
+    world.reject_nul = True
+    batch_world(world)
+    world.store.put("n1", "alpha \x00 beta")
+    commands.run(world.config())
+    world.store.put("n2", "alpha \x00 beta")  # the same text, past the run's cursor
+    commands.dlq_retry(world.config())  # the operator pays once more for n1: allowed
+    billed = world.store.provider.billed_tokens
+    commands.run(world.config())
+    assert world.store.provider.billed_tokens == billed, "n2 paid again for a text no row can hold"
+    letters = {d["doc_id"]: d["reason"] for d in commands.dlq_list(world.config()).dead_letters}
+    assert letters == {"n1": NUL_REASON, "n2": NUL_REASON}
+    world.reconciled(world.config())
+
+
 class RateLimitedOnce(HashEmbedder):
     """The `hash` kind, except that its first batch comes back refused with a 429 for every input."""
 
