@@ -1125,10 +1125,11 @@ def _schemaless_columns(spec: TargetSpec) -> list[sql.Composable]:
     ]
 
 
-# Rows the application writes through the alias (an INSERT, a LangChain upsert, an UPDATE of the text) carry
-# no bookkeeping: the fingerprint defaults to the target's, and this trigger fills the content hash from the
-# text column (named by TG_ARGV[0]) as `reindex.fingerprint.content_hash` computes it, unless the writer set
-# it (reindex itself does) or the text did not change. So verify, sync and copies see such rows as first-class.
+# Rows the application writes through the alias (an INSERT, a LangChain upsert) carry no bookkeeping: the
+# fingerprint defaults to the target's, and this trigger fills the content hash from the text column (named
+# by TG_ARGV[0]) as `reindex.fingerprint.content_hash` computes it, unless the writer set it (reindex itself
+# does). On an UPDATE it does so only when the vector (TG_ARGV[1]) changed with the text: a text rewritten
+# under its old vector keeps the old hash, so verify reports it stale and sync re-embeds it, never "complete".
 _FILL_CONTENT_HASH = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $body$
 DECLARE
@@ -1141,7 +1142,10 @@ BEGIN
         RETURN NEW;
     END IF;
     body := to_jsonb(NEW) ->> TG_ARGV[0];
-    IF TG_OP = 'UPDATE' AND body IS NOT DISTINCT FROM (to_jsonb(OLD) ->> TG_ARGV[0]) THEN
+    IF TG_OP = 'UPDATE' AND (
+        body IS NOT DISTINCT FROM (to_jsonb(OLD) ->> TG_ARGV[0])
+        OR (to_jsonb(NEW) -> TG_ARGV[1]) IS NOT DISTINCT FROM (to_jsonb(OLD) -> TG_ARGV[1])
+    ) THEN
         RETURN NEW;
     END IF;
     NEW.reindex_content_hash := left(encode(sha256(convert_to(coalesce(body, ''), 'UTF8')), 'hex'), 32);
@@ -1158,7 +1162,7 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
     from psycopg import sql
 
     names = {a.name for a in layout.columns}
-    if not set(_RESERVED) <= names or spec.source.text_field not in names:
+    if not set(_RESERVED) <= names or spec.source.text_field not in names or layout.vector is None:
         return
     schema = _one(
         conn.execute(
@@ -1177,8 +1181,8 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
     conn.execute(
         sql.SQL(
             "CREATE TRIGGER reindex_content_hash BEFORE INSERT OR UPDATE ON {} FOR EACH ROW"
-            " EXECUTE FUNCTION {}({})"
-        ).format(layout.ident, function, sql.Literal(spec.source.text_field))
+            " EXECUTE FUNCTION {}({}, {})"
+        ).format(layout.ident, function, sql.Literal(spec.source.text_field), sql.Literal(layout.vector.name))
     )
 
 

@@ -4,13 +4,14 @@ writes through the alias before and after cutover, with the model it uses on eac
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import langchain_postgres
 import numpy as np
 import psycopg
 import pytest
+import sqlalchemy
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from typer.testing import CliRunner
@@ -42,9 +43,18 @@ def invoke(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-def store(dsn: str, dim: int) -> langchain_postgres.PGVector:
-    url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
-    return langchain_postgres.PGVector(Hashed(dim), connection=url, collection_name="notes", use_jsonb=True)
+@pytest.fixture
+def engine(pg_dsn: str) -> Iterator[sqlalchemy.Engine]:
+    """The application's SQLAlchemy engine, disposed at the end (its pooled connections closed)."""
+    built = sqlalchemy.create_engine(pg_dsn.replace("postgresql://", "postgresql+psycopg://", 1))
+    yield built
+    built.dispose()
+
+
+def store(engine: sqlalchemy.Engine, dim: int) -> langchain_postgres.PGVector:
+    return langchain_postgres.PGVector(
+        Hashed(dim), connection=engine, collection_name="notes", use_jsonb=True
+    )
 
 
 def documents(ids: Sequence[int], version: str = "") -> list[Document]:
@@ -52,9 +62,9 @@ def documents(ids: Sequence[int], version: str = "") -> list[Document]:
 
 
 def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
-    tmp_path: Path, pg_dsn: str
+    tmp_path: Path, pg_dsn: str, engine: sqlalchemy.Engine
 ) -> None:
-    old = store(pg_dsn, OLD_DIM)
+    old = store(engine, OLD_DIM)
     old.add_documents(documents(range(120)), ids=[f"n{i}" for i in range(120)])
     config = tmp_path / "notes.toml"
     config.write_text(
@@ -69,7 +79,7 @@ def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
     assert old.similarity_search("note 7 about topic 0", k=1)[0].metadata == {"n": 7}
     assert invoke("cutover", "-c", str(config), "--sync")["changed"]
 
-    new = store(pg_dsn, NEW_DIM)  # the application switches its model with the alias
+    new = store(engine, NEW_DIM)  # the application switches its model with the alias
     assert new.similarity_search("note 7 about topic 0", k=1)[0].metadata == {"n": 7}
     assert new.similarity_search("note 500 about topic 3", k=1)[0].metadata == {"n": 500}
     new.add_documents(documents(range(200, 210)), ids=[f"n{i}" for i in range(200, 210)])  # INSERTs
@@ -93,5 +103,5 @@ def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
     assert caught_up["added"] == caught_up["changed"] == caught_up["deleted"] == 0  # nothing to redo
 
     with pytest.raises(Exception, match="expected 24 dimensions"):  # an old-model write after the flip
-        store(pg_dsn, OLD_DIM).add_documents(documents([900]), ids=["n900"])
+        store(engine, OLD_DIM).add_documents(documents([900]), ids=["n900"])
     assert np.isfinite(new.similarity_search_with_score("note 1 about topic 1", k=1)[0][1])
