@@ -7,6 +7,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from typer.testing import CliRunner
 
 from reindex.cli import app
@@ -115,9 +116,11 @@ def test_compare_catches_an_ann_index_that_misses_neighbours(tmp_path: Path, pg_
         for (index,) in conn.execute(
             "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexdef LIKE '%%hnsw%%'", [target]
         ).fetchall():
-            conn.execute(f'DROP INDEX "{index}"')
+            conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(index)))
         conn.execute(
-            f'CREATE INDEX ON "{target}" USING ivfflat (embedding vector_cosine_ops) WITH (lists = 100)'
+            sql.SQL(
+                "CREATE INDEX ON {} USING ivfflat (embedding vector_cosine_ops) WITH (lists = 100)"
+            ).format(sql.Identifier(target))
         )
     code, bad = invoke("compare", "-c", str(new))
     assert code == 0 and bad["ann"]["recall_at_k"] < 0.5  # no [gate] here: measured, not refused

@@ -19,6 +19,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 from typer.testing import CliRunner
 
 from reindex.cli import app
@@ -88,7 +89,7 @@ def migration(pg_server: str, tmp_path_factory: pytest.TempPathFactory) -> Migra
     folder = tmp_path_factory.mktemp("report")
     name = f"report_{os.getpid()}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')  # test-only: name is generated above
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = pg_server.replace("/postgres?", f"/{name}?")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
