@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from importlib import metadata
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any, NoReturn, TypeVar
@@ -28,10 +29,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 from typer.core import TyperGroup
 
-from reindex import commands, plan_html, report_html
+from reindex import commands, plan_html, report_html, terminal, units
 from reindex import config as config_module
 from reindex import report as report_module
 from reindex.errors import ReindexError, VerificationFailed
@@ -55,6 +55,8 @@ class _Verbs(TyperGroup):
         **extra: Any,
     ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        if out.no_color or not out.is_terminal:
+            _plain_help(self)
         as_json = "--json" in argv
         token = _JSON.set(as_json)
         try:
@@ -77,16 +79,39 @@ class _Verbs(TyperGroup):
             _JSON.reset(token)
 
 
+def _plain_help(command: Any) -> None:
+    """Help and usage errors as click's plain text, without rich's boxes (NO_COLOR, pipes, logs)."""
+    command.rich_markup_mode = None
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+
+
 app = typer.Typer(
     cls=_Verbs,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_show_locals=False,  # locals of a crashed frame can hold DSNs and API keys
     help="Re-embed a corpus into a fresh index, prove full coverage, and flip a read alias atomically. "
     "Exit codes: 0 done; 1 failed; 2 usage or configuration; 3 verification or quality gate failed "
     "(cutover refused for it); 4 cutover refused for another reason (alias moved, lock busy, nothing to "
     "roll back); 75 interrupted, rerun to resume. With --json, errors are JSON on stdout too.",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"reindex {metadata.version('reindex-embeddings')}", highlight=False, markup=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    pass
+
 
 ConfigOption = Annotated[Path, typer.Option("--config", "-c", help="the migration's TOML file")]
 JsonOption = Annotated[bool, typer.Option("--json", help="print the result as JSON on stdout")]
@@ -130,18 +155,13 @@ def _load(path: Path) -> config_module.Config:
     return _guarded(lambda: config_module.load(path))
 
 
-def _render(result: Any, as_json: bool, title: str) -> None:
+def _render(result: Any, as_json: bool, verb: str, config: Path) -> None:
+    """The verb's result: its whole JSON document with --json, else a summary for a person."""
     data = result.to_json()
     if as_json:
         out.print_json(json.dumps(data, default=str))
         return
-    table = Table(title=title, show_header=False, title_justify="left")
-    for key, value in data.items():
-        if value not in (None, {}, []):
-            table.add_row(
-                key, json.dumps(value, default=str) if isinstance(value, dict | list) else str(value)
-            )
-    out.print(table)
+    terminal.show(out, verb, data, str(config))
 
 
 @app.command()
@@ -167,8 +187,8 @@ def plan(
             )
         )
     if html is not None:
-        _write_page(html, plan_html.plan_page(report, str(config), report_module.now()))
-    _render(report, as_json, "plan")
+        _write_page(html, plan_html.plan_page(report, str(config), units.now()))
+    _render(report, as_json, "plan", config)
 
 
 @app.command()
@@ -186,12 +206,7 @@ def run(
         report = _guarded(
             lambda: commands.run(cfg, stop=stop, on_start=on_start, on_progress=on_progress, fresh=fresh)
         )
-    _render(report, as_json, "run")
-    err.print(
-        f"reconciliation: {report.documents} documents in = {report.written} written + "
-        f"{report.dead_letters} dead-lettered + {report.duplicates} duplicate ids folded",
-        highlight=False,
-    )
+    _render(report, as_json, "run", config)
     if not report.reconciled:
         err.print("[bold red]error:[/] the run does not reconcile; see `reindex status`")
         raise typer.Exit(1)
@@ -201,7 +216,7 @@ def run(
 def status(config: ConfigOption, as_json: JsonOption = False) -> None:
     """Shards written, reconciliation, dead letters by reason, where the alias points, cutover history."""
     cfg = _load(config)
-    _render(_guarded(lambda: commands.status(cfg)), as_json, "status")
+    _render(_guarded(lambda: commands.status(cfg)), as_json, "status", config)
 
 
 @app.command()
@@ -221,7 +236,7 @@ def report(
     if html is not None:
         _write_page(html, report_html.page(result))
     if as_json:
-        _render(result, True, "report")
+        out.print_json(json.dumps(result.to_json(), default=str))
         return
     for line in result.summary_lines():
         out.print(line, highlight=False, markup=False)
@@ -242,9 +257,8 @@ def verify(config: ConfigOption, as_json: JsonOption = False, sample: SampleOpti
     """Compare source and target by exact ids and content hashes. Exit 0 complete, 3 not."""
     cfg = _load(config)
     report = _guarded(lambda: commands.verify(cfg, sample=sample))
-    _render(report, as_json, "verify")
+    _render(report, as_json, "verify", config)
     if not report.complete:
-        err.print(f"[bold red]incomplete:[/] {escape(report.problems())}", highlight=False)
         raise typer.Exit(VerificationFailed.exit_code)
 
 
@@ -255,9 +269,8 @@ def compare(config: ConfigOption, as_json: JsonOption = False) -> None:
     cfg = _load(config)
     with _status("comparing the new target with the live index", as_json):
         report = _guarded(lambda: commands.compare(cfg))
-    _render(report, as_json, "compare")
+    _render(report, as_json, "compare", config)
     if not report.passed:
-        err.print(f"[bold red]quality gate:[/] {escape('; '.join(report.failures))}", highlight=False)
         raise typer.Exit(VerificationFailed.exit_code)
 
 
@@ -278,16 +291,15 @@ def cutover(
             "[bold yellow]warning:[/] --force: the alias may serve an incomplete or mixed target; "
             "this is recorded in the history"
         )
-    _render(
-        _guarded(lambda: commands.cutover(cfg, force=force, sync=catch_up, sample=sample)), as_json, "cutover"
-    )
+    move = _guarded(lambda: commands.cutover(cfg, force=force, sync=catch_up, sample=sample))
+    _render(move, as_json, "cutover", config)
 
 
 @app.command()
 def rollback(config: ConfigOption, as_json: JsonOption = False) -> None:
     """Point the alias back at the target the last move replaced."""
     cfg = _load(config)
-    _render(_guarded(lambda: commands.rollback(cfg)), as_json, "rollback")
+    _render(_guarded(lambda: commands.rollback(cfg)), as_json, "rollback", config)
 
 
 @app.command()
@@ -299,7 +311,7 @@ def prune(
 ) -> None:
     """Drop old targets of this alias that no alias serves, keeping the newest N."""
     cfg = _load(config)
-    _render(_guarded(lambda: commands.prune(cfg, keep=keep, dry_run=dry_run)), as_json, "prune")
+    _render(_guarded(lambda: commands.prune(cfg, keep=keep, dry_run=dry_run)), as_json, "prune", config)
 
 
 @app.command()
@@ -310,7 +322,7 @@ def inspect(
 ) -> None:
     """Coverage of what the alias serves now (or --target), even for an index this tool did not build."""
     cfg = _load(config)
-    _render(_guarded(lambda: commands.inspect(cfg, target=target)), as_json, "inspect")
+    _render(_guarded(lambda: commands.inspect(cfg, target=target)), as_json, "inspect", config)
 
 
 @app.command()
@@ -321,14 +333,14 @@ def resolve(
 ) -> None:
     """Which target and embedding model serve the alias: choose the query encoder from this."""
     cfg = _load(config)
-    _render(_guarded(lambda: commands.resolve(cfg, alias)), as_json, "resolve")
+    _render(_guarded(lambda: commands.resolve(cfg, alias)), as_json, "resolve", config)
 
 
 @app.command()
 def sync(config: ConfigOption, as_json: JsonOption = False) -> None:
     """Re-embed what changed in the source since the run and delete what vanished (repeatable)."""
     cfg = _load(config)
-    _render(_guarded(lambda: commands.sync(cfg)), as_json, "sync")
+    _render(_guarded(lambda: commands.sync(cfg)), as_json, "sync", config)
 
 
 dlq = typer.Typer(no_args_is_help=True, help="Dead letters: documents that could not be embedded.")
@@ -355,21 +367,14 @@ def _dlq_config(ctx: typer.Context, config: Path | None) -> config_module.Config
 def dlq_list(ctx: typer.Context, config: DlqConfigOption = None, as_json: JsonOption = False) -> None:
     """List dead letters with their reasons."""
     cfg = _dlq_config(ctx, config)
-    report = _guarded(lambda: commands.dlq_list(cfg))
-    if as_json:
-        _render(report, True, "dead letters")
-        return
-    table = Table("id", "reason", "detail", title=f"{report.total} dead letters {report.reasons}")
-    for letter in report.dead_letters:
-        table.add_row(letter["doc_id"], letter["reason"], letter["detail"])
-    out.print(table)
+    _render(_guarded(lambda: commands.dlq_list(cfg)), as_json, "dlq list", config or ctx.obj)
 
 
 @dlq.command("retry")
 def dlq_retry(ctx: typer.Context, config: DlqConfigOption = None, as_json: JsonOption = False) -> None:
     """Re-read dead-lettered documents from the source and try again (after a fix or a policy change)."""
     cfg = _dlq_config(ctx, config)
-    _render(_guarded(lambda: commands.dlq_retry(cfg)), as_json, "dead-letter retry")
+    _render(_guarded(lambda: commands.dlq_retry(cfg)), as_json, "dlq retry", config or ctx.obj)
 
 
 @contextmanager

@@ -34,6 +34,7 @@ from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate, spread
 from reindex.ports import DeferredEmbedder
 from reindex.sync import SyncReport, catch_up, fetch_records
+from reindex.units import iso_utc
 from reindex.validation import excused
 from reindex.verify import Coverage, coverage
 
@@ -289,7 +290,7 @@ class StatusReport:
     alias_target: str | None
     is_live: bool
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # alias moves, `at` ISO-8601 UTC
     workers: list[dict[str, Any]] = field(default_factory=list)  # engine "ray": who wrote what, how fast
 
     def to_json(self) -> dict[str, Any]:
@@ -304,7 +305,7 @@ def status(config: Config) -> StatusReport:
         run = known_run(config, ledger, source, sink)
         summary = ledger.summary(run.plan_id) if run else None
         alias = sink.alias(config.alias)
-        history = [asdict(c) for c in ledger.cutovers(config.alias)]
+        history = [{**asdict(c), "at": iso_utc(c.at)} for c in ledger.cutovers(config.alias)]
         counts = (
             (summary.documents, summary.written, summary.dead_letters, summary.duplicates)
             if summary
@@ -327,7 +328,12 @@ def status(config: Config) -> StatusReport:
             is_live=bool(target) and alias.target == target,
             dead_letter_reasons=summary.dead_letter_reasons if summary else {},
             history=history,
-            workers=[asdict(w) for w in ledger.workers(run.plan_id)] if run else [],
+            workers=[
+                {**asdict(w), "last_written_at": iso_utc(w.last_written_at)}
+                for w in ledger.workers(run.plan_id)
+            ]
+            if run
+            else [],
         )
 
 
@@ -500,7 +506,8 @@ def rollback(config: Config) -> alias_moves.AliasMove:
 class PruneReport:
     alias: str
     kept: list[str]
-    dropped: list[str]
+    dropped: list[str]  # with dry_run: what would be dropped
+    dry_run: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -523,7 +530,7 @@ def prune(config: Config, *, keep: int = 2, dry_run: bool = False) -> PruneRepor
             if sink.alias(config.alias).target == name:
                 raise CutoverRefused(f"{name!r} became live while pruning", hint="rerun prune")
             sink.drop(name)
-        return PruneReport(config.alias, kept, dropped)
+        return PruneReport(config.alias, kept, dropped, dry_run)
 
 
 __all__ = [

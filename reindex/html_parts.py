@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 from html import escape, unescape
 from typing import Any
+
+from reindex import units
+from reindex.units import decimal as decimal
+from reindex.units import duration as duration
+from reindex.units import integer as integer
+from reindex.units import model_name as model_name
+from reindex.units import ratio as ratio
+from reindex.units import size as size
+from reindex.units import usd as usd
+from reindex.units import value as value
 
 Cell = str  # already HTML
 
@@ -20,77 +29,11 @@ def text(value: Any) -> Cell:
     return escape(str(value))
 
 
-def integer(value: int | None, unit: str = "") -> str:
-    if value is None:
-        return "–"
-    return f"{value:,}" + (f" {unit}" if unit else "")
-
-
-def decimal(value: float | None, digits: int = 1, unit: str = "") -> str:
-    if value is None:
-        return "–"
-    return f"{value:,.{digits}f}" + (f" {unit}" if unit else "")
-
-
-def duration(seconds: float | None) -> str:
-    """12.3 s, 4 min 05 s, 2 h 07 min: precise when short, readable when long."""
-    if seconds is None:
-        return "–"
-    if seconds < 10:
-        return f"{seconds:.2f} s"
-    if seconds < 60:
-        return f"{seconds:,.1f} s"
-    if seconds < 3600:
-        minutes, rest = divmod(round(seconds), 60)
-        return f"{minutes} min {rest:02d} s"
-    hours, rest = divmod(round(seconds) // 60, 60)
-    return f"{hours:,} h {rest:02d} min"
-
-
-def usd(value: float | None) -> str:
-    if value is None:
-        return "–"
-    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
-
-
-def size(count: int | None) -> str:
-    if count is None:
-        return "–"
-    amount = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if amount < 1024 or unit == "TiB":
-            return f"{amount:,.0f} {unit}" if unit == "B" else f"{amount:,.1f} {unit}"
-        amount /= 1024
-    raise AssertionError("unreachable")
-
-
-def ratio(value: float | None) -> str:
-    return "–" if value is None else f"{value:.1%}"
-
-
-def value(item: Any) -> str:
-    """Any JSON value a report may hold, readably (floats to three places, lists comma-separated)."""
-    if isinstance(item, bool):
-        return "yes" if item else "no"
-    if isinstance(item, int):
-        return f"{item:,}"
-    if isinstance(item, float):
-        return f"{item:,.3f}"
-    if item is None:
-        return "–"
-    if isinstance(item, list):
-        return ", ".join(value(v) for v in item)
-    if isinstance(item, dict):
-        return json.dumps(item, default=str)
-    return str(item)
-
-
 def local_time(iso: str | None) -> Cell:
     """The instant in the reader's-machine local time, with the UTC instant in the element."""
     if not iso:
         return "–"
-    instant = datetime.fromisoformat(iso)
-    shown = instant.astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    shown = units.local_time(iso)
     return f'<time datetime="{escape(iso)}" title="{escape(iso)}">{escape(shown)}</time>'
 
 
@@ -160,14 +103,6 @@ def _anchor(section_html: str) -> tuple[str, str]:
     anchor = section_html[len('<section id="') : section_html.index('"', len('<section id="'))]
     heading = section_html[section_html.index("<h2>") + 4 : section_html.index("</h2>")]
     return anchor, unescape(heading)
-
-
-def model_name(model: dict[str, Any]) -> str:
-    if not model:
-        return "–"
-    parts = [str(model.get("kind") or ""), str(model.get("model") or "")]
-    dim = model.get("dim")
-    return " · ".join(p for p in parts if p) + (f" · {dim:,} dimensions" if dim else "")
 
 
 STYLE = """

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,9 @@ from reindex.errors import ConfigError
 from reindex.ledger import DeadLetter, Ledger, RunSummary, ShardRecord, Verification
 from reindex.migration import known_run, ledger_of, open_backends, open_migration
 from reindex.planning import estimate, spread
+from reindex.units import iso_utc, now
 
 EXAMPLES_PER_REASON = 5
-
-
-def now() -> str:
-    return iso_utc(datetime.now(UTC).timestamp()) or ""
-
-
-def iso_utc(epoch: float | None) -> str | None:
-    """ISO-8601 in UTC, to the second: what the JSON carries for every instant."""
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 @dataclass

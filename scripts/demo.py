@@ -317,11 +317,15 @@ def migrate(backend: str, config: Path, uri: str) -> Outcome:
     started = time.perf_counter()
     outcome = Outcome(backend)
     reindex("plan", config)
-    outcome.run = reindex("run", config, "--json")
-    outcome.verify = reindex("verify", config, "--json")
+    reindex("run", config)
+    reindex("verify", config)  # exit 3 (a failed step) unless complete
+    reindex("compare", config)  # exit 3 when the [gate] thresholds are not met
+    report = reindex("report", config, "--json", "--no-plan", quiet=True)  # the figures of what was shown
+    outcome.run = {**report["status"], "docs_per_second": report["throughput"].get("docs_per_second") or 0.0}
+    outcome.verify = (report.get("coverage") or {}).get("report") or {}
+    outcome.compare = (report.get("quality") or {}).get("report") or {}
     if outcome.verify.get("complete") is not True:
         raise DemoFailed(f"{backend}: verify did not report a complete target")
-    outcome.compare = reindex("compare", config, "--json")
     reindex("cutover", config)
     outcome.hits = search(backend, uri)
     console.print(f"query {QUERY!r} through the alias → {outcome.hits}")
@@ -330,22 +334,26 @@ def migrate(backend: str, config: Path, uri: str) -> Outcome:
     outcome.rollback_seconds = time.perf_counter() - clock
     check_legacy_served(backend, uri)
     reindex("cutover", config)
-    outcome.status = reindex("status", config, "--json")
+    reindex("status", config)
+    outcome.status = reindex("status", config, "--json", quiet=True)
     if outcome.status.get("alias_target") != outcome.run.get("target"):
         raise DemoFailed(f"{backend}: the alias does not serve the new target after the second cutover")
     outcome.seconds = time.perf_counter() - started
     return outcome
 
 
-def reindex(verb: str, config: Path, *options: str) -> dict[str, Any]:
-    """Run one CLI verb with its output shown live; `--json` output is parsed and returned."""
+def reindex(verb: str, config: Path, *options: str, quiet: bool = False) -> dict[str, Any]:
+    """Run one CLI verb with its output shown live; `--json` output is parsed and returned (and not shown
+    when `quiet`: the demo reads its figures from JSON, people read the summaries)."""
     command = [str(Path(sys.executable).parent / "reindex"), verb, "-c", str(config), *options]
-    console.print(f"[bold cyan]$ reindex {verb} -c {config.relative_to(ROOT)} {' '.join(options)}[/]")
+    if not quiet:
+        console.print(f"[bold cyan]$ reindex {verb} -c {config.relative_to(ROOT)} {' '.join(options)}[/]")
     if "--json" not in options:
         _call(command, f"reindex {verb}")
         return {}
     completed = subprocess.run(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False)
-    print(completed.stdout, end="", flush=True)
+    if not quiet:
+        print(completed.stdout, end="", flush=True)
     if completed.returncode != 0:
         raise DemoFailed(f"`reindex {verb}` exited with {completed.returncode}")
     try:

@@ -1,0 +1,594 @@
+"""What each verb prints for a person at a terminal: a short summary in sentences and small tables.
+
+Renderers read the verb's JSON document (`to_json()`), so nothing is shown that `--json` does not carry.
+Values from a source, a ledger or a config are printed as text, never as markup. On a terminal with
+colour the tables have light rules; with NO_COLOR set or stdout not a terminal the output is plain text
+with no box drawing, so logs and pipes stay readable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from reindex import units
+from reindex.units import count, duration, integer, local_time, model_line, ratio, size, usd
+
+LISTED = 20  # rows of a long list shown before "… and N more"
+
+
+@dataclass(frozen=True)
+class Screen:
+    """One verb's output: headlines, label/value facts, small tables, warnings, the next step."""
+
+    console: Console
+    config: str  # the -c path, for the commands suggested next
+
+    @property
+    def fancy(self) -> bool:
+        return self.console.is_terminal and not self.console.no_color
+
+    def headline(self, text: str, ok: bool | None = None) -> None:
+        style = "bold" if ok is None else ("bold green" if ok else "bold red")
+        self.console.print(Text(text, style=style))
+
+    def facts(self, rows: Iterable[tuple[str, str]]) -> None:
+        """Label/value lines; on a terminal long values wrap under themselves, elsewhere they do not wrap."""
+        rows = list(rows)
+        if not self.fancy:
+            width = max((len(label) for label, _ in rows), default=0)
+            for label, shown in rows:
+                self.line(f"  {label:<{width}}  {shown}")
+            return
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="dim", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for label, shown in rows:
+            grid.add_row(Text("  " + label), Text(shown))
+        self.console.print(grid)
+
+    def table(
+        self, title: str, headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[int] = ()
+    ) -> None:
+        table = Table(
+            title=Text(title, style="bold") if title else None,
+            title_justify="left",
+            box=box.SIMPLE_HEAD if self.fancy else None,
+            show_edge=False,
+            pad_edge=False,
+            padding=(0, 2),
+        )
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="right" if i in numeric else "left", overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        if self.fancy:
+            self.console.print(table)
+            return
+        with self.console.capture() as captured:  # plain: no padding after the last column
+            self.console.print(table)
+        for line in captured.get().splitlines():
+            self.line(line.rstrip())
+
+    def warn(self, text: str) -> None:
+        line = Text("warning: ", style="bold yellow")
+        line.append(text)
+        self.console.print(line)
+
+    def line(self, text: str = "") -> None:
+        self.console.print(Text(text), soft_wrap=not self.fancy)
+
+    def next(self, *commands: str) -> None:
+        self.line("Next: " + "; then ".join(f"{c} -c {self.config}" for c in commands))
+
+
+# plan ---------------------------------------------------------------------------------------------------
+
+
+def plan(s: Screen, p: dict[str, Any]) -> None:
+    s.headline(f"Plan: embed {count(p['documents'], 'document')} into {p['target']} for alias {p['alias']}")
+    rows = [
+        ("model", model_line(p["model"])),
+        (
+            "documents",
+            f"{integer(p['documents'])}: {integer(p['embeddable'])} to embed, "
+            f"{integer(p['unreadable_or_empty'])} unreadable or empty (dead letters)",
+        ),
+        (
+            "texts",
+            f"{count(p['unique_texts'], 'distinct text')}, {count(p['tokens'], 'token')} to embed "
+            f"(mean {units.decimal(p['tokens_mean'])}, p90 {integer(p['tokens_p90'])} per text)",
+        ),
+        ("time", _eta(p)),
+    ]
+    if p.get("cost_online_usd") is not None or p.get("cost_batch_usd") is not None:
+        rows.append(("cost", _cost(p)))
+    rows += [
+        (
+            "storage",
+            f"{size(p['vector_bytes'])} of vectors, about {size(p['index_bytes_estimate'])} with the HNSW index",
+        ),
+        (
+            "shards",
+            f"{integer(p['shards'])}; a reclaimed worker redoes at most "
+            f"{count(p['redone_documents_per_reclaim'], 'document')}",
+        ),
+        ("target", _plan_target(p)),
+        ("alias", _plan_alias(p)),
+        ("machine", _machine(p.get("backends"))),
+    ]
+    s.facts(rows)
+    if p["over_max_tokens"]:
+        fate = "truncated" if p["too_long_policy"] == "truncate" else "dead-lettered"
+        s.warn(
+            f"{count(p['over_max_tokens'], 'text')} longer than the model's {integer(p['max_tokens'])} tokens "
+            f'will be {fate} ([run] too_long = "{p["too_long_policy"]}")'
+        )
+    if p["unreadable_or_empty"]:
+        s.warn(
+            f"{count(p['unreadable_or_empty'], 'document')} will be dead letters (unreadable or empty text)"
+        )
+    if p["alias_target"] != p["target"] and (p["alias_target"] or p["alias_is_physical"]):
+        serves = p["alias_target"] or f"the table or collection {p['alias']}"
+        s.warn(f"`reindex cutover` will change what alias {p['alias']} serves (now {serves})")
+    s.line("Nothing was changed.")
+    s.next("reindex run")
+
+
+def _eta(p: dict[str, Any]) -> str:
+    if p.get("eta_seconds_workers") is not None and p.get("workers", 1) > 1:
+        return (
+            f"about {duration(p['eta_seconds_workers'])} on {p['workers']} workers at "
+            f"{units.rate(p['worker_docs_per_second'], 'documents')} each"
+        )
+    if p.get("eta_seconds") is None:
+        return "not estimated (run `plan` without --no-calibrate to time a sample)"
+    return (
+        f"about {duration(p['eta_seconds'])} embedding on this machine "
+        f"(calibrated: {units.rate(p['calibration_docs_per_second'], 'documents')}, "
+        f"{units.rate(p['calibration_tokens_per_second'], 'tokens')})"
+    )
+
+
+def _cost(p: dict[str, Any]) -> str:
+    parts = []
+    if p.get("cost_online_usd") is not None:
+        parts.append(f"{usd(p['cost_online_usd'])} online")
+    if p.get("cost_batch_usd") is not None:
+        parts.append(
+            f"{usd(p['cost_batch_usd'])} through the batch API (within {p.get('batch_window') or '24h'})"
+        )
+    return ", ".join(parts) + " for the distinct texts"
+
+
+def _plan_target(p: dict[str, Any]) -> str:
+    if not p["target_exists"]:
+        return f"{p['target']} does not exist yet: `reindex run` creates it"
+    cov = p.get("coverage") or {}
+    state = "complete" if cov.get("complete") else f"not complete ({_problems(cov)})"
+    return f"{p['target']} exists, {integer(cov.get('target_vectors'))} vectors, {state}"
+
+
+def _plan_alias(p: dict[str, Any]) -> str:
+    if p["alias_is_physical"]:
+        return f"{p['alias']} is a table or collection now; cutover turns the name into an alias"
+    if not p["alias_target"]:
+        return f"{p['alias']} does not exist yet; cutover creates it"
+    if p["alias_target"] == p["target"]:
+        return f"{p['alias']} → {p['alias_target']} (this target: already live)"
+    model = f", vectors of fingerprint {p['alias_fingerprint']}" if p.get("alias_fingerprint") else ""
+    return f"{p['alias']} → {p['alias_target']}{model}; cutover moves it to {p['target']}"
+
+
+def _machine(backends: dict[str, Any] | None) -> str:
+    if not backends:
+        return units.NONE
+    cuda = backends.get("cuda") or {}
+    devices = cuda.get("devices") or []
+    gpus = (
+        f"{len(devices)} CUDA GPU{'s' if len(devices) != 1 else ''}"
+        if cuda.get("available")
+        else "no CUDA GPU"
+    )
+    return f"{backends.get('recommendation', '?')}, {backends.get('precision', '?')} ({gpus})"
+
+
+# run, sync, dead letters --------------------------------------------------------------------------------
+
+
+def run(s: Screen, r: dict[str, Any]) -> None:
+    done = r["reconciled"]
+    s.headline(
+        f"Run finished: {count(r['written'], 'vector')} written to {r['target']} in {duration(r['seconds'])}",
+        ok=done,
+    )
+    rows = [
+        ("documents", _reconciliation(r)),
+        ("tokens", f"{integer(r['tokens'])} embedded ({integer(r['truncated'])} texts truncated)"),
+        (
+            "throughput",
+            f"{units.rate(r['docs_per_second'], 'documents')}, {units.rate(r['tokens_per_second'], 'tokens')}"
+            f" (model busy {ratio(r['model_busy_fraction'])}, padding {ratio(r['padding_fraction'])})",
+        ),
+    ]
+    if r["reused"]:
+        rows.append(("reused", f"{count(r['reused'], 'document')} shared an already embedded text"))
+    if r.get("finalize_seconds"):
+        index = f" (ANN index {duration(r['index_seconds'])})" if r.get("index_seconds") is not None else ""
+        rows.append(("finalize", f"{duration(r['finalize_seconds'])}{index}"))
+    if r.get("cost_usd") is not None:
+        rows.append(("cost", f"{usd(r['cost_usd'])} for {count(r['billed_tokens'], 'billed token')}"))
+    s.facts(rows)
+    _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
+    if not done:
+        s.warn("the run does not reconcile: see `reindex status`")
+        return
+    s.next("reindex verify")
+
+
+def _reconciliation(r: dict[str, Any]) -> str:
+    vanished = f" + {integer(r['vanished'])} vanished" if r.get("vanished") else ""
+    verdict = "reconciled" if r["reconciled"] else "DOES NOT RECONCILE"
+    return (
+        f"{integer(r['documents'])} in = {integer(r['written'])} written + {integer(r['dead_letters'])} "
+        f"dead-lettered + {integer(r['duplicates'])} duplicate ids folded{vanished} ({verdict})"
+    )
+
+
+def _dead_letter_warning(s: Screen, total: int, reasons: dict[str, int]) -> None:
+    if total:
+        by_reason = ", ".join(f"{integer(n)} {reason}" for reason, n in sorted(reasons.items()))
+        s.warn(f"{count(total, 'dead letter')} ({by_reason}): `reindex dlq list -c {s.config}`")
+
+
+def sync(s: Screen, r: dict[str, Any]) -> None:
+    changes = r["added"] + r["changed"] + r["repaired"] + r["deleted"]
+    s.headline(
+        f"Synced {r['target']} in {duration(r['seconds'])}: "
+        + (
+            "no changes"
+            if not changes
+            else (
+                f"{integer(r['added'])} added, {integer(r['changed'])} changed, {integer(r['repaired'])} repaired, "
+                f"{integer(r['deleted'])} deleted"
+            )
+        )
+    )
+    _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
+
+
+def dlq_list(s: Screen, r: dict[str, Any]) -> None:
+    if not r["total"]:
+        s.headline("No dead letters.", ok=True)
+        return
+    s.headline(f"{count(r['total'], 'dead letter')}: documents that could not be embedded")
+    s.table(
+        "", ("reason", "documents"), [(k, integer(n)) for k, n in sorted(r["reasons"].items())], numeric=(1,)
+    )
+    letters = r["dead_letters"]
+    s.table(
+        "", ("id", "reason", "detail"), [(d["doc_id"], d["reason"], d["detail"]) for d in letters[:LISTED]]
+    )
+    if len(letters) > LISTED:
+        s.line(f"… and {integer(len(letters) - LISTED)} more (--json lists them all)")
+    s.line(f"Fix the source or the policy, then: reindex dlq retry -c {s.config}")
+
+
+def dlq_retry(s: Screen, r: dict[str, Any]) -> None:
+    if not r["retried"]:
+        s.headline("No dead letters to retry.", ok=True)
+        return
+    s.headline(
+        f"Retried {count(r['retried'], 'dead letter')}: {integer(r['written'])} written, "
+        f"{integer(r['vanished'])} gone from the source, {integer(r['total'])} still dead",
+        ok=r["total"] == 0,
+    )
+    if r["total"]:
+        s.line(f"See them: reindex dlq list -c {s.config}")
+
+
+# status, verify, inspect --------------------------------------------------------------------------------
+
+
+def status(s: Screen, r: dict[str, Any]) -> None:
+    if r["state"] == "not-started":
+        s.headline(f"No run yet for alias {r['alias']}.")
+    else:
+        live = "live" if r["is_live"] else "not live"
+        s.headline(f"{r['target']}: {r['state']}, {live}", ok=r["state"] == "complete" and r["reconciled"])
+    serves = r["alias_target"] or "nothing yet"
+    rows = [
+        ("alias", f"{r['alias']} → {serves}"),
+        (
+            "source",
+            count(r["source_documents"], "document") if r["source_documents"] is not None else units.NONE,
+        ),
+    ]
+    if r["state"] != "not-started":
+        vanished = r["documents"] - r["written"] - r["dead_letters"] - r["duplicates"]
+        rows += [
+            ("documents", _reconciliation({**r, "vanished": max(vanished, 0)})),
+            ("shards", f"{integer(r['shards_done'])} written"),
+        ]
+    s.facts(rows)
+    _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
+    if r["workers"]:
+        s.table(
+            "Workers",
+            ("worker", "shards", "documents", "documents/s", "last minute", "last write"),
+            [
+                (
+                    w["worker"],
+                    integer(w["shards"]),
+                    integer(w["documents"]),
+                    units.decimal(w["docs_per_second"], 0),
+                    units.decimal(w["recent_docs_per_second"], 0),
+                    local_time(w["last_written_at"]),
+                )
+                for w in r["workers"]
+            ],
+            numeric=(1, 2, 3, 4),
+        )
+    if r["history"]:
+        _history(s, r["history"])
+    if r["state"] == "running":
+        s.next("reindex run")
+    elif r["state"] == "complete" and not r["is_live"]:
+        s.next("reindex verify", "reindex cutover")
+
+
+def _history(s: Screen, history: list[dict[str, Any]]) -> None:
+    s.table(
+        "Alias history",
+        ("when", "action", "from", "to", "state"),
+        [
+            (
+                local_time(h["at"]),
+                h["action"] + (" (forced)" if h["forced"] else ""),
+                h["old"] or units.NONE,
+                h["new"],
+                h["state"],
+            )
+            for h in history[-LISTED:]
+        ],
+    )
+
+
+def verify(s: Screen, c: dict[str, Any]) -> None:
+    if not c["target_exists"]:
+        s.headline(f"Not complete: {c['target']} does not exist yet.", ok=False)
+        s.next("reindex run")
+        return
+    _coverage(s, c)
+    if c["complete"]:
+        s.next("reindex cutover")
+
+
+def _coverage(s: Screen, c: dict[str, Any]) -> None:
+    if c["complete"]:
+        s.headline(
+            f"Complete: every one of {count(c['source_documents'], 'source document')} has a current vector "
+            f"in {c['target']}"
+            + (f" or a dead letter ({integer(c['dead_letters'])})" if c["dead_letters"] else ""),
+            ok=True,
+        )
+    else:
+        s.headline(f"Not complete: {c['target']} has {_problems(c)}", ok=False)
+    fingerprints = c["fingerprints"]
+    expected = c["expected_fingerprint"]
+    s.facts(
+        [
+            (
+                "vectors",
+                f"{integer(c['target_vectors'])} for {count(c['source_documents'], 'source document')}",
+            ),
+            (
+                "fingerprints",
+                ", ".join(
+                    f"{fp}{' (expected)' if fp == expected else ''}: {integer(n)}"
+                    for fp, n in fingerprints.items()
+                )
+                or units.NONE,
+            ),
+            ("checked", f"in {duration(c['seconds'])} ({units.rate(c['ids_per_second'], 'ids')})"),
+        ]
+    )
+    problems = [
+        (name, integer(c[key]), ", ".join(c["examples"].get(key, [])[:3]))
+        for key, name in (
+            ("missing", "missing"),
+            ("stale", "stale (text changed)"),
+            ("orphaned", "orphaned (document gone)"),
+            ("invalid_vectors", "invalid vectors"),
+            ("unhashed", "without content hash"),
+            ("conflicting", "ids with two texts"),
+        )
+        if c[key]
+    ]
+    if problems:
+        s.table("", ("problem", "vectors", "examples"), problems, numeric=(1,))
+    if c.get("dead_letter_ceiling") is not None and c["dead_letters"] > c["dead_letter_ceiling"]:
+        s.warn(
+            f"{count(c['dead_letters'], 'dead letter')} exceed [run] max_dead_letters "
+            f"({integer(c['dead_letter_ceiling'])} for this source)"
+        )
+    if c.get("sample"):
+        sample = c["sample"]
+        s.line(
+            f"Re-embedding check: {integer(sample['checked'])} sampled, {integer(sample['failures'])} differ "
+            f"(cosine below {sample['threshold']})"
+        )
+
+
+def _problems(c: dict[str, Any]) -> str:
+    names = {
+        "missing": "missing",
+        "stale": "stale",
+        "orphaned": "orphaned",
+        "invalid_vectors": "invalid",
+        "unhashed": "without content hash",
+        "conflicting": "of ids with two texts",
+    }
+    parts = [f"{integer(c[k])} {name}" for k, name in names.items() if c.get(k)]
+    others = sum(n for fp, n in (c.get("fingerprints") or {}).items() if fp != c.get("expected_fingerprint"))
+    if others:
+        parts.append(f"{integer(others)} of another model")
+    if c.get("sample") and not c["sample"]["passed"]:
+        parts.append(f"{integer(c['sample']['failures'])} differing from a fresh embedding")
+    if c.get("dead_letter_ceiling") is not None and c.get("dead_letters", 0) > c["dead_letter_ceiling"]:
+        parts.append("too many dead letters")
+    return ", ".join(parts) or "no problem found"
+
+
+def inspect(s: Screen, r: dict[str, Any]) -> None:
+    serving = f", served by alias {r['alias']}" if r["alias_target"] == r["inspected"] else ""
+    s.headline(f"{r['inspected']}{serving}")
+    built = (
+        model_line(r["model"]) if r["built_by_reindex"] else "not built by reindex (no fingerprint recorded)"
+    )
+    s.facts([("model", built)])
+    _coverage(s, r["coverage"])
+
+
+# compare ------------------------------------------------------------------------------------------------
+
+_THRESHOLD_OF: dict[str, str | None] = {
+    "overlap_at_k": "min_overlap_at_k",
+    "rbo": "min_rbo",
+    "ann_recall": "min_ann_recall",
+    "ndcg_new": "min_ndcg_at_10",
+    "recall_new": "min_recall_at_k",
+    "ndcg_drop": "max_ndcg_drop",
+    "ndcg_live": None,
+}
+
+
+def compare(s: Screen, q: dict[str, Any]) -> None:
+    against = (
+        f"against the live index {q['live']}" if q["live"] else "(the alias serves it already: no live side)"
+    )
+    s.headline(
+        f"Quality of {q['target']} {against}: {count(q['sample'], 'sampled query', 'sampled queries')}, "
+        f"k = {q['k']}, {q['distance']} distance"
+    )
+    gate = q["gate"]
+    thresholds = gate["thresholds"]
+    rows = []
+    for key, label, measured in _quality_metrics(q):
+        name = _THRESHOLD_OF[key]
+        limit = thresholds.get(name) if name else None
+        bound = (
+            units.NONE
+            if name is None or limit is None
+            else (f"≤ {limit}" if name.startswith("max_") else f"≥ {limit}")
+        )
+        rows.append((label, units.NONE if measured is None else f"{measured:.4f}", bound))
+    s.table("", ("metric", "value", "gate"), rows, numeric=(1,))
+    for example in ((q.get("neighbours") or {}).get("examples") or [])[:3]:
+        s.line(f"changed most: {example['id']} (overlap {example['overlap']:.2f}) {example['text'][:80]!r}")
+    if gate["passed"]:
+        s.headline(
+            "Gate passed." if thresholds else "No [gate] thresholds set: nothing is enforced.", ok=True
+        )
+    else:
+        s.headline("Gate FAILED: cutover will refuse without --force.", ok=False)
+        for failure in gate["failures"]:
+            s.line(f"  - {failure}")
+
+
+def _quality_metrics(q: dict[str, Any]) -> list[tuple[str, str, float | None]]:
+    k = q["k"]
+    neighbours = q.get("neighbours") or {}
+    judged = q.get("judged") or {}
+    new, live = judged.get("new") or {}, judged.get("live") or {}
+    drop = (
+        live["ndcg_at_10"] - new["ndcg_at_10"]
+        if live.get("ndcg_at_10") is not None and new.get("ndcg_at_10") is not None
+        else None
+    )
+    rows: list[tuple[str, str, float | None]] = [
+        ("overlap_at_k", f"overlap@{k}, live vs new", neighbours.get("overlap_at_k")),
+        ("rbo", "rank-biased overlap (p = 0.9)", neighbours.get("rbo")),
+        ("ann_recall", f"ANN recall@{k} of the new index", (q.get("ann") or {}).get("recall_at_k")),
+    ]
+    if judged:
+        jk = judged.get("k", k)
+        rows += [
+            ("ndcg_new", "nDCG@10, new model", new.get("ndcg_at_10")),
+            ("recall_new", f"Recall@{jk}, new model", new.get("recall_at_k")),
+            ("ndcg_drop", "nDCG@10 drop (live − new)", drop),
+        ]
+        if live:
+            rows.insert(-1, ("ndcg_live", "nDCG@10, live model", live.get("ndcg_at_10")))
+    return rows
+
+
+# alias moves ---------------------------------------------------------------------------------------------
+
+
+def alias_move(s: Screen, m: dict[str, Any]) -> None:
+    verb = "rolled back to" if m["action"] == "rollback" else "now serves"
+    if not m["changed"]:
+        s.headline(f"Alias {m['alias']} already serves {m['target']}: nothing changed.", ok=True)
+        return
+    was = f" (was {m['previous']})" if m["previous"] else ""
+    s.headline(f"Alias {m['alias']} {verb} {m['target']}{was}.", ok=not m["forced"])
+    if m["forced"]:
+        s.warn("forced past a failed verification or quality gate; recorded in the alias history")
+    if m["action"] == "rollback":
+        s.line(f"Undo with: reindex cutover -c {s.config}")
+    else:
+        s.line(f"Roll back with: reindex rollback -c {s.config}")
+
+
+def prune(s: Screen, r: dict[str, Any]) -> None:
+    would = r.get("dry_run")
+    if not r["dropped"]:
+        s.headline(f"Nothing to drop for alias {r['alias']}.", ok=True)
+    else:
+        s.headline(f"{'Would drop' if would else 'Dropped'} {', '.join(r['dropped'])}.")
+    s.facts([("kept", ", ".join(r["kept"]) or units.NONE)])
+    if would and r["dropped"]:
+        s.line(f"Drop them: reindex prune -c {s.config}")
+
+
+def resolve(s: Screen, r: dict[str, Any]) -> None:
+    target = r["target"] or f"{r['alias']} (a table or collection, not an alias yet)"
+    s.headline(f"Alias {r['alias']} → {target}")
+    model = r.get("model") or {}
+    rows = [("model", model_line(model) if model else "unknown: not built by reindex")]
+    options = model.get("options") or {}
+    if options.get("prompt"):
+        rows.append(("query prefix", f"documents were embedded with prompt {options['prompt']!r}"))
+    if "normalize" in options:
+        rows.append(("normalized", "yes" if options["normalize"] else "no"))
+    s.facts(rows)
+    if model:
+        s.line("Embed queries with this model so they compare with the stored vectors.")
+
+
+RENDERERS: dict[str, Callable[[Screen, dict[str, Any]], None]] = {
+    "plan": plan,
+    "run": run,
+    "status": status,
+    "verify": verify,
+    "compare": compare,
+    "cutover": alias_move,
+    "rollback": alias_move,
+    "prune": prune,
+    "inspect": inspect,
+    "resolve": resolve,
+    "sync": sync,
+    "dlq list": dlq_list,
+    "dlq retry": dlq_retry,
+}
+
+
+def show(console: Console, verb: str, data: dict[str, Any], config: str) -> None:
+    RENDERERS[verb](Screen(console, config), data)
