@@ -80,14 +80,9 @@ class Survey:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["alias"] = (
-            None
-            if self.alias is None
-            else {
-                "target": self.alias.target,
-                "fingerprint": self.alias.fingerprint,
-            }
-        )
+        data["is_alias"] = self.alias is not None
+        if self.alias is not None:
+            data["alias"] = {"target": self.alias.target, "fingerprint": self.alias.fingerprint}
         return data
 
 

@@ -124,7 +124,7 @@ def test_a_view_an_earlier_migration_made_is_recognised_as_the_alias(
     report = json.loads(stdout)
     found = report["found"]
     assert found["relation"] == "view" and found["documents"] == DOCUMENTS
-    assert found["alias"]["target"] == served and found["alias"]["fingerprint"]
+    assert found["is_alias"] and found["alias"]["target"] == served and found["alias"]["fingerprint"]
     assert found["id"] == {"field": "id", "reason": "the primary key", "others": []}  # the target's key
     assert found["text"]["field"] == "body" and found["text"]["others"] == ["title"]
     assert set(found["text_lengths"]) == {"title", "body"}  # the bookkeeping columns are no documents' text
@@ -183,7 +183,7 @@ def test_a_langchain_qdrant_collection_behind_an_alias(tiny_model: Path) -> None
         4,
         "cosine",
     )
-    assert found["alias"] == {"target": "lc_v1", "fingerprint": None}
+    assert found["is_alias"] and found["alias"] == {"target": "lc_v1", "fingerprint": None}
     assert found["text"] == {
         "field": "page_content",
         "reason": "a well-known name",
