@@ -1041,13 +1041,18 @@ def _pick_vector(table: str, attributes: dict[str, _Attribute], name: str | None
 
 
 def _detect_distance(conn: Connection, oid: int, column: str) -> Distance:
+    """The metric of the column's ANN index; cosine when it has none (the common choice)."""
+    return _index_distance(conn, oid, column) or "cosine"
+
+
+def _index_distance(conn: Connection, oid: int, column: str) -> Distance | None:
     """Read the metric from the ANN index opclass (the table's, or the base table's for a view)."""
     relations = [oid, *_base_tables(conn, oid)]
     for (opclass,) in conn.execute(_OPCLASS_SQL, [relations, column]).fetchall():
         for suffix, distance in _DISTANCES.items():
             if str(opclass).endswith(suffix):
                 return distance
-    return "cosine"
+    return None
 
 
 def _read_layout(conn: Connection, name: str) -> _Layout | None:

@@ -33,6 +33,7 @@ from typer.core import TyperGroup
 
 from reindex import commands, plan_html, report_html, terminal, units
 from reindex import config as config_module
+from reindex import init as init_module
 from reindex import report as report_module
 from reindex.errors import ReindexError, VerificationFailed
 
@@ -341,6 +342,125 @@ def sync(config: ConfigOption, as_json: JsonOption = False) -> None:
     """Re-embed what changed in the source since the run and delete what vanished (repeatable)."""
     cfg = _load(config)
     _render(_guarded(lambda: commands.sync(cfg)), as_json, "sync", config)
+
+
+@app.command("init")
+def init_config(
+    path: Annotated[Path, typer.Argument(help="the config file to write; an existing one is never replaced")],
+    model: Annotated[
+        str,
+        typer.Option(
+            help="the new model: a Hugging Face name, a local path, or a provider's model name",
+            rich_help_panel="Embedder",
+        ),
+    ],
+    table: Annotated[
+        str | None,
+        typer.Option(help="Postgres source: the table or view applications read", rich_help_panel="Source"),
+    ] = None,
+    source_dsn_env: Annotated[
+        str | None, typer.Option(help="the variable holding the source DSN", rich_help_panel="Source")
+    ] = None,
+    source_dsn: Annotated[
+        str | None, typer.Option(help="a source DSN without a password", rich_help_panel="Source")
+    ] = None,
+    collection: Annotated[
+        str | None, typer.Option(help="Qdrant source: the collection or alias", rich_help_panel="Source")
+    ] = None,
+    source_url: Annotated[
+        str | None, typer.Option(help="the source Qdrant server", rich_help_panel="Source")
+    ] = None,
+    source_path: Annotated[
+        str | None, typer.Option(help="the source Qdrant local storage folder", rich_help_panel="Source")
+    ] = None,
+    source_api_key_env: Annotated[
+        str | None, typer.Option(help="the variable holding the Qdrant API key", rich_help_panel="Source")
+    ] = None,
+    file: Annotated[
+        Path | None, typer.Option(help="file source: a .jsonl or .parquet export", rich_help_panel="Source")
+    ] = None,
+    target: Annotated[
+        str | None,
+        typer.Option(help="pgvector or qdrant (default: the source's backend)", rich_help_panel="Target"),
+    ] = None,
+    target_dsn_env: Annotated[
+        str | None, typer.Option(help="default: the source's", rich_help_panel="Target")
+    ] = None,
+    target_dsn: Annotated[
+        str | None, typer.Option(help="without a password", rich_help_panel="Target")
+    ] = None,
+    target_url: Annotated[
+        str | None, typer.Option(help="default: the source's", rich_help_panel="Target")
+    ] = None,
+    target_path: Annotated[
+        str | None, typer.Option(help="default: the source's", rich_help_panel="Target")
+    ] = None,
+    target_api_key_env: Annotated[
+        str | None, typer.Option(help="default: the source's", rich_help_panel="Target")
+    ] = None,
+    alias: Annotated[
+        str | None, typer.Option(help="default: the name applications read now", rich_help_panel="Target")
+    ] = None,
+    embedder: Annotated[
+        str | None,
+        typer.Option(
+            help="sentence-transformers, vllm, openai or openai-batch (default: from --model)",
+            rich_help_panel="Embedder",
+        ),
+    ] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option(help="openai kinds (default OPENAI_API_KEY)", rich_help_panel="Embedder")
+    ] = None,
+    id_column: Annotated[
+        str | None,
+        typer.Option(
+            "--id-column", "--id-field", help="instead of the detected one", rich_help_panel="Fields"
+        ),
+    ] = None,
+    text_column: Annotated[
+        str | None,
+        typer.Option(
+            "--text-column", "--text-field", help="instead of the detected one", rich_help_panel="Fields"
+        ),
+    ] = None,
+    vector_column: Annotated[
+        str | None,
+        typer.Option(
+            "--vector-column", "--vector-name", help="instead of the detected one", rich_help_panel="Fields"
+        ),
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write a commented config from what the source shows: id, text and vector fields, size, alias state."""
+    request = init_module.InitRequest(
+        model=model,
+        table=table,
+        source_dsn_env=source_dsn_env,
+        source_dsn=source_dsn,
+        collection=collection,
+        source_url=source_url,
+        source_path=source_path,
+        source_api_key_env=source_api_key_env,
+        file=file,
+        target=target,
+        target_dsn_env=target_dsn_env,
+        target_dsn=target_dsn,
+        target_url=target_url,
+        target_path=target_path,
+        target_api_key_env=target_api_key_env,
+        alias=alias,
+        embedder=embedder,
+        api_key_env=api_key_env,
+        id_field=id_column,
+        text_field=text_column,
+        vector_field=vector_column,
+    )
+    report = _guarded(lambda: init_module.init(path, request))
+    if as_json:
+        _render(report, True, "init")
+        return
+    for line in report.summary_lines():
+        out.print(line, highlight=False, markup=False)
 
 
 dlq = typer.Typer(no_args_is_help=True, help="Dead letters: documents that could not be embedded.")

@@ -135,9 +135,16 @@ class Config:
 def load(path: Path) -> Config:
     """Parse and validate `path`; every problem is a ConfigError naming the section and key."""
     try:
-        raw = tomllib.loads(path.read_text())
+        text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} not found", hint="pass -c <path to a .toml>") from None
+    return parse(text, path)
+
+
+def parse(text: str, path: Path) -> Config:
+    """Validate a config's text as `load` does (`path` names it in messages), e.g. before writing it."""
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     unknown = sorted(set(raw) - set(SECTIONS))

@@ -37,6 +37,16 @@ SINKS: dict[str, str] = {
     "qdrant": "adapters.qdrant:QdrantSink",
     "memory": "adapters.memory:MemorySink",
 }
+# source kind -> the function `reindex init` calls to see a source's fields, size, vectors and alias
+SURVEYS: dict[str, str] = {
+    "postgres": "adapters.postgres_survey:survey",
+    "qdrant": "adapters.qdrant_survey:survey",
+    "jsonl": "adapters.files_survey:survey_jsonl",
+    "parquet": "adapters.files_survey:survey_parquet",
+}
+PROVIDER_PRICES = (
+    "adapters.openai:PRICES"  # models with a list price: `reindex init` gives them the openai kind
+)
 LEDGERS: dict[str, str] = {
     "postgres": "adapters.postgres_ledger:PostgresLedger",
 }
@@ -73,6 +83,17 @@ def probe_backends() -> dict[str, Any]:
     module_name, _, name = BACKENDS_PROBE.partition(":")
     probe: dict[str, Any] = getattr(importlib.import_module(module_name), name)()
     return probe
+
+
+def resolve_survey(kind: str) -> Any:
+    module_name, _, name = SURVEYS[kind].partition(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def provider_models() -> list[str]:
+    """Model names a provider sells (configs/pricing.toml, mirrored in the openai adapter)."""
+    module_name, _, name = PROVIDER_PRICES.partition(":")
+    return sorted(getattr(importlib.import_module(module_name), name))
 
 
 def resolve_ledger(kind: str) -> Any:

@@ -1,0 +1,339 @@
+"""`reindex init` on real sources: the file it writes loads, `reindex plan` runs on it, secrets stay out."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from qdrant_client import QdrantClient, models
+from typer.testing import CliRunner
+
+from reindex import commands
+from reindex.cli import app
+from reindex.config import load
+
+runner = CliRunner()
+DOCUMENTS = 40
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def unwrapped(path: str) -> str:
+    """The file's text with comment marks and line breaks taken out: wrapped comments read as one line."""
+    return " ".join(Path(path).read_text().replace("#", " ").split())
+
+
+def planned(config: str) -> dict:
+    code, stdout, stderr = invoke("plan", "-c", config, "--json", "--no-calibrate")
+    assert code == 0, stdout + stderr
+    return json.loads(stdout)
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Relative paths in the written file ([run] state, a local store) resolve here."""
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture
+def source_dsn(pg_dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("REINDEX_SOURCE_DSN", pg_dsn)
+    return pg_dsn
+
+
+def make_docs(dsn: str) -> None:
+    """An application's table: a key, a short title, a body, and 8-d vectors under a cosine HNSW index."""
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE docs (id bigint PRIMARY KEY, title text, body text, embedding vector(8))")
+        conn.execute(
+            "INSERT INTO docs SELECT i, 'title ' || i, 'document ' || i || ' about topic ' || (i %% 5),"
+            " array_fill(i::real, ARRAY[8])::vector FROM generate_series(1, %s) i",
+            [DOCUMENTS],
+        )
+        conn.execute("CREATE INDEX ON docs USING hnsw (embedding vector_cosine_ops)")
+
+
+def init_table(table: str, model: Path, *extra: str) -> tuple[int, str, str]:
+    return invoke(
+        "init",
+        f"{table}.toml",
+        "--table",
+        table,
+        "--source-dsn-env",
+        "REINDEX_SOURCE_DSN",
+        "--model",
+        str(model),
+        *extra,
+    )
+
+
+def test_a_postgres_table_becomes_a_commented_config_that_plan_reads(
+    source_dsn: str, tiny_model: Path
+) -> None:
+    make_docs(source_dsn)
+    code, stdout, stderr = init_table("docs", tiny_model)
+    assert code == 0, stderr
+    assert "found: table docs, 40 rows; current vectors: embedding vector(8), cosine" in stdout
+    assert "wrote docs.toml" in stdout and "next: reindex plan -c docs.toml" in stdout
+
+    assert source_dsn not in Path("docs.toml").read_text()
+    text = unwrapped("docs.toml")
+    assert "Found: table docs, 40 rows; current vectors: embedding vector(8), cosine." in text
+    assert "docs is a plain table today: the first cutover renames it to docs__adopted" in text
+    assert 'also found: "title" (8 characters on average); --text-column picks another' in text
+    config = load(Path("docs.toml"))
+    assert config.source == {
+        "kind": "postgres",
+        "dsn_env": "REINDEX_SOURCE_DSN",
+        "table": "docs",
+        "id_column": "id",
+        "text_column": "body",
+        "vector_column": "embedding",
+    }
+    assert config.target == {"kind": "pgvector", "dsn_env": "REINDEX_SOURCE_DSN", "alias": "docs"}
+    assert config.embedder == {"kind": "sentence-transformers", "model": str(tiny_model), "normalize": True}
+
+    plan = planned("docs.toml")
+    assert plan["documents"] == DOCUMENTS and plan["alias"] == "docs" and plan["alias_is_physical"]
+
+
+def test_a_view_an_earlier_migration_made_is_recognised_as_the_alias(
+    source_dsn: str, tiny_model: Path
+) -> None:
+    make_docs(source_dsn)
+    Path("first.toml").write_text(
+        '[source]\nkind = "postgres"\ndsn_env = "REINDEX_SOURCE_DSN"\ntable = "docs"\n'
+        '[embedder]\nkind = "hash"\ndim = 8\n'
+        '[target]\nkind = "pgvector"\ndsn_env = "REINDEX_SOURCE_DSN"\nalias = "docs"\n'
+        '[run]\nstate = "first.db"\n'
+    )
+    first = load(Path("first.toml"))
+    assert commands.run(first).reconciled
+    served = commands.cutover(first).target
+
+    code, stdout, stderr = init_table("docs", tiny_model, "--json")
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    found = report["found"]
+    assert found["relation"] == "view" and found["documents"] == DOCUMENTS
+    assert found["is_alias"] and found["alias"]["target"] == served and found["alias"]["fingerprint"]
+    assert found["id"] == {"field": "id", "reason": "the primary key", "others": []}  # the target's key
+    assert found["text"]["field"] == "body" and found["text"]["others"] == ["title"]
+    assert set(found["text_lengths"]) == {"title", "body"}  # the bookkeeping columns are no documents' text
+    assert found["vector"]["field"] == "embedding" and found["dim"] == 8
+    assert report["path"] == "docs.toml" and report["next"] == "reindex plan -c docs.toml"
+    assert report["source"]["table"] == "docs" and report["target"]["alias"] == "docs"
+    assert "is already an alias: a view an earlier migration made over" in " ".join(report["notes"])
+
+    plan = planned("docs.toml")
+    assert plan["documents"] == DOCUMENTS and plan["alias_target"] == served
+
+
+def langchain_store(folder: Path) -> None:
+    """As langchain-qdrant stores chunks (unnamed vector, uuid ids, page_content + metadata), behind an alias."""
+    client = QdrantClient(path=str(folder))
+    client.create_collection(
+        "lc_v1", vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE)
+    )
+    points = [
+        models.PointStruct(
+            id=str(uuid.uuid5(uuid.NAMESPACE_DNS, f"chunk{i}")),
+            vector=[1.0, float(i), 0.5, 0.0],
+            payload={
+                "page_content": f"chunk {i} of a guide to vector search",
+                "metadata": {"source": f"doc{i}.md"},
+            },
+        )
+        for i in range(DOCUMENTS)
+    ]
+    client.upsert("lc_v1", points, wait=True)
+    create = models.CreateAlias(collection_name="lc_v1", alias_name="docs")
+    client.update_collection_aliases(
+        change_aliases_operations=[models.CreateAliasOperation(create_alias=create)]
+    )
+    client.close()
+
+
+def test_a_langchain_qdrant_collection_behind_an_alias(tiny_model: Path) -> None:
+    langchain_store(Path("store"))
+    code, stdout, stderr = invoke(
+        "init",
+        "qdrant.toml",
+        "--collection",
+        "docs",
+        "--source-path",
+        "store",
+        "--model",
+        str(tiny_model),
+        "--json",
+    )
+    assert code == 0, stderr
+    found = json.loads(stdout)["found"]
+    assert (found["relation"], found["documents"], found["dim"], found["distance"]) == (
+        "alias",
+        40,
+        4,
+        "cosine",
+    )
+    assert found["is_alias"] and found["alias"] == {"target": "lc_v1", "fingerprint": None}
+    assert found["text"] == {
+        "field": "page_content",
+        "reason": "a well-known name",
+        "others": ["metadata.source"],
+    }
+    config = load(Path("qdrant.toml"))
+    assert config.source == {
+        "kind": "qdrant",
+        "path": "store",
+        "collection": "docs",
+        "text_field": "page_content",
+    }
+    assert config.target == {"kind": "qdrant", "path": "store", "alias": "docs"}
+    plan = planned("qdrant.toml")
+    assert plan["documents"] == DOCUMENTS and plan["alias_target"] == "lc_v1"
+
+    # The collection itself, read by name: Qdrant cannot put an alias over it, and the file says what to do.
+    code, stdout, stderr = invoke(
+        "init", "plain.toml", "--collection", "lc_v1", "--source-path", "store", "--model", str(tiny_model)
+    )
+    assert code == 0, stderr
+    assert "lc_v1 is a collection, and Qdrant cannot put an alias over one" in " ".join(stdout.split())
+    assert "(e.g. lc_v1_live -> lc_v1)" in unwrapped("plain.toml")
+
+
+def write_export(path: Path) -> None:
+    rows = [
+        {
+            "doc_id": f"d{i}",
+            "title": f"t{i}",
+            "content": f"exported row {i} with its text",
+            "embedding": [0.5] * 6,
+        }
+        for i in range(DOCUMENTS)
+    ]
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    else:
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows) + "\n")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_an_export_file_goes_to_the_target_it_is_given(
+    suffix: str, pg_dsn: str, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REINDEX_TARGET_DSN", pg_dsn)
+    write_export(Path(f"export{suffix}"))
+    code, _, stderr = invoke("init", "export.toml", "--file", f"export{suffix}", "--model", str(tiny_model))
+    assert code == 2 and "a file source needs a target" in stderr and not Path("export.toml").exists()
+
+    code, _, stderr = invoke(
+        "init", "export.toml", "--file", f"export{suffix}", "--model", str(tiny_model),
+        "--target", "pgvector", "--target-dsn-env", "REINDEX_TARGET_DSN",
+    )  # fmt: skip
+    assert code == 0, stderr
+    config = load(Path("export.toml"))
+    kind = suffix.lstrip(".")
+    assert config.source == {
+        "kind": kind,
+        "path": f"export{suffix}",
+        "id_field": "doc_id",
+        "text_field": "content",
+    }
+    assert config.target == {"kind": "pgvector", "dsn_env": "REINDEX_TARGET_DSN", "alias": "export"}
+    assert "embedding looks like old vectors (6 floats)" in unwrapped("export.toml")
+    assert planned("export.toml")["documents"] == DOCUMENTS
+
+
+def test_a_provider_model_gets_the_openai_kind_and_its_key_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    write_export(Path("export.jsonl"))
+    code, stdout, stderr = invoke(
+        "init", "openai.toml", "--file", "export.jsonl", "--model", "text-embedding-3-small",
+        "--target", "qdrant", "--target-path", "store",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert load(Path("openai.toml")).embedder == {
+        "kind": "openai",
+        "model": "text-embedding-3-small",
+        "api_key_env": "OPENAI_API_KEY",
+    }
+    assert "note: OPENAI_API_KEY is not set here" in stdout
+
+
+def test_ambiguous_text_columns_pick_the_longest_and_name_the_others(
+    source_dsn: str, tiny_model: Path
+) -> None:
+    with psycopg.connect(source_dsn) as conn:
+        conn.execute(
+            "CREATE TABLE notes (ref text PRIMARY KEY, headline text, summary text, author varchar(40))"
+        )
+        conn.execute(
+            "INSERT INTO notes SELECT 'n' || i, 'headline ' || i, repeat('a longer summary ', 4), 'ann'"
+            " FROM generate_series(1, 10) i"
+        )
+        conn.execute("CREATE TABLE loose (label text, words text)")
+
+    code, _, stderr = init_table("notes", tiny_model)
+    assert code == 0, stderr
+    text = unwrapped("notes.toml")
+    assert 'id_column = "ref"' in text and 'text_column = "summary"' in text
+    assert "the longest average text in a sample (68 characters)" in text
+    assert (
+        'also found: "headline" (10 characters on average), "author" (3 characters on average);'
+        " --text-column picks another"
+    ) in text
+
+    code, _, stderr = invoke(
+        "init", "headline.toml", "--table", "notes", "--source-dsn-env", "REINDEX_SOURCE_DSN",
+        "--model", str(tiny_model), "--text-column", "headline",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert load(Path("headline.toml")).source["text_column"] == "headline"
+
+    code, _, stderr = init_table("loose", tiny_model)
+    assert code == 2 and "no usable id column in table loose" in stderr and "--id-column NAME" in stderr
+    assert not Path("loose.toml").exists()
+
+
+def test_an_existing_file_is_never_overwritten() -> None:
+    Path("docs.toml").write_text("# mine\n")
+    code, stdout, stderr = invoke("init", "docs.toml", "--file", "docs.jsonl", "--model", "m")
+    assert code == 2 and "docs.toml already exists" in stderr and "choose another file name" in stderr
+    code, stdout, stderr = invoke("init", "docs.toml", "--file", "docs.jsonl", "--model", "m", "--json")
+    assert code == 2 and json.loads(stdout)["error"]["message"].startswith("docs.toml already exists")
+    assert Path("docs.toml").read_text() == "# mine\n"
+
+
+@pytest.mark.parametrize(
+    "dsn", ["postgresql://app:s3cret@db.example/docs", "host=db.example dbname=docs password=s3cret"]
+)
+def test_a_dsn_with_a_password_on_the_command_line_is_refused(dsn: str) -> None:
+    code, stdout, stderr = invoke("init", "docs.toml", "--table", "docs", "--source-dsn", dsn, "--model", "m")
+    assert code == 2 and "--source-dsn holds a password" in stderr and "--source-dsn-env" in stderr
+    assert "s3cret" not in stdout + stderr and not Path("docs.toml").exists()
+
+
+def test_a_missing_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REINDEX_NOWHERE", raising=False)
+    code, stdout, _ = invoke(
+        "init",
+        "docs.toml",
+        "--table",
+        "docs",
+        "--source-dsn-env",
+        "REINDEX_NOWHERE",
+        "--model",
+        "m",
+        "--json",
+    )
+    error = json.loads(stdout)["error"]
+    assert code == 2 and error["code"] == 2 and "REINDEX_NOWHERE is not set" in error["message"]
+    assert not Path("docs.toml").exists()
