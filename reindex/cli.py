@@ -457,7 +457,7 @@ def init_config(
     )
     report = _guarded(lambda: init_module.init(path, request))
     if as_json:
-        _render(report, True, "init")
+        out.print_json(json.dumps(report.to_json(), default=str))
         return
     for line in report.summary_lines():
         out.print(line, highlight=False, markup=False)
