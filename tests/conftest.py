@@ -68,10 +68,11 @@ def _stop_at_once(data: Path) -> None:
 def pg_dsn(pg_server: str) -> str:
     """A fresh database with the vector extension, so tests never see each other's tables."""
     import psycopg
+    from psycopg import sql
 
     name = f"t{os.getpid()}_{next(_databases)}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')  # test-only: name is generated above
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = pg_server.replace("/postgres?", f"/{name}?")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from typer.testing import CliRunner
 
 from reindex.cli import app
@@ -116,8 +117,9 @@ def test_incomplete_target_fails_verify_and_refuses_cutover(configs: tuple[Path,
     code, plan, _ = invoke("plan", "-c", str(new), "--json", "--no-calibrate")
     target = plan["target"] if plan else ""
     with psycopg.connect(pg_dsn) as conn:
-        conn.execute(f'DELETE FROM "{target}" WHERE id IN (SELECT id FROM "{target}" LIMIT 3)')
-        conn.execute(f"UPDATE \"{target}\" SET reindex_content_hash = 'x' WHERE id = 'd0007'")
+        table = sql.Identifier(target)
+        conn.execute(sql.SQL("DELETE FROM {0} WHERE id IN (SELECT id FROM {0} LIMIT 3)").format(table))
+        conn.execute(sql.SQL("UPDATE {} SET reindex_content_hash = 'x' WHERE id = 'd0007'").format(table))
     code, report, _ = invoke("verify", "-c", str(new), "--json")
     assert code == 3 and report is not None and (report["missing"], report["stale"]) == (3, 1)
     code, _, stderr = invoke("cutover", "-c", str(new))

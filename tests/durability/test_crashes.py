@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
+from psycopg import sql
 
 from adapters.memory import HashEmbedder
 from reindex.crashpoints import POINTS
@@ -45,7 +46,9 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callab
                 exists = conn.execute("SELECT to_regclass(%s)", [target]).fetchone()
                 if exists is None or exists[0] is None:
                     return stored
-                for doc_id, vector in conn.execute(f'SELECT id, embedding FROM "{target}"'):
+                for doc_id, vector in conn.execute(
+                    sql.SQL("SELECT id, embedding FROM {}").format(sql.Identifier(target))
+                ):
                     stored.setdefault(doc_id, []).append(_array(vector))
             return stored
 
@@ -228,7 +231,9 @@ def test_terminated_connections_never_lose_a_vector(tmp_path: Path, pg_dsn: str)
             from pgvector.psycopg import register_vector
 
             register_vector(conn)
-            for doc_id, vector in conn.execute(f'SELECT id, embedding FROM "{target}"'):
+            for doc_id, vector in conn.execute(
+                sql.SQL("SELECT id, embedding FROM {}").format(sql.Identifier(target))
+            ):
                 stored.setdefault(doc_id, []).append(_array(vector))
         return stored
 
