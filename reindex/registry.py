@@ -7,6 +7,7 @@ entry-point groups with the same "module:Class" value.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from importlib.metadata import entry_points
 from typing import Any, Literal
@@ -63,8 +64,14 @@ _TABLES: dict[Role, tuple[dict[str, str], str]] = {
 
 def kinds(role: Role) -> dict[str, str]:
     table, group = _TABLES[role]
-    plugins = {ep.name: ep.value for ep in entry_points(group=group)}
-    return {**plugins, **table}
+    return {**_plugins(group), **table}
+
+
+@functools.cache
+def _plugins(group: str) -> dict[str, str]:
+    """The group's entry points, read once per process: reading them walks the metadata of every installed
+    distribution (milliseconds each time), and configs are checked and adapters built many times a run."""
+    return {ep.name: ep.value for ep in entry_points(group=group)}
 
 
 def resolve(role: Role, kind: str) -> Any:
