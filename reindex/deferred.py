@@ -4,8 +4,9 @@
          → release files → Job(released) → every job of the shard released, its copies written → shard recorded
 
 Every step is a ledger state written before the next side effect, and the job key is deterministic
-(`<plan>-<seq>-<attempt>`), so a crash anywhere, even between the provider creating a batch and the
-ledger learning its id, is recovered by submitting the same key again: the embedder adopts the job.
+(`<plan>-<nonce>-<seq>-<attempt>`), so a crash anywhere, even between the provider creating a batch and the
+ledger learning its id, is recovered by submitting the same key again: the embedder adopts the job. The
+run's nonce is made anew by `run --fresh`: the batches of a forgotten run are never adopted.
 
 The ledger holds no document text: an item is (custom_id, doc_id, content_hash, tokens). Whenever lines go
 out again (a later attempt, an intent recovered after a crash, stragglers sent online, copies taken over),
@@ -96,6 +97,7 @@ class DeferredRun:
         self.on_progress = on_progress or (lambda progress: None)
         self.progress = Progress()
         self.jobs: dict[str, Job] = {job.key: job for job in ledger.jobs(plan_id)}
+        self._keys = {(job.seq, job.attempt): job.key for job in self.jobs.values()}
 
     def run(self) -> Progress:
         """Submit shards up to `max_open_jobs`, collect finished jobs, until the source is exhausted."""
@@ -136,7 +138,7 @@ class DeferredRun:
             for record, digest, index in zip(shard.records, shard.hashes, shard.owner, strict=True)
         )
         copies = tuple((record.id, digest, owner) for record, digest, owner in shard.copies)
-        job = Job(_key(self.plan_id, seq, 0), seq, 0, "intent", None, after, shard.last_cursor, items)
+        job = Job(self._key(seq, 0), seq, 0, "intent", None, after, shard.last_cursor, items)
         job = replace(job, documents=shard.documents, duplicates=shard.duplicates, copies=copies)
         self._save(replace(job, truncated=shard.truncated, dead=tuple(shard.dead)))
         claimed = [(d.content_hash, d.reason) for d in shard.dead if d.content_hash in shard.claimed]
@@ -237,8 +239,8 @@ class DeferredRun:
         dead += refused
         self._settle_texts(*_text_states(job.items, written, dead, again, self._claimed(job.seq)))
         crashpoints.crash_if_armed("job_after_write")
-        if again and _key(self.plan_id, job.seq, job.attempt + 1) not in self.jobs:
-            key = _key(self.plan_id, job.seq, job.attempt + 1)
+        if again and self._job(job.seq, job.attempt + 1) is None:
+            key = self._key(job.seq, job.attempt + 1)
             self._send(
                 Job(key, job.seq, job.attempt + 1, "intent", None, job.after_cursor, job.last_cursor, again)
             )
@@ -320,7 +322,7 @@ class DeferredRun:
             attempt = max(j.attempt for j in chain) + 1
             taken = lost + found.lost
             items = tuple(_item(seq, record, text_hash(record) or digest) for record, digest, _ in taken)
-            key = _key(self.plan_id, seq, attempt)
+            key = self._key(seq, attempt)
             job = Job(key, seq, attempt, "intent", None, first.after_cursor, first.last_cursor, items)
             self._send(
                 replace(job, copies=tuple((record.id, digest, owner) for record, digest, owner in taken))
@@ -401,7 +403,19 @@ class DeferredRun:
 
     def _claimed(self, seq: int) -> set[str]:
         """The texts this shard claimed for the run (its first job's); only it may give them up."""
-        return {item[2] for item in self.jobs[_key(self.plan_id, seq, 0)].items}
+        first = self._job(seq, 0)
+        assert first is not None, f"shard {seq} has no first job"
+        return {item[2] for item in first.items}
+
+    def _key(self, seq: int, attempt: int) -> str:
+        """The job's key, which the provider keeps with the batch: the same after a crash, so the batch is
+        adopted, never sent twice; another after `run --fresh` (a new nonce), so a batch of the forgotten
+        run, built from the texts of its day, is never adopted for today's texts."""
+        return f"{self.plan_id}-{self.spec.nonce[:8]}-{seq}-{attempt}"
+
+    def _job(self, seq: int, attempt: int) -> Job | None:
+        key = self._keys.get((seq, attempt))
+        return self.jobs[key] if key is not None else None
 
     def _owners(self) -> list[str]:
         return [item[1] for job in self._in_flight() for item in job.items]
@@ -414,6 +428,7 @@ class DeferredRun:
     def _save(self, job: Job) -> None:
         retrying(self.ledger.record_job, self.plan_id, job)
         self.jobs[job.key] = job
+        self._keys[(job.seq, job.attempt)] = job.key
 
 
 def _text_states(
@@ -452,10 +467,6 @@ def _text_id(seq: int, digest: str) -> str:
 
 def _custom_ids(job: Job) -> list[str]:
     return list(dict.fromkeys(item[0] for item in job.items))
-
-
-def _key(plan_id: str, seq: int, attempt: int) -> str:
-    return f"{plan_id}-{seq}-{attempt}"
 
 
 def _fetch(source: Source, ids: Sequence[str]) -> list[Record]:

@@ -411,3 +411,14 @@ def test_sync_on_qdrant_with_nothing_dead_lettered_does_not_fail() -> None:
         level(world)
     finally:
         world.close()
+
+
+def test_a_fresh_run_never_adopts_a_provider_batch_of_the_run_it_forgot(world: World) -> None:
+    """`run --fresh` forgets the ledger's jobs, but the provider keeps their batches under their keys. A
+    first job's key was `<plan>-<seq>-0` whatever the run, so the fresh run's first job adopted the
+    forgotten run's batch and wrote the vector of a document's old text under its new hash; verify,
+    which compares hashes, said complete. Found by the deferred lifecycle model."""
+    batch_world(world)
+    world.store.edit("a", "alpha  beta")  # after the run: the old batch holds the vector of "alpha"
+    commands.run(world.config(), fresh=True)
+    level(world)
