@@ -135,7 +135,7 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
             f"{count(p['unreadable_or_empty'], 'document')} will be dead letters (unreadable or empty text)"
         )
     if p["alias_target"] != p["target"] and (p["alias_target"] or p["alias_is_physical"]):
-        serves = p["alias_target"] or f"the table or collection {p['alias']}"
+        serves = p["alias_target"] or "the plain table or collection itself"
         s.warn(f"`reindex cutover` will change what alias {p['alias']} serves (now {serves})")
     s.line("Nothing was changed.")
     s.next("reindex run")
@@ -177,7 +177,10 @@ def _plan_target(p: dict[str, Any]) -> str:
 
 def _plan_alias(p: dict[str, Any]) -> str:
     if p["alias_is_physical"]:
-        return f"{p['alias']} is a table or collection now; cutover turns the name into an alias"
+        return (
+            f"{p['alias']} is a plain table or collection today; the first cutover keeps it for rollback "
+            "and turns the name into an alias"
+        )
     if not p["alias_target"]:
         return f"{p['alias']} does not exist yet; cutover creates it"
     if p["alias_target"] == p["target"]:

@@ -437,15 +437,15 @@ def _settings(examples: int, steps: int) -> settings:
 
 
 def test_verified_alias_serves_exactly_a_fresh_migration_of_the_current_source() -> None:
-    run_state_machine_as_test(Lifecycle, settings=_settings(20, 30))
+    run_state_machine_as_test(Lifecycle, settings=_settings(40, 30))
 
 
 def test_with_duplicate_ids_verify_still_means_a_fresh_migration() -> None:
-    run_state_machine_as_test(LifecycleWithDuplicateIds, settings=_settings(8, 25))
+    run_state_machine_as_test(LifecycleWithDuplicateIds, settings=_settings(16, 25))
 
 
 def test_deferred_path_verify_means_a_fresh_migration_and_no_text_is_billed_twice() -> None:
-    run_state_machine_as_test(DeferredLifecycle, settings=_settings(15, 25))
+    run_state_machine_as_test(DeferredLifecycle, settings=_settings(30, 25))
 
 
 @pytest.mark.parametrize("embedder", ["hash", "memory-batch"])
