@@ -8,6 +8,7 @@ with no box drawing, so logs and pipes stay readable.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -71,8 +72,9 @@ class Screen:
         if self.fancy:
             self.console.print(table)
             return
-        with self.console.capture() as captured:  # plain: no padding after the last column
-            self.console.print(table)
+        wide = Console(width=100_000, no_color=True, file=io.StringIO())  # plain: no wrapping, no padding
+        with wide.capture() as captured:
+            wide.print(table)
         for line in captured.get().splitlines():
             self.line(line.rstrip())
 
