@@ -41,6 +41,7 @@ PRICES: dict[str, dict[str, float]] = {  # USD per 1M input tokens, list prices 
     "text-embedding-3-large": {"online": 0.13, "batch": 0.065},
     "text-embedding-ada-002": {"online": 0.10, "batch": 0.05},
 }
+PACING_SHARE = 0.98  # of the per-minute budgets a pacer aims at
 MAX_INPUTS = 2048  # per request
 MAX_REQUEST_TOKENS = 300_000
 MAX_BATCH_INPUTS = 50_000  # embedding inputs per batch; also bounds its requests (50,000)
@@ -269,6 +270,11 @@ class Pacer:
             return result
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    @property
+    def allowed(self) -> int | None:
+        """Requests that may be in flight now (None: no limit)."""
+        return self._allowed
+
     def _acquire(self, tokens: int, *, is_retry: bool) -> None:
         with self._ready:
             while True:
@@ -283,10 +289,12 @@ class Pacer:
                 self._ready.wait(timeout=wait if wait > 0 else None)
 
     def _spacing(self, tokens: int) -> float:
-        """Seconds this request holds the next one back under the per-minute budgets."""
+        """Seconds this request holds the next one back under the per-minute budgets (aimed at 98% of
+        them: requests reach the provider with some jitter, and a limit enforced over short windows would
+        refuse the one that arrived early)."""
         by_requests = 60 / self.requests_per_minute if self.requests_per_minute else 0.0
         by_tokens = 60 * tokens / self.tokens_per_minute if self.tokens_per_minute else 0.0
-        return max(by_requests, by_tokens)
+        return max(by_requests, by_tokens) / PACING_SHARE
 
     def _release(
         self, busy: ProviderBusy | None, attempt: int, *, is_answer: bool = True, tokens: int = 0
@@ -527,11 +535,21 @@ class OpenAIEmbedder:
         return dict(self._rejections)
 
     def _requests(self, counts: Sequence[int]) -> list[list[int]]:
-        """Rows cut into requests within the provider's limits, and into at least `concurrency` of them
-        (balanced by tokens) when the call is big enough, so that every request slot has work."""
-        share = -(-sum(counts) // self._concurrency)
-        tokens = max(min(self._max_request_tokens, share), max(counts, default=1))
-        return request_groups(counts, self._max_inputs, tokens)
+        """Consecutive rows cut into `concurrency` shares of about equal tokens, so that every request slot
+        has work, and each share into requests within the provider's limits."""
+        shares: list[list[int]] = [[] for _ in range(self._concurrency)]
+        total, before = max(1, sum(counts)), 0
+        for row, count in enumerate(counts):
+            shares[min(self._concurrency - 1, before * self._concurrency // total)].append(row)
+            before += count
+        return [
+            [share[index] for index in group]
+            for share in shares
+            if share
+            for group in request_groups(
+                [counts[row] for row in share], self._max_inputs, self._max_request_tokens
+            )
+        ]
 
     def _embed_rows(
         self, rows: list[int], items: Sequence[Tokens], out: Vectors, rejected: dict[int, str]

@@ -188,13 +188,15 @@ class Traffic:
         self.arrivals: list[float] = []
 
     @contextmanager
-    def serving(self) -> Iterator[None]:
+    def serving(self) -> Iterator[float]:
+        """Count one request in flight while it is served; yields when it arrived."""
+        arrived = time.monotonic()
         with self.lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            self.arrivals.append(time.monotonic())
+            self.arrivals.append(arrived)
         try:
-            yield
+            yield arrived
         finally:
             with self.lock:
                 self.in_flight -= 1
@@ -244,6 +246,7 @@ class EmulatorState:
         batch_id: str | None = None,
         plan: FaultPlan | None = None,
         client: str = "anonymous",
+        arrived: float | None = None,
     ) -> Any:
         """One /v1/embeddings request; bills its tokens when it succeeds."""
         with self.lock:
@@ -254,7 +257,8 @@ class EmulatorState:
                 raise ApiError(400, "You must provide a model parameter.", param="model")
             parsed = parse_inputs(body.get("input"))
             if batch_id is None:
-                self.gate.meter(client, time.monotonic(), sum(count for _, count in parsed))
+                arrived = time.monotonic() if arrived is None else arrived  # rate limits count arrivals
+                self.gate.meter(client, arrived, sum(count for _, count in parsed))
             poison = (plan or self.gate.plan).poison_substring
             if poison and any(poison in text for text, _ in parsed):
                 raise ApiError(400, INVALID_INPUT)
@@ -493,9 +497,10 @@ async def _threaded(function: Callable[..., Any], *args: Any) -> Any:
 
 
 async def _embeddings(state: EmulatorState, request: Request) -> Any:
-    body = await _json(request)
-    with state.traffic.serving():
-        return await _threaded(functools.partial(state.embeddings, body, client=_client(request)))
+    with state.traffic.serving() as arrived:
+        body = await _json(request)
+        embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
+        return await _threaded(embed)
 
 
 async def _create_file(state: EmulatorState, request: Request) -> Any:
