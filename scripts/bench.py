@@ -249,7 +249,8 @@ def postgres(workdir: Path) -> Iterator[str]:
 
 @contextmanager
 def emulator(args: argparse.Namespace) -> Iterator[str | None]:
-    """The OpenAI emulator with the free `hash` model, in its own process (as a real endpoint would be)."""
+    """The OpenAI emulator with the free `hash` model, in its own process (as a real endpoint would be);
+    it starts while the rest is set up, and the online cases wait for it (`ready`) before timing."""
     if not set(args.cases or CASES) & set(ONLINE_CASES):
         yield None
         return
@@ -259,21 +260,30 @@ def emulator(args: argparse.Namespace) -> Iterator[str | None]:
         port = probe.getsockname()[1]
     command = [sys.executable, "-m", "adapters.openai_emulator", "--port", str(port), "--model", "hash"]
     server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.environ.setdefault(ONLINE_KEY_ENV, "sk-bench-local")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the OpenAI emulator did not start") from None
-                time.sleep(0.1)
-        os.environ.setdefault(ONLINE_KEY_ENV, "sk-bench-local")
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def ready(url: str | None, timeout: float = 30.0) -> str:
+    """`url` once the emulator there accepts connections."""
+    import socket
+    from urllib.parse import urlsplit
+
+    assert url is not None, "no emulator: run an online case"
+    address = urlsplit(url)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((address.hostname, address.port), timeout=1).close()
+            return url
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the OpenAI emulator at {url} did not start") from None
+            time.sleep(0.05)
 
 
 def set_up(args: argparse.Namespace, dsn: str) -> Bench:
@@ -550,8 +560,10 @@ def reindex_case(bench: Bench, label: str, target: dict[str, Any]) -> Sample:
 
 
 def endpoint_alone(bench: Bench, repeat: int) -> Sample:
-    """The emulator alone: the run's texts through the official SDK, base64, in the run's request shape
-    (a shard's texts split over `concurrency` requests, that many in flight), vectors decoded to numpy."""
+    """The emulator alone: the texts the run sends (see `sent_texts`), through the official SDK, base64, in
+    the run's request shape (a shard's texts split over `concurrency` requests, that many in flight), the
+    vectors decoded to numpy; docs/s counts the corpus's documents, as the run does. Preparing the texts is
+    not timed."""
     import base64
 
     from openai import OpenAI
@@ -561,9 +573,9 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
 
     concurrency = OpenAIEmbedder.Config.model_fields["concurrency"].default
     per_request = -(-RunConfig().shard_size // concurrency)
-    texts = bench.corpus.texts
+    texts = sent_texts(bench.corpus.texts)
     requests = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
-    client = OpenAI(base_url=bench.endpoint, api_key=os.environ[ONLINE_KEY_ENV], max_retries=0)
+    client = OpenAI(base_url=ready(bench.endpoint), api_key=os.environ[ONLINE_KEY_ENV], max_retries=0)
 
     def send(inputs: list[str]) -> int:
         response = client.embeddings.create(input=inputs, model=ONLINE_MODEL, encoding_format="base64")
@@ -577,7 +589,15 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
     seconds = time.perf_counter() - started
     client.close()
     extra = {"requests": len(requests), "inputs_per_request": per_request, "concurrency": concurrency}
-    return Sample(seconds, len(texts), tokens, None, None, extra)
+    return Sample(seconds, len(bench.corpus.texts), tokens, None, None, extra)
+
+
+def sent_texts(texts: Sequence[str]) -> list[str]:
+    """What the run sends for these documents: each distinct text once, cut at the model's 8,191 tokens."""
+    from adapters.openai import OpenAIEmbedder, cl100k, tokenize_texts
+
+    limit = OpenAIEmbedder.Config.model_fields["max_tokens"].default
+    return [str(item.data) for item in tokenize_texts(list(dict.fromkeys(texts)), cl100k(), limit)]
 
 
 def reindex_online(bench: Bench, repeat: int) -> Sample:
@@ -585,11 +605,10 @@ def reindex_online(bench: Bench, repeat: int) -> Sample:
     from reindex import commands
     from reindex.config import load
 
-    assert bench.endpoint is not None
     embedder = {
         "kind": "openai",
         "model": ONLINE_MODEL,
-        "base_url": bench.endpoint,
+        "base_url": ready(bench.endpoint),
         "api_key_env": ONLINE_KEY_ENV,
     }
     target = {"kind": "pgvector", "dsn": bench.dsn, "alias": f"bench_online_{repeat}"}
