@@ -562,8 +562,8 @@ def reindex_case(bench: Bench, label: str, target: dict[str, Any]) -> Sample:
 def endpoint_alone(bench: Bench, repeat: int) -> Sample:
     """The emulator alone: the texts the run sends (see `sent_texts`), through the official SDK, base64, in
     the run's request shape (a shard's texts split over `concurrency` requests, that many in flight), the
-    vectors decoded to numpy; docs/s counts the corpus's documents, as the run does. Preparing the texts is
-    not timed."""
+    raw body's base64 vectors decoded to numpy as the run decodes them; docs/s counts the corpus's
+    documents, as the run does. Preparing the texts is not timed."""
     import base64
 
     from openai import OpenAI
@@ -578,10 +578,12 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
     client = OpenAI(base_url=ready(bench.endpoint), api_key=os.environ[ONLINE_KEY_ENV], max_retries=0)
 
     def send(inputs: list[str]) -> int:
-        response = client.embeddings.create(input=inputs, model=ONLINE_MODEL, encoding_format="base64")
-        rows = [np.frombuffer(base64.b64decode(str(item.embedding)), dtype="<f4") for item in response.data]
-        np.vstack(rows)
-        return int(response.usage.prompt_tokens)
+        create = client.embeddings.with_raw_response.create  # the raw body, decoded as the run decodes it
+        body = json.loads(
+            create(input=inputs, model=ONLINE_MODEL, encoding_format="base64").http_response.content
+        )
+        np.vstack([np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for item in body["data"]])
+        return int(body["usage"]["prompt_tokens"])
 
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
