@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import re
 import secrets
@@ -15,7 +16,8 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +178,34 @@ def _failure_line(request: Mapping[str, Any], exc: ApiError, plan: FaultPlan) ->
     return _result_line(request, exc.status, exc.body())
 
 
+class Traffic:
+    """Online embeddings requests being served at once, and when each arrived (for rate checks)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.arrivals: list[float] = []
+
+    @contextmanager
+    def serving(self) -> Iterator[float]:
+        """Count one request in flight while it is served; yields when it arrived."""
+        arrived = time.monotonic()
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            self.arrivals.append(arrived)
+        try:
+            yield arrived
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def describe(self) -> dict[str, Any]:
+        with self.lock:
+            return {"max_in_flight": self.max_in_flight, "arrivals": list(self.arrivals)}
+
+
 class EmulatorState:
     """Files, batches, ledger and faults behind one lock; the web layer only parses and renders."""
 
@@ -183,6 +213,7 @@ class EmulatorState:
         self.embedder = embedder
         self.gate = FaultGate(faults)
         self.ledger = Ledger()
+        self.traffic = Traffic()
         self.files: dict[str, StoredFile] = {}
         self.batches: dict[str, BatchJob] = {}
         self.lock = threading.RLock()
@@ -206,10 +237,16 @@ class EmulatorState:
                 "early_requests_total": sum(early.values()),
                 "refused": refused,
                 "faults": self.gate.plan.describe(),
+                **self.traffic.describe(),
             }
 
     def embeddings(
-        self, body: Mapping[str, Any], batch_id: str | None = None, plan: FaultPlan | None = None
+        self,
+        body: Mapping[str, Any],
+        batch_id: str | None = None,
+        plan: FaultPlan | None = None,
+        client: str = "anonymous",
+        arrived: float | None = None,
     ) -> Any:
         """One /v1/embeddings request; bills its tokens when it succeeds."""
         with self.lock:
@@ -219,6 +256,9 @@ class EmulatorState:
             if not body.get("model"):
                 raise ApiError(400, "You must provide a model parameter.", param="model")
             parsed = parse_inputs(body.get("input"))
+            if batch_id is None:
+                arrived = time.monotonic() if arrived is None else arrived  # rate limits count arrivals
+                self.gate.meter(client, arrived, sum(count for _, count in parsed))
             poison = (plan or self.gate.plan).poison_substring
             if poison and any(poison in text for text, _ in parsed):
                 raise ApiError(400, INVALID_INPUT)
@@ -457,7 +497,10 @@ async def _threaded(function: Callable[..., Any], *args: Any) -> Any:
 
 
 async def _embeddings(state: EmulatorState, request: Request) -> Any:
-    return await _threaded(state.embeddings, await _json(request))
+    with state.traffic.serving() as arrived:
+        body = await _json(request)
+        embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
+        return await _threaded(embed)
 
 
 async def _create_file(state: EmulatorState, request: Request) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
@@ -79,6 +79,11 @@ class FaultPlan:
     failed_lines: int = 0  # the first K requests of each batch fail with `failed_line_status` (error file)
     failed_line_status: int = 500
     unauthorized: int = 0  # the next N requests get a 401 whose message echoes the API key presented
+    # Rate limits of /v1/embeddings per client, as the service enforces them: over any `limit_window_s`
+    # at most that window's share of the per-minute figure; past it a 429 with the Retry-After that frees it
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    limit_window_s: float = 60.0
     seed: int = 0
     faulty_batches: int | None = None  # batch faults hit only the first N batches created (None: all)
 
@@ -125,6 +130,7 @@ class FaultGate:
         self.retry_at: dict[str, float] = {}
         self.early_requests: Counter[str] = Counter()
         self.refused: Counter[int] = Counter()
+        self.served: dict[str, deque[tuple[float, int]]] = {}  # per client: (time, tokens) in the window
 
     def admit(self, route: str, client: str, now: float) -> None:
         """Raise the scripted refusal for this request, if any; note a request that came too early."""
@@ -146,12 +152,54 @@ class FaultGate:
             self.refused[plan.server_error_status] += 1
             raise ApiError(plan.server_error_status, SERVER_ERROR, type="server_error")
 
+    def meter(self, client: str, now: float, tokens: int) -> None:
+        """Count one embeddings request of `tokens` against the plan's rate limits, or refuse it with 429."""
+        plan = self.plan
+        if plan.requests_per_minute is None and plan.tokens_per_minute is None:
+            return
+        window = self.served.setdefault(client, deque())
+        while window and window[0][0] <= now - plan.limit_window_s:
+            window.popleft()
+        share = plan.limit_window_s / 60
+        wait = max(
+            _wait(window, now, plan.limit_window_s, plan.requests_per_minute, share, 1, count=True),
+            _wait(window, now, plan.limit_window_s, plan.tokens_per_minute, share, tokens, count=False),
+        )
+        if wait > 0:
+            self.retry_at[client] = now + wait
+            self.refused[429] += 1
+            raise rate_limited(wait)
+        window.append((now, tokens))
+
     def create_delay(self) -> float:
         """Seconds to hold back the response of this batch create (the batch exists meanwhile)."""
         if self.plan.slow_creates <= 0:
             return 0.0
         self.plan = replace(self.plan, slow_creates=self.plan.slow_creates - 1)
         return self.plan.create_delay_s
+
+
+def _wait(
+    window: deque[tuple[float, int]],
+    now: float,
+    span: float,
+    limit: int | None,
+    share: float,
+    cost: int,
+    *,
+    count: bool,
+) -> float:
+    """Seconds until `cost` more fits under `limit * share` in the sliding window (0: it fits now)."""
+    if limit is None:
+        return 0.0
+    excess = sum(1 if count else spent for _, spent in window) + cost - max(1.0, limit * share)
+    if excess <= 0:
+        return 0.0
+    for sent_at, spent in window:
+        excess -= 1 if count else spent
+        if excess <= 0:
+            return sent_at + span - now
+    return span  # more than the window's whole share in one request
 
 
 def line_failure(status: int) -> ApiError:

@@ -92,14 +92,21 @@ class RunReport:
     seconds: float
     docs_per_second: float
     tokens_per_second: float
-    padding_fraction: float
-    model_busy_fraction: float
+    padding_fraction: float | None  # None for a remote model: it pads nothing we pay for or wait on
+    model_busy_fraction: float | None  # None for a remote model: its requests overlap, see requests_*
     reconciled: bool
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     billed_tokens: int = 0  # from the provider's usage fields
     cost_usd: float | None = None
     finalize_seconds: float = 0.0  # after the load: ANN index, ANALYZE, grants (not in `seconds`)
     index_seconds: float | None = None  # the ANN index build alone, when the sink built one
+    # a remote model's traffic (None for a local one): attempts sent, re-sends, 429 answers, and the
+    # achieved rates between the first request and the last answer
+    requests: int | None = None
+    retries: int | None = None
+    rate_limited: int | None = None
+    requests_per_second: float | None = None
+    tokens_per_minute: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -236,7 +243,25 @@ def _run(
     assert summary is not None
     report = _run_report(summary, progress, price_of(m.embedder))
     index = getattr(m.sink, "index_seconds", None)
-    return replace(report, finalize_seconds=round(finalized, 3), index_seconds=index and round(index, 3))
+    report = replace(report, finalize_seconds=round(finalized, 3), index_seconds=index and round(index, 3))
+    return _with_traffic(report, m.embedder)
+
+
+def _with_traffic(report: RunReport, embedder: Any) -> RunReport:
+    """A remote model's figures instead of a local model's (padding and busy time mean nothing there)."""
+    if not getattr(embedder, "is_remote", False):
+        return report
+    traffic: dict[str, Any] = getattr(embedder, "traffic", {})
+    return replace(
+        report,
+        padding_fraction=None,
+        model_busy_fraction=None,
+        requests=traffic.get("requests"),
+        retries=traffic.get("retries"),
+        rate_limited=traffic.get("rate_limited"),
+        requests_per_second=traffic.get("requests_per_second"),
+        tokens_per_minute=traffic.get("tokens_per_minute"),
+    )
 
 
 def price_of(embedder: Any) -> float | None:

@@ -252,7 +252,9 @@ class Pipeline:
         dim = self.embedder.info.dim
         tokens = TokenColumns.concat([shard.tokens for shard in window])
         lengths = tokens.counts
-        batches = token_batches(lengths, batch_budget(self.config, self.embedder), self.config.max_batch)
+        batches = token_batches(
+            lengths, batch_budget(self.config, self.embedder), batch_texts(self.config, self.embedder)
+        )
         unique = np.empty((len(lengths), dim), dtype=np.float32)
         started = time.monotonic()
         billed_before = getattr(self.embedder, "billed_tokens", 0)
@@ -471,8 +473,15 @@ def _slice(rows: Rows, start: int, end: int) -> Rows:
 
 
 def batch_budget(run: RunConfig, embedder: Any) -> int:
-    """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large)."""
+    """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large,
+    a remote API enough for all its requests in flight)."""
     return int(run.batch_tokens or getattr(embedder, "batch_tokens", None) or 4096)
+
+
+def batch_texts(run: RunConfig, embedder: Any) -> int:
+    """Texts per model call: `[run] max_batch` when set, else the embedder's own limit, else the default."""
+    own = getattr(embedder, "max_batch", None)
+    return int(own) if own and "max_batch" not in run.model_fields_set else run.max_batch
 
 
 def retrying(function: Callable[..., T], *args: Any) -> T:

@@ -10,7 +10,7 @@ from typing import Any
 
 from reindex.batching import token_batches
 from reindex.config import RunConfig
-from reindex.pipeline import batch_budget
+from reindex.pipeline import batch_budget, batch_texts
 from reindex.ports import Embedder, Record, Source
 from reindex.validation import screen
 
@@ -154,7 +154,7 @@ def _price(report: PlanReport, prices: dict[str, float | None] | None) -> None:
 def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: RunConfig) -> None:
     """Embed a small sample through the real batcher and extrapolate by tokens."""
     lengths = [tokens.count for tokens in sample]
-    batches = token_batches(lengths, batch_budget(run, embedder), run.max_batch)
+    batches = token_batches(lengths, batch_budget(run, embedder), batch_texts(run, embedder))
     embedder.embed([sample[i] for i in batches[0]])  # warm-up: first calls pay for lazy init
     started = time.perf_counter()
     for batch in batches:

@@ -27,7 +27,9 @@ from adapters.openai import (
 )
 from adapters.openai_emulator import Emulator
 from adapters.openai_faults import FaultPlan
+from reindex.config import RunConfig
 from reindex.errors import ConfigError, TransientError
+from reindex.pipeline import batch_budget, batch_texts
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
 
 MODEL = "text-embedding-3-small"
@@ -127,7 +129,79 @@ def test_requests_are_split_within_the_api_limits_and_sent_concurrently(serve: S
     embedder = online(client, concurrency=3)
     items = embedder.tokenize([f"document {i}" for i in range(4100)])
     assert np.isfinite(embedder.embed(items)).all()
-    assert emulator.stats()["requests"]["embeddings"] == 3  # 2048 + 2048 + 4 inputs
+    assert emulator.stats()["requests"]["embeddings"] == 3  # one share of about 1,367 inputs per slot
+
+
+def test_requests_are_sized_by_the_configured_per_request_limits(serve: Serve, hasher: HashEmbedder) -> None:
+    emulator, client = serve()
+    embedder = online(client, concurrency=2, max_inputs_per_request=5)
+    texts = [f"text number {i}" for i in range(40)]
+    vectors = embedder.embed(embedder.tokenize(texts))
+    np.testing.assert_allclose(vectors, expected(hasher, texts), rtol=1e-6)
+    assert emulator.stats()["requests"]["embeddings"] == 8  # 2 shares of 20 inputs, 5 per request
+    by_tokens = online(client, concurrency=1, max_tokens_per_request=12)
+    assert np.isfinite(by_tokens.embed(by_tokens.tokenize(texts))).all()
+    requests = [entry["tokens"] for entry in emulator.stats()["billed"][8:]]
+    assert max(requests) <= 12 and sum(requests) == by_tokens.billed_tokens
+
+
+def test_the_pipeline_hands_a_remote_embedder_calls_sized_for_all_its_requests(serve: Serve) -> None:
+    _, client = serve()
+    embedder = online(client, concurrency=3, max_inputs_per_request=100, max_tokens_per_request=5000)
+    run = RunConfig()
+    assert (batch_budget(run, embedder), batch_texts(run, embedder)) == (15_000, 300)
+    assert batch_texts(RunConfig(max_batch=64), embedder) == 64  # an explicit [run] max_batch still wins
+
+
+def test_several_requests_are_in_flight_and_the_vectors_keep_their_order(
+    serve: Serve, hasher: HashEmbedder
+) -> None:
+    emulator, client = serve()
+    embedder = online(client, concurrency=4, max_inputs_per_request=8)
+    texts = [f"document {i} {'word ' * (i % 13)}" for i in range(400)]
+    vectors = embedder.embed(embedder.tokenize(texts))
+    np.testing.assert_allclose(vectors, expected(hasher, texts), rtol=1e-6)
+    stats = emulator.stats()
+    assert stats["requests"]["embeddings"] >= 50
+    assert 2 <= stats["max_in_flight"] <= 4
+    assert embedder.traffic["requests"] == stats["requests"]["embeddings"]
+
+
+def test_a_429_halves_the_requests_in_flight_and_calm_answers_grow_them_back(
+    serve: Serve, hasher: HashEmbedder
+) -> None:
+    emulator, client = serve(rate_limit=2, retry_after_s=0.1)
+    pacer = Pacer(concurrency=4, backoff_s=0.02)
+    embedder = online(client, concurrency=4, max_inputs_per_request=4, pacer=pacer)
+    embedder.embed(embedder.tokenize(["one request"]))  # refused twice (4 -> 2 -> 1), then one calm answer
+    assert pacer.allowed == 2
+    assert emulator.stats()["early_requests_total"] == 0
+    many = [f"calm text {i}" for i in range(60)]
+    vectors = embedder.embed(embedder.tokenize(many))
+    np.testing.assert_allclose(vectors, expected(hasher, many), rtol=1e-6)
+    assert pacer.allowed == 4  # 2 -> 3 -> 4 after 2 + 3 calm answers
+    traffic = embedder.traffic
+    assert (traffic["rate_limited"], traffic["retries"]) == (2, 2)
+
+
+@pytest.mark.parametrize(("limit", "budget"), [("requests_per_minute", 1200), ("tokens_per_minute", 14_400)])
+def test_a_rate_limited_endpoint_is_paced_to_its_limit_without_a_429_storm(
+    serve: Serve, limit: str, budget: int
+) -> None:
+    """1,200 requests or 14,400 tokens a minute (about 20 requests of 12 tokens a second), enforced over
+    every 3 s: the run stays within 5% of the limit, with at most a stray 429 from arrival jitter."""
+    emulator, client = serve(**{limit: budget, "limit_window_s": 3.0})
+    pacer = Pacer(**{limit: budget}, concurrency=4, backoff_s=0.05)
+    embedder = online(client, concurrency=4, max_inputs_per_request=4, pacer=pacer)
+    items = embedder.tokenize([f"text number {i}" for i in range(200)])  # 3 tokens each
+    assert np.isfinite(embedder.embed(items)).all()
+    stats = emulator.stats()
+    arrivals, billed = stats["arrivals"], [entry["tokens"] for entry in stats["billed"]]
+    spent = len(arrivals) - 1 if limit == "requests_per_minute" else sum(billed[:-1])
+    achieved = spent * 60 / (arrivals[-1] - arrivals[0])  # per minute, between the first and last arrival
+    assert stats["refused"].get("429", 0) <= 2, stats["refused"]
+    assert 0.85 * budget <= achieved <= 1.05 * budget, achieved
+    assert stats["early_requests_total"] == 0
 
 
 def test_a_burst_of_server_errors_is_survived(serve: Serve, hasher: HashEmbedder) -> None:
@@ -156,6 +230,21 @@ def test_a_poison_input_is_isolated_and_the_rest_embedded(serve: Serve, hasher: 
     assert np.isnan(vectors[3]).all()
     keep = [i for i in range(len(texts)) if i != 3]
     np.testing.assert_allclose(vectors[keep], expected(hasher, [texts[i] for i in keep]), rtol=1e-6)
+
+
+def test_a_poison_input_is_bisected_out_with_several_requests_in_flight(
+    serve: Serve, hasher: HashEmbedder
+) -> None:
+    emulator, client = serve(poison_substring="POISON")
+    embedder = online(client, concurrency=4, max_inputs_per_request=16)
+    texts = [f"text number {i}" for i in range(200)]
+    texts[137] = "a POISON pill"
+    vectors = embedder.embed(embedder.tokenize(texts))
+    assert embedder.last_rejections() == {137: "provider_rejected:invalid_request_error"}
+    keep = [i for i in range(len(texts)) if i != 137]
+    np.testing.assert_allclose(vectors[keep], expected(hasher, [texts[i] for i in keep]), rtol=1e-6)
+    assert emulator.stats()["max_in_flight"] >= 2
+    assert emulator.stats()["billed_tokens"] == embedder.billed_tokens
 
 
 def test_a_refused_setting_is_a_config_error_not_a_dead_letter(serve: Serve) -> None:

@@ -189,6 +189,23 @@ def test_online_endpoint_under_429_storm_and_poison_input(tmp_path, emulator, pg
     assert stats["billed_tokens"] == unique_tokens(texts, skip=POISON)
 
 
+def test_online_run_reports_its_requests_and_429s_instead_of_padding(tmp_path, emulator, pg_dsn):
+    emulator.set_faults(FaultPlan(rate_limit=2, retry_after_s=0.2))
+    options = {"max_inputs_per_request": 16, "backoff_s": 0.05}
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, kind="openai", embedder=options)
+    code, out, err = tool.run("run", "--json", env={KEY_ENV: os.environ[KEY_ENV]})
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["padding_fraction"] is None and report["model_busy_fraction"] is None
+    stats = emulator.stats()
+    served = stats["requests"]["embeddings"]  # the emulator counts only what it did not refuse
+    assert report["requests"] == served + 2 and served >= len(set(texts)) // 16
+    assert (report["rate_limited"], report["retries"]) == (2, 2)
+    assert report["requests_per_second"] > 0 and report["tokens_per_minute"] > 0
+    assert stats["max_in_flight"] >= 2 and stats["early_requests_total"] == 0
+    assert report["billed_tokens"] == stats["billed_tokens"] == unique_tokens(texts)
+
+
 def test_budget_stops_resumably_and_raising_it_finishes(tmp_path, emulator, pg_dsn):
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, max_cost_usd=0.00002)
     code, _, err = tool.run("run", env={KEY_ENV: os.environ[KEY_ENV]})
