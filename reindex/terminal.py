@@ -216,12 +216,17 @@ def run(s: Screen, r: dict[str, Any]) -> None:
     rows = [
         ("documents", _reconciliation(r)),
         ("tokens", f"{integer(r['tokens'])} embedded ({integer(r['truncated'])} texts truncated)"),
-        (
-            "throughput",
-            f"{units.rate(r['docs_per_second'], 'documents')}, {units.rate(r['tokens_per_second'], 'tokens')}"
-            f" (model busy {ratio(r['model_busy_fraction'])}, padding {ratio(r['padding_fraction'])})",
-        ),
+        ("throughput", _throughput(r)),
     ]
+    if r.get("requests") is not None:  # a remote model: its traffic, not padding or busy time
+        rows.append(
+            (
+                "requests",
+                f"{integer(r['requests'])} sent ({integer(r['retries'])} retries, {integer(r['rate_limited'])} "
+                f"answered 429), {units.decimal(r['requests_per_second'])} requests/s, "
+                f"{units.decimal(r['tokens_per_minute'], 0)} tokens/min",
+            )
+        )
     if r["reused"]:
         rows.append(("reused", f"{count(r['reused'], 'document')} shared an already embedded text"))
     if r.get("finalize_seconds"):
@@ -235,6 +240,13 @@ def run(s: Screen, r: dict[str, Any]) -> None:
         s.warn("the run does not reconcile: see `reindex status`")
         return
     s.next("reindex verify")
+
+
+def _throughput(r: dict[str, Any]) -> str:
+    rates = f"{units.rate(r['docs_per_second'], 'documents')}, {units.rate(r['tokens_per_second'], 'tokens')}"
+    if r.get("model_busy_fraction") is None:
+        return rates
+    return f"{rates} (model busy {ratio(r['model_busy_fraction'])}, padding {ratio(r['padding_fraction'])})"
 
 
 def _reconciliation(r: dict[str, Any]) -> str:

@@ -267,3 +267,21 @@ def test_help_and_usage_errors_are_plain_text_in_a_pipe() -> None:
     assert (
         error.returncode == 2 and "Missing option '--config'" in error.stderr and not BOX.search(error.stderr)
     )
+
+
+def test_a_remote_model_run_shows_its_requests_and_429s_not_padding() -> None:
+    run = {
+        "plan_id": "p", "target": "docs__new", "documents": 1_301, "written": 1_300, "dead_letters": 1,
+        "duplicates": 0, "reused": 0, "tokens": 8_000, "truncated": 0, "seconds": 2.2,
+        "docs_per_second": 650.0, "tokens_per_second": 4_000.0, "padding_fraction": None,
+        "model_busy_fraction": None, "reconciled": True, "dead_letter_reasons": {"provider_rejected:x": 1},
+        "billed_tokens": 8_000, "cost_usd": 0.00016, "finalize_seconds": 0.5, "index_seconds": 0.3,
+        "requests": 24, "retries": 1, "rate_limited": 1, "requests_per_second": 10.9,
+        "tokens_per_minute": 218_000.0,
+    }  # fmt: skip
+    with open(os.devnull, "w") as sink:
+        console = Console(width=100, record=True, file=sink, force_terminal=False)
+        terminal.show(console, "run", run, "m.toml")
+        text = readable(console.export_text())
+    assert "24 sent (1 retries, 1 answered 429), 10.9 requests/s, 218,000 tokens/min" in text
+    assert "padding" not in text and "busy" not in text and "$0.0002 for 8,000 billed tokens" in text
