@@ -508,7 +508,8 @@ def compare(s: Screen, q: dict[str, Any]) -> None:
         rows.append((label, units.NONE if measured is None else f"{measured:.4f}", bound))
     s.table("", ("metric", "value", "gate"), rows, numeric=(1,))
     for example in ((q.get("neighbours") or {}).get("examples") or [])[:3]:
-        s.line(f"changed most: {example['id']} (overlap {example['overlap']:.2f}) {example['text'][:80]!r}")
+        text = " ".join(str(example["text"]).split())  # one line, whatever the document's layout
+        s.line(f"changed most: {example['id']} (overlap {example['overlap']:.2f}) “{text[:80]}”")
     if gate["passed"]:
         s.headline(
             "Gate passed." if thresholds else "No [gate] thresholds set: nothing is enforced.", ok=True
