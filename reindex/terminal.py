@@ -37,7 +37,7 @@ class Screen:
 
     def headline(self, text: str, ok: bool | None = None) -> None:
         style = "bold" if ok is None else ("bold green" if ok else "bold red")
-        self.console.print(Text(text, style=style))
+        self.console.print(Text(text, style=style), soft_wrap=not self.fancy)
 
     def facts(self, rows: Iterable[tuple[str, str]]) -> None:
         """Label/value lines; on a terminal long values wrap under themselves, elsewhere they do not wrap."""
@@ -81,7 +81,7 @@ class Screen:
     def warn(self, text: str) -> None:
         line = Text("warning: ", style="bold yellow")
         line.append(text)
-        self.console.print(line)
+        self.console.print(line, soft_wrap=not self.fancy)
 
     def line(self, text: str = "") -> None:
         self.console.print(Text(text), soft_wrap=not self.fancy)

@@ -109,6 +109,9 @@ def test_every_verb_reads_as_sentences_and_tables_with_units_and_json_keeps_ever
     assert code == 0, text
     readable(text)
     assert "against the live index docs__" in text and "overlap@10, live vs new" in text
+    assert re.search(
+        r"^Quality of docs__\w+ against .* k = 10, cosine distance$", text, re.M
+    )  # never wrapped
     assert "No [gate] thresholds set" in text
 
     code, text = human("cutover", "-c", str(new))
