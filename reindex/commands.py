@@ -308,6 +308,7 @@ class StatusReport:
     written: int
     dead_letters: int
     duplicates: int
+    vanished: int  # dead-lettered documents gone from the source when retried
     reconciled: bool
     shards_done: int
     source_documents: int | None
@@ -332,9 +333,9 @@ def status(config: Config) -> StatusReport:
         alias = sink.alias(config.alias)
         history = [{**asdict(c), "at": iso_utc(c.at)} for c in ledger.cutovers(config.alias)]
         counts = (
-            (summary.documents, summary.written, summary.dead_letters, summary.duplicates)
+            (summary.documents, summary.written, summary.dead_letters, summary.duplicates, summary.vanished)
             if summary
-            else (0, 0, 0, 0)
+            else (0, 0, 0, 0, 0)
         )
         target = run.target if run else str(config.target.get("name") or "")
         return StatusReport(
@@ -345,6 +346,7 @@ def status(config: Config) -> StatusReport:
             written=counts[1],
             dead_letters=counts[2],
             duplicates=counts[3],
+            vanished=counts[4],
             reconciled=summary.reconciled if summary else True,
             shards_done=summary.shards if summary else 0,
             source_documents=source.count(),

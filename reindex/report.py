@@ -107,7 +107,7 @@ def build(config: Config, *, plan: bool = True, calibrate: bool = True) -> Repor
             plan_vs_actual=[],
             quality=_newest(ledger, plan_id, "quality"),
             fingerprints=fingerprints,
-            alias_history=_history(ledger, config.alias),
+            alias_history=status["history"],  # ISO-8601 instants, as status --json gives them
         )
     if plan:
         planned, price = _planned(config, calibrate=calibrate)
@@ -123,7 +123,7 @@ def _reconciliation(status: dict[str, Any], summary: RunSummary | None) -> dict[
         "written": status["written"],
         "dead_letters": status["dead_letters"],
         "duplicates": status["duplicates"],
-        "vanished": summary.vanished if summary else 0,
+        "vanished": status["vanished"],
         "reconciled": status["reconciled"],
         "tokens": summary.tokens if summary else 0,
         "truncated": summary.truncated if summary else 0,
@@ -244,22 +244,6 @@ def plan_against_actual(
 def _row(metric: str, unit: str, planned: Any, actual: Any, key: str | None = None) -> dict[str, Any]:
     ratio = round(actual / planned, 3) if isinstance(actual, int | float) and planned else None
     return {"metric": metric, "unit": unit, "planned": planned, "actual": actual, "ratio": ratio, "key": key}
-
-
-def _history(ledger: Ledger, alias: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "id": c.id,
-            "action": c.action,
-            "old": c.old,
-            "new": c.new,
-            "fingerprint": c.fingerprint,
-            "forced": c.forced,
-            "state": c.state,
-            "at": iso_utc(c.at),
-        }
-        for c in ledger.cutovers(alias)
-    ]
 
 
 def write(path: Path, page: str) -> None:

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from reindex import units
 from reindex.units import count, duration, integer, local_time, model_line, ratio, size, usd
+from reindex.verify import Coverage
 
 LISTED = 20  # rows of a long list shown before "… and N more"
 
@@ -328,9 +329,8 @@ def status(s: Screen, r: dict[str, Any]) -> None:
         ),
     ]
     if r["state"] != "not-started":
-        vanished = r["documents"] - r["written"] - r["dead_letters"] - r["duplicates"]
         rows += [
-            ("documents", _reconciliation({**r, "vanished": max(vanished, 0)})),
+            ("documents", _reconciliation(r)),
             ("shards", f"{integer(r['shards_done'])} written"),
         ]
     s.facts(rows)
@@ -444,23 +444,8 @@ def _coverage(s: Screen, c: dict[str, Any]) -> None:
 
 
 def _problems(c: dict[str, Any]) -> str:
-    names = {
-        "missing": "missing",
-        "stale": "stale",
-        "orphaned": "orphaned",
-        "invalid_vectors": "invalid",
-        "unhashed": "without content hash",
-        "conflicting": "of ids with two texts",
-    }
-    parts = [f"{integer(c[k])} {name}" for k, name in names.items() if c.get(k)]
-    others = sum(n for fp, n in (c.get("fingerprints") or {}).items() if fp != c.get("expected_fingerprint"))
-    if others:
-        parts.append(f"{integer(others)} of another model")
-    if c.get("sample") and not c["sample"]["passed"]:
-        parts.append(f"{integer(c['sample']['failures'])} differing from a fresh embedding")
-    if c.get("dead_letter_ceiling") is not None and c.get("dead_letters", 0) > c["dead_letter_ceiling"]:
-        parts.append("too many dead letters")
-    return ", ".join(parts) or "no problem found"
+    """Every count that keeps the target from complete, as refusals name them (`Coverage.problems`)."""
+    return Coverage(**c).problems()
 
 
 def inspect(s: Screen, r: dict[str, Any]) -> None:
@@ -475,16 +460,6 @@ def inspect(s: Screen, r: dict[str, Any]) -> None:
 
 # compare ------------------------------------------------------------------------------------------------
 
-_THRESHOLD_OF: dict[str, str | None] = {
-    "overlap_at_k": "min_overlap_at_k",
-    "rbo": "min_rbo",
-    "ann_recall": "min_ann_recall",
-    "ndcg_new": "min_ndcg_at_10",
-    "recall_new": "min_recall_at_k",
-    "ndcg_drop": "max_ndcg_drop",
-    "ndcg_live": None,
-}
-
 
 def compare(s: Screen, q: dict[str, Any]) -> None:
     against = (
@@ -497,13 +472,12 @@ def compare(s: Screen, q: dict[str, Any]) -> None:
     gate = q["gate"]
     thresholds = gate["thresholds"]
     rows = []
-    for key, label, measured in _quality_metrics(q):
-        name = _THRESHOLD_OF[key]
+    for label, measured, name in _quality_metrics(q):
         limit = thresholds.get(name) if name else None
         bound = (
             units.NONE
             if name is None or limit is None
-            else (f"≤ {limit}" if name.startswith("max_") else f"≥ {limit}")
+            else f"{'≤' if name.startswith('max_') else '≥'} {limit}"
         )
         rows.append((label, units.NONE if measured is None else f"{measured:.4f}", bound))
     s.table("", ("metric", "value", "gate"), rows, numeric=(1,))
@@ -520,7 +494,8 @@ def compare(s: Screen, q: dict[str, Any]) -> None:
             s.line(f"  - {failure}")
 
 
-def _quality_metrics(q: dict[str, Any]) -> list[tuple[str, str, float | None]]:
+def _quality_metrics(q: dict[str, Any]) -> list[tuple[str, float | None, str | None]]:
+    """(label, value, the [gate] threshold that judges it, if any) for each metric compare reports."""
     k = q["k"]
     neighbours = q.get("neighbours") or {}
     judged = q.get("judged") or {}
@@ -530,20 +505,19 @@ def _quality_metrics(q: dict[str, Any]) -> list[tuple[str, str, float | None]]:
         if live.get("ndcg_at_10") is not None and new.get("ndcg_at_10") is not None
         else None
     )
-    rows: list[tuple[str, str, float | None]] = [
-        ("overlap_at_k", f"overlap@{k}, live vs new", neighbours.get("overlap_at_k")),
-        ("rbo", "rank-biased overlap (p = 0.9)", neighbours.get("rbo")),
-        ("ann_recall", f"ANN recall@{k} of the new index", (q.get("ann") or {}).get("recall_at_k")),
+    rows: list[tuple[str, float | None, str | None]] = [
+        (f"overlap@{k}, live vs new", neighbours.get("overlap_at_k"), "min_overlap_at_k"),
+        ("rank-biased overlap (p = 0.9)", neighbours.get("rbo"), "min_rbo"),
+        (f"ANN recall@{k} of the new index", (q.get("ann") or {}).get("recall_at_k"), "min_ann_recall"),
     ]
     if judged:
-        jk = judged.get("k", k)
         rows += [
-            ("ndcg_new", "nDCG@10, new model", new.get("ndcg_at_10")),
-            ("recall_new", f"Recall@{jk}, new model", new.get("recall_at_k")),
-            ("ndcg_drop", "nDCG@10 drop (live − new)", drop),
+            ("nDCG@10, new model", new.get("ndcg_at_10"), "min_ndcg_at_10"),
+            (f"Recall@{judged.get('k', k)}, new model", new.get("recall_at_k"), "min_recall_at_k"),
         ]
         if live:
-            rows.insert(-1, ("ndcg_live", "nDCG@10, live model", live.get("ndcg_at_10")))
+            rows.append(("nDCG@10, live model", live.get("ndcg_at_10"), None))
+        rows.append(("nDCG@10 drop (live − new)", drop, "max_ndcg_drop"))
     return rows
 
 

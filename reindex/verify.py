@@ -66,17 +66,17 @@ class Coverage:
             "without content hash": self.unhashed,
             "of ids the source holds with two texts": self.conflicting,
         }
-        parts = [f"{v} {k}" for k, v in counts.items() if v]
+        parts = [f"{v:,} {k}" for k, v in counts.items() if v]
         if not self.target_exists:
             parts.insert(0, f"target {self.target!r} does not exist")
         if self.over_ceiling:
             parts.append(
-                f"{self.dead_letters} dead letters exceed the ceiling [run] max_dead_letters"
-                f" ({self.dead_letter_ceiling} for {self.source_documents} documents)"
+                f"{self.dead_letters:,} dead letters exceed the ceiling [run] max_dead_letters"
+                f" ({self.dead_letter_ceiling:,} for {self.source_documents:,} documents)"
             )
         others = {fp: n for fp, n in self.fingerprints.items() if fp != self.expected_fingerprint}
         if others:
-            parts.append(f"{sum(others.values())} vectors of other fingerprints {sorted(others)}")
+            parts.append(f"{sum(others.values()):,} vectors of other fingerprints {sorted(others)}")
         if self.sample and not self.sample["passed"]:
             parts.append(f"{self.sample['failures']} sampled vectors differ from a fresh embedding")
         return ", ".join(parts) or "none"
