@@ -48,24 +48,46 @@ def copy_rows(
         if state == "written":
             candidates.append((copy, owner))
         elif state.startswith("dead:") and state != "dead:unknown":
-            result.dead.append(DeadLetter(record.id, state[5:], f"same text as {owner}", digest))
+            detail = "its text, dead-lettered before" if owner == record.id else f"same text as {owner}"
+            result.dead.append(DeadLetter(record.id, state[5:], detail, digest))
         elif state == "claimed":
             result.waiting.append(copy)
         else:
             result.lost.append(copy)
-    expected = {owner: copy[1] for copy, owner in candidates}  # an owner carries one text at a time
-    stored = _matching(sink, spec.name, expected)
+    stored = _owners_matching(sink, spec.name, candidates)
     ready: list[tuple[Copy, Vectors]] = []
     for copy, owner in candidates:
-        if owner in stored and expected[owner] == copy[1]:
-            ready.append((copy, stored[owner]))
+        if (owner, copy[1]) in stored:
+            ready.append((copy, stored[owner, copy[1]]))
         else:
             result.lost.append(copy)
+    # A copy whose own document already stores its text's vector (it copied it before its owner moved on)
+    # needs no owner: embedding it again would bill the text twice.
+    own = _matching(sink, spec.name, {copy[0].id: copy[1] for copy in result.lost})
+    ready += [(copy, own[copy[0].id]) for copy in result.lost if copy[0].id in own]
+    result.lost = [copy for copy in result.lost if copy[0].id not in own]
     if ready:
         vectors = np.stack([vector for _, vector in ready]).astype(np.float32)
         records = [copy[0] for copy, _ in ready]
         result.rows = Rows(records, vectors, [copy[1] for copy, _ in ready], spec.fingerprint)
     return result
+
+
+def _owners_matching(
+    sink: Sink, target: str, candidates: Sequence[tuple[Copy, str]]
+) -> dict[tuple[str, str], Vectors]:
+    """{(owner, hash): vector} for owners whose stored content hash is that text's. The ledger may still name
+    one document as the owner of two texts (its old one, which a copy took while it lasted, and its new one),
+    so the owners are asked in rounds of one text each: one round unless that happens."""
+    wanted: dict[str, set[str]] = {}
+    for copy, owner in candidates:
+        wanted.setdefault(owner, set()).add(copy[1])
+    found: dict[tuple[str, str], Vectors] = {}
+    while wanted:
+        expected = {owner: digests.pop() for owner, digests in wanted.items()}
+        found |= {(owner, expected[owner]): v for owner, v in _matching(sink, target, expected).items()}
+        wanted = {owner: digests for owner, digests in wanted.items() if digests}
+    return found
 
 
 def _matching(sink: Sink, target: str, expected: dict[str, str]) -> dict[str, Vectors]:

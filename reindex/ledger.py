@@ -438,13 +438,15 @@ class Ledger(Protocol):
 
 def held(owners: Mapping[str, str], states: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
     """Of the ledger's states for texts a shard wants to claim ({hash: owner}), the ones it must not embed:
-    another document holds the text, or this very document already carries its written vector (a sync
-    wrote it past the run's cursor). Such a self-copy costs nothing and still checks the stored vector
-    (`copies.copy_rows`); were it embedded again, a provider would bill the text twice."""
+    another document holds the text, or this very document already settled it past the run's cursor: a
+    sync wrote it, or its sink refused every row that carries it (a NUL byte Postgres refuses; only such
+    refusals stay dead in the ledger, see `shards.text_settlements`). Such a self-copy costs nothing and
+    still checks the stored vector (`copies.copy_rows`); were it embedded again, a provider would bill the
+    text twice. Other dead texts are tried again: a changed over-length policy may save them."""
     return {
         digest: state
         for digest, state in states.items()
-        if state[0] != owners[digest] or state[1] == "written"
+        if state[0] != owners[digest] or state[1] == "written" or state[1].startswith("dead:sink_rejected")
     }
 
 

@@ -7,6 +7,7 @@ current source, id by id and vector by vector.
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -421,4 +422,44 @@ def test_a_fresh_run_never_adopts_a_provider_batch_of_the_run_it_forgot(world: W
     batch_world(world)
     world.store.edit("a", "alpha  beta")  # after the run: the old batch holds the vector of "alpha"
     commands.run(world.config(), fresh=True)
+    level(world)
+
+
+def test_a_self_copy_survives_a_stale_claim_of_its_owner_on_another_text(world: World) -> None:
+    """The ledger still named d00 as the owner of its old text "alpha beta", which d02 copied from it while d00
+    still carried it; then d00 was re-embedded for its new text "beta". The next run met both as copies of
+    d00, and the stored-hash check was keyed by owner, so one expectation overwrote the other: d00's own,
+    valid vector counted as lost and the provider billed "beta" twice. d02 was embedded again too, though it
+    already stored the vector of its text. Found by the deferred lifecycle model."""
+    world.embedder_kind, world.reject, world.polls_to_finish = "memory-batch", "omega", 1
+    world.knobs = {"A": Knobs(shard_size=3)}
+    commands.run(world.config())  # an empty source: the run's cursor stays at the start
+    world.store.put("d00", "alpha beta")
+    commands.sync(world.config())  # d00 owns "alpha beta" in the ledger
+    world.store.put("d01", "alpha")
+    world.store.edit("d00", "beta")
+    world.store.put("d02", "alpha beta")
+    world.store.put("d03", "alpha alpha")
+    commands.sync(world.config())  # missing ones first: d02 copies d00's vector, then d00 gets "beta"
+    billed = Counter(bill.text for bill in world.store.provider.bills)
+    assert commands.run(world.config()).reconciled  # one shard holds d00, d01 and d02
+    assert Counter(bill.text for bill in world.store.provider.bills) == billed
+    level(world)
+
+
+def test_a_run_does_not_pay_again_for_a_text_sync_dead_lettered_past_its_cursor(world: World) -> None:
+    """Sync embedded a document the run had not read yet, and the sink refused its row for the NUL its text
+    holds. The next run read it, found the text dead with that very document as owner, claimed it again
+    and paid the provider a second time for a row no sink of this kind can store. Found by the deferred
+    lifecycle model."""
+    world.embedder_kind, world.reject, world.polls_to_finish = "memory-batch", "omega", 1
+    commands.run(world.config())  # an empty source: the run's cursor stays at the start
+    world.store.put("d00", "alpha \x00 beta")
+    commands.sync(world.config())
+    billed = Counter(bill.text for bill in world.store.provider.bills)
+    assert billed == Counter({"alpha \x00 beta": 1})
+    assert commands.run(world.config()).reconciled
+    assert Counter(bill.text for bill in world.store.provider.bills) == billed
+    letters = commands.dlq_list(world.config()).dead_letters
+    assert [(letter["doc_id"], letter["reason"]) for letter in letters] == [("d00", NUL_REASON)]
     level(world)
