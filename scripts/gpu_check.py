@@ -98,6 +98,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--precisions", default=None, help="ST migrations, default fp16,bf16 (fp32 on CPU)")
     parser.add_argument("--sample", type=int, default=None, help="parity sample, default 1,000 (200 on CPU)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="a sentence-transformers folder (default: MiniLM)"
+    )
     parser.add_argument("--index", choices=("none", "hnsw"), default="none", help="build HNSW after load")
     parser.add_argument("--qdrant-points", type=int, default=None, help="default 5,000 (300 on CPU)")
     parser.add_argument(
@@ -773,7 +776,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
 
 def _check_body(run: Check, dsn: str | None, sampler: GpuSampler) -> None:
     run.report["backends"] = run.stage("backends", _backends)
-    model = run.stage("model", lambda: _model_path(run.args.bundle)) or Path("missing-model")
+    chosen = run.stage("model", lambda: run.args.model or _model_path(run.args.bundle))
+    model = chosen or Path("missing-model")
     run.documents = run.stage("corpus", lambda: corpus(run.args.documents)) or []
     source = run.work / "corpus.jsonl"
     run.stage("write corpus", lambda: write_corpus(run.documents, source))

@@ -184,6 +184,7 @@ def test_a_429_halves_the_requests_in_flight_and_calm_answers_grow_them_back(
     assert (traffic["rate_limited"], traffic["retries"]) == (2, 2)
 
 
+@pytest.mark.serial  # measures an achieved rate
 @pytest.mark.parametrize(("limit", "budget"), [("requests_per_minute", 1200), ("tokens_per_minute", 14_400)])
 def test_a_rate_limited_endpoint_is_paced_to_its_limit_without_a_429_storm(
     serve: Serve, limit: str, budget: int

@@ -10,10 +10,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_gpu_check_cpu_smoke_measures_the_ceilings_and_prints_every_ratio_and_target(tmp_path):
+def test_gpu_check_cpu_smoke_measures_the_ceilings_and_prints_every_ratio_and_target(tmp_path, tiny_model):
+    """The tiny model runs every stage's code as MiniLM would; MiniLM's loads and bf16 encodes on CPU took
+    most of a minute here, and the smoke test asserts no figure of the model's own."""
     output = tmp_path / "gpu-check.json"
     command = [str(ROOT / "scripts" / "gpu-check"), "--cpu-smoke", "--documents", "120", "--sample", "40"]
-    command += ["--qdrant-points", "100", "--output", str(output)]
+    command += ["--qdrant-points", "100", "--model", str(tiny_model), "--output", str(output)]
     env = {key: value for key, value in os.environ.items() if key != "OUT"}
     done = subprocess.run(command, cwd=ROOT, env=env, timeout=150, capture_output=True, text=True)
 

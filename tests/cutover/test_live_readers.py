@@ -25,6 +25,8 @@ from reindex.fingerprint import content_hash, target_name
 from reindex.ledger import SqliteLedger
 from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
 
+pytestmark = pytest.mark.serial  # readers keep a rate while the alias flips
+
 ALIAS = "docs"
 FLIPS = 24
 READ_SECONDS_CAP = 20.0

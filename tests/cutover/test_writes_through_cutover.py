@@ -13,12 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
+import pytest
 from pgvector.psycopg import register_vector
 from typer.testing import CliRunner
 
 from adapters.memory import HashEmbedder
 from reindex.cli import app
 from tests.durability.support import report_figure
+
+pytestmark = pytest.mark.serial  # its writer must keep up 50 writes/s
 
 runner = CliRunner()
 OLD, NEW = HashEmbedder(dim=16), HashEmbedder(dim=24)
