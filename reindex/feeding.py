@@ -4,7 +4,8 @@ one call later, so a GPU never waits on the host between batches.
 An embedder opts in with two methods:
     prepare_columns(tokens) -> prepared   pad, pin host memory, start the copy to the device (any thread)
     embed_prepared(prepared) -> handle    launch the model; `handle.result()` waits for the vectors, or the
-                                          handle is already the vectors (CPU)
+                                          handle is already the vectors (CPU); a remote call's handle also
+                                          has `rejections()`: the rows its provider refused
 Embedders without them are called as before: `embed_columns` / `embed`, one batch at a time.
 """
 
@@ -18,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from reindex.columns import TokenColumns, embed
+from reindex.errors import TransientError
 from reindex.ports import Vectors
 
 Batch = NDArray[np.int64]
@@ -50,7 +52,7 @@ class Feeder:
     ) -> Iterator[tuple[Batch, Vectors, dict[int, str]]]:
         prepare, launch = self._prepare, self._launch
         assert prepare is not None and launch is not None
-        waiting: tuple[Batch, Any] | None = None
+        waiting: tuple[Batch, Any, Any] | None = None  # (batch, its handle, its prepared input)
         with ThreadPoolExecutor(1, thread_name_prefix="reindex-feed") as pool:
             upcoming: Future[Any] | None = pool.submit(prepare, tokens.take(batches[0])) if batches else None
             for index, batch in enumerate(batches):
@@ -62,16 +64,40 @@ class Feeder:
                     upcoming = pool.submit(prepare, tokens.take(batches[index + 1]))
                 handle = self.retry(launch, prepared)
                 if waiting is not None:
-                    yield waiting[0], _result(waiting[1]), {}
-                waiting = (batch, handle)
+                    yield self._collect(*waiting)
+                waiting = (batch, handle, prepared)
         if waiting is not None:
-            yield waiting[0], _result(waiting[1]), {}
+            yield self._collect(*waiting)
+
+    def _collect(self, batch: Batch, handle: Any, prepared: Any) -> tuple[Batch, Vectors, dict[int, str]]:
+        """The handle's vectors and refused rows. A handle that fails transiently (a remote call that ran
+        out of attempts) is launched again under the retry policy, as an unpipelined call would be."""
+        try:
+            vectors = _result(handle)
+        except TransientError:
+            assert self._launch is not None
+            launch = self._launch
+
+            def again() -> Any:
+                retried = launch(prepared)
+                _result(retried)
+                return retried
+
+            handle = self.retry(again)
+            vectors = _result(handle)
+        return batch, vectors, _refusals(handle)
 
 
 def _result(handle: Any) -> Vectors:
     result = getattr(handle, "result", None)
     vectors: Vectors = result() if callable(result) else handle
     return vectors
+
+
+def _refusals(handle: Any) -> dict[int, str]:
+    """Rows a launched call's provider refused, when its handle says (a remote call's does)."""
+    rejections = getattr(handle, "rejections", None)
+    return dict(rejections()) if callable(rejections) else {}
 
 
 def _rejections(embedder: Any) -> dict[int, str]:

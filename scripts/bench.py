@@ -561,18 +561,16 @@ def reindex_case(bench: Bench, label: str, target: dict[str, Any]) -> Sample:
 
 def endpoint_alone(bench: Bench, repeat: int) -> Sample:
     """The emulator alone: the texts the run sends (see `sent_texts`), through the official SDK, base64, in
-    the run's request shape (a shard's texts split over `concurrency` requests, that many in flight), the
-    raw body's base64 vectors decoded to numpy as the run decodes them; docs/s counts the corpus's
-    documents, as the run does. Preparing the texts is not timed."""
-    import base64
-
+    the run's request shape (a shard's texts split over `REQUESTS_PER_SLOT` requests per slot, `concurrency`
+    in flight), the raw body's base64 vectors decoded to numpy as the run decodes them; docs/s counts the
+    corpus's documents, as the run does. Preparing the texts is not timed."""
     from openai import OpenAI
 
-    from adapters.openai import OpenAIEmbedder
+    from adapters.openai import MIN_INPUTS_PER_REQUEST, REQUESTS_PER_SLOT, OpenAIEmbedder, decode_vectors
     from reindex.config import RunConfig
 
     concurrency = OpenAIEmbedder.Config.model_fields["concurrency"].default
-    per_request = -(-RunConfig().shard_size // concurrency)
+    per_request = max(MIN_INPUTS_PER_REQUEST, -(-RunConfig().shard_size // (concurrency * REQUESTS_PER_SLOT)))
     texts = sent_texts(bench.corpus.texts)
     requests = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
     client = OpenAI(base_url=ready(bench.endpoint), api_key=os.environ[ONLINE_KEY_ENV], max_retries=0)
@@ -582,7 +580,9 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
         body = json.loads(
             create(input=inputs, model=ONLINE_MODEL, encoding_format="base64").http_response.content
         )
-        np.vstack([np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4") for item in body["data"]])
+        decode_vectors(
+            [item["embedding"] for item in sorted(body["data"], key=lambda item: int(item["index"]))]
+        )
         return int(body["usage"]["prompt_tokens"])
 
     started = time.perf_counter()

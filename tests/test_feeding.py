@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from adapters.memory import HashEmbedder
 from reindex.batching import token_batches
 from reindex.columns import TokenColumns, tokenize
+from reindex.errors import TransientError
 from reindex.feeding import Feeder
 from reindex.ports import Vectors
 
@@ -69,3 +70,44 @@ def test_a_stop_ends_the_calls_early() -> None:
     for _ in Feeder(embedder, lambda f, *a: f(*a)).calls(tokens, batches, stopped):
         calls += 1
     assert 0 < calls < len(batches)
+
+
+class FailingOnce(Handle):
+    """A remote call that ran out of attempts the first time its input was awaited (TransientError)."""
+
+    failed: ClassVar[set[str]] = set()
+
+    def result(self) -> Vectors:
+        if self.name not in FailingOnce.failed:
+            FailingOnce.failed.add(self.name)
+            raise TransientError(f"gave up on call {self.name}")
+        return super().result()
+
+    def rejections(self) -> dict[int, str]:
+        return {0: "provider_rejected:invalid_request"}
+
+
+class FlakyRemote(AsyncHash):
+    def embed_prepared(self, prepared: TokenColumns) -> Handle:
+        self.log.append(f"launch {len(prepared)}")
+        return FailingOnce(self.log, str(id(prepared)), HashEmbedder.embed(self, list(prepared)))
+
+
+def test_a_launched_call_that_fails_transiently_is_launched_again_under_the_retry_policy() -> None:
+    embedder = FlakyRemote()
+    FailingOnce.failed.clear()
+    tokens = tokenize(embedder, [f"text {i}" for i in range(40)])
+    batches = token_batches(tokens.counts, 1000, 16)
+    retried: list[Any] = []
+
+    def retry(function: Any, *args: Any) -> Any:
+        retried.append(function)
+        return function(*args)
+
+    seen = list(Feeder(embedder, retry).calls(tokens, batches, lambda: False))
+    assert len(seen) == len(batches) == 3
+    assert sum(entry.startswith("launch") for entry in embedder.log) == 6  # each call launched again once
+    assert len(retried) == 6  # the three launches, and the three launches again, under the retry policy
+    for batch, vectors, refused in seen:
+        np.testing.assert_array_equal(vectors, direct(tokens.take(batch), HashEmbedder(dim=8)))
+        assert refused == {0: "provider_rejected:invalid_request"}  # the handle's own refusals

@@ -129,7 +129,32 @@ def test_requests_are_split_within_the_api_limits_and_sent_concurrently(serve: S
     embedder = online(client, concurrency=3)
     items = embedder.tokenize([f"document {i}" for i in range(4100)])
     assert np.isfinite(embedder.embed(items)).all()
-    assert emulator.stats()["requests"]["embeddings"] == 3  # one share of about 1,367 inputs per slot
+    stats = emulator.stats()
+    assert stats["requests"]["embeddings"] == 12  # four requests of about 342 inputs per slot in flight
+    assert 1 < stats["max_in_flight"] <= 3
+
+
+def test_the_next_call_is_sent_while_the_last_one_finishes(serve: Serve, hasher: HashEmbedder) -> None:
+    """The pipeline launches call n+1 before it waits on call n; their requests share the senders, in
+    order, and each call's vectors and refusals stay its own."""
+    _, client = serve(poison_substring="POISON")
+    embedder = online(client, concurrency=2)
+    first = [f"first text {i}" for i in range(200)]
+    second = [f"second text {i}" for i in range(50)]
+    second[7] = "second POISON"
+    calls = [
+        embedder.embed_prepared(embedder.prepare_columns(embedder.tokenize_columns(texts)))
+        for texts in (first, second)
+    ]
+    np.testing.assert_allclose(calls[0].result(), expected(hasher, first), rtol=1e-6)
+    vectors = calls[1].result()
+    np.testing.assert_allclose(
+        np.delete(vectors, 7, axis=0), expected(hasher, second[:7] + second[8:]), rtol=1e-6
+    )
+    assert np.isnan(vectors[7]).all()
+    assert calls[0].rejections() == {} and calls[1].rejections() == {
+        7: "provider_rejected:invalid_request_error"
+    }
 
 
 def test_requests_are_sized_by_the_configured_per_request_limits(serve: Serve, hasher: HashEmbedder) -> None:
