@@ -349,17 +349,31 @@ class QdrantSink:
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
         """Points the application upserted through the alias lost the reindex keys (an upsert replaces the
-        whole payload): their hash and fingerprint are derived (`_Bookkeeping`), and they are marked."""
+        whole payload): their hash and fingerprint are derived (`_Bookkeeping`), and they are marked. Only
+        their texts are read, one extra request per page that holds any: the tool's points cost no text."""
         name = self._vector_name(target)
         with _translated():
             bookkeeping = _Bookkeeping.of(_reindex_meta(self._client.get_collection(target).config))
-        for points in self._pages(target, name, self.upsert_batch, bookkeeping.keys):
+        for points in self._pages(target, name, self.upsert_batch):
+            texts = self._texts_of_unhashed(target, points, bookkeeping)
             for point in points:
-                digest, fingerprint, application = bookkeeping.read(point.payload or {})
+                payload = texts.get(str(point.id), point.payload or {})
+                digest, fingerprint, application = bookkeeping.read(payload)
                 vector = _stored_vector(point, name)
                 yield IndexEntry(
                     _document_id(point), digest, fingerprint, vector_problem(vector, dim), application
                 )
+
+    def _texts_of_unhashed(
+        self, target: str, points: Sequence[models.Record], bookkeeping: _Bookkeeping
+    ) -> dict[str, Mapping[str, Any]]:
+        """point id -> payload with the text, for the points of a page that carry no content hash."""
+        unhashed = [p.id for p in points if "reindex_content_hash" not in (p.payload or {})]
+        if not unhashed or bookkeeping.text_field is None:
+            return {}
+        with _translated():
+            found = self._client.retrieve(target, unhashed, with_payload=bookkeeping.keys, with_vectors=False)
+        return {str(p.id): p.payload or {} for p in found}
 
     def adopt(self, target: str, hashes: Mapping[str, str], fingerprint: str) -> int:
         """Store the bookkeeping `scan_index` derived for application points, in one request per
@@ -389,10 +403,8 @@ class QdrantSink:
                 self._client.batch_update_points(target, operations, wait=True)
         return len(items)
 
-    def _pages(
-        self, target: str, name: str | None, limit: int, keys: Sequence[str] = INDEX_KEYS
-    ) -> Iterator[list[models.Record]]:
-        """Every point with the payload `keys` and its vector, a scroll page at a time."""
+    def _pages(self, target: str, name: str | None, limit: int) -> Iterator[list[models.Record]]:
+        """Every point with the index keys and its vector, a scroll page at a time."""
         offset: Any = None
         while True:
             with _translated():
@@ -400,7 +412,7 @@ class QdrantSink:
                     target,
                     limit=limit,
                     offset=offset,
-                    with_payload=list(keys),
+                    with_payload=INDEX_KEYS,
                     with_vectors=_with_vector(name),
                 )
             yield points
@@ -635,7 +647,7 @@ class _Bookkeeping:
 
     @property
     def keys(self) -> list[str]:
-        """The payload keys to read: the index keys, and the top of the text's path when it may be needed."""
+        """The payload keys to read of an unhashed point: the index keys and the top of the text's path."""
         return INDEX_KEYS if self.text_field is None else [*INDEX_KEYS, self.text_field.split(".")[0]]
 
     def read(self, payload: Mapping[str, Any]) -> tuple[str | None, str | None, bool]:
