@@ -142,7 +142,7 @@ class Comparison:
         their text is the source's, the vector is sane): a sink that can store that bookkeeping should."""
         rows = self.db.execute(
             "SELECT t.id, t.hash FROM tgt t JOIN src s ON s.id = t.id WHERE t.app = 1 AND t.problem IS NULL"
-            " AND t.hash IS s.hash AND NOT s.conflict ORDER BY 1"
+            " AND t.hash IS NOT NULL AND t.hash IS s.hash AND NOT s.conflict ORDER BY 1"
         )
         yield from rows
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient, models
 
-from adapters.qdrant import QdrantSink
+from adapters.qdrant import QdrantSink, QdrantSource
 from reindex.fingerprint import content_hash
 from reindex.ports import IndexEntry, Record, Rows, SourceSchema, TargetSpec
+from reindex.verify import compare
 
 FINGERPRINT = "a" * 16
 DIM = 4
@@ -103,3 +104,15 @@ def test_the_tool_rewriting_an_adopted_point_makes_it_its_own(client: QdrantClie
     record = Record(uid(3), "text 3", dict(point.payload or {}))  # read back through the alias, as sync does
     sink.write(TARGET, Rows([record], np.ones((1, DIM), np.float32), [content_hash("text 3")], FINGERPRINT))
     assert entries(sink)[uid(3)] == IndexEntry(uid(3), content_hash("text 3"), FINGERPRINT, None, False)
+
+
+def test_only_sound_application_points_are_adoptable_and_counted(client: QdrantClient) -> None:
+    """After cutover the alias is the source: compared with itself, a point without text stays unhashed."""
+    sink = built(client)
+    upsert(client, TARGET, 3, {"page_content": "text 3"})
+    upsert(client, TARGET, 4, {"metadata": {}})  # no text: nothing to hash, nothing to adopt
+    source = QdrantSource(client, collection=TARGET)
+    with compare(source, sink, TARGET, dim=DIM) as comparison:
+        assert list(comparison.adoptable()) == [(uid(3), content_hash("text 3"))]
+        report = comparison.report(FINGERPRINT)
+    assert (report.application_rows, report.unhashed, report.stale, report.complete) == (2, 1, 0, False)
