@@ -48,6 +48,7 @@ from reindex.ports import (
     TargetSpec,
     Vectors,
 )
+from reindex.validation import text_hash
 from reindex.vectors import vector_problem
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ if TYPE_CHECKING:
 # uuid5(NAMESPACE_URL, "reindex-embeddings:point-id"); fixed forever: it derives every stored point id
 POINT_NAMESPACE = uuid.UUID("2e3bcf89-fa2e-52a1-bf7e-fc2a1fb506f9")
 META_KEY = "reindex"  # collection metadata key holding fingerprint, dim, alias, model, created_at
-INDEX_KEYS = ["reindex_id", "reindex_fingerprint", "reindex_content_hash"]
+INDEX_KEYS = ["reindex_id", "reindex_fingerprint", "reindex_content_hash", "reindex_origin"]
+ADOPTED = "application"  # `reindex_origin` of a point the application wrote and `adopt` gave the other keys
 # `<alias>__reindex_serves__<target>`: the guard alias that makes alias moves compare-and-swap (move_alias)
 GUARD_MARK = "__reindex_serves__"
 _NAME_MAX = 255  # Qdrant's limit on collection and alias names
@@ -264,6 +266,7 @@ class QdrantSink:
             "dim": spec.dim,
             "alias": spec.alias,
             "vector": name,
+            "text_field": spec.source.text_field,  # where an application's point holds its text
             "model": _json_safe(spec.model),
             "plan_id": spec.plan_id,
             "nonce": spec.nonce,
@@ -345,17 +348,60 @@ class QdrantSink:
         )
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
+        """Points the application upserted through the alias lost the reindex keys (an upsert replaces the
+        whole payload): their hash and fingerprint are derived (`_Bookkeeping`), and they are marked. Only
+        their texts are read, one extra request per page that holds any: the tool's points cost no text."""
         name = self._vector_name(target)
+        with _translated():
+            bookkeeping = _Bookkeeping.of(_reindex_meta(self._client.get_collection(target).config))
         for points in self._pages(target, name, self.upsert_batch):
+            texts = self._texts_of_unhashed(target, points, bookkeeping)
             for point in points:
-                payload = point.payload or {}
+                payload = texts.get(str(point.id), point.payload or {})
+                digest, fingerprint, application = bookkeeping.read(payload)
                 vector = _stored_vector(point, name)
                 yield IndexEntry(
-                    _document_id(point),
-                    payload.get("reindex_content_hash"),
-                    payload.get("reindex_fingerprint"),
-                    vector_problem(vector, dim),
+                    _document_id(point), digest, fingerprint, vector_problem(vector, dim), application
                 )
+
+    def _texts_of_unhashed(
+        self, target: str, points: Sequence[models.Record], bookkeeping: _Bookkeeping
+    ) -> dict[str, Mapping[str, Any]]:
+        """point id -> payload with the text, for the points of a page that carry no content hash."""
+        unhashed = [p.id for p in points if "reindex_content_hash" not in (p.payload or {})]
+        if not unhashed or bookkeeping.text_field is None:
+            return {}
+        with _translated():
+            found = self._client.retrieve(target, unhashed, with_payload=bookkeeping.keys, with_vectors=False)
+        return {str(p.id): p.payload or {} for p in found}
+
+    def adopt(self, target: str, hashes: Mapping[str, str], fingerprint: str) -> int:
+        """Store the bookkeeping `scan_index` derived for application points, in one request per
+        `upsert_batch`: each a set_payload guarded by "still no content hash", so a point rewritten by
+        the tool meanwhile keeps its own, and a point deleted meanwhile is not an error. The vectors are
+        untouched; from now on a text changed with set_payload under the old vector is stale. The points
+        keep `reindex_origin = "application"`, so verify still counts them as the application's."""
+        from qdrant_client import models
+
+        items = list(hashes.items())
+        for start in range(0, len(items), self.upsert_batch):
+            operations = [
+                models.SetPayloadOperation(
+                    set_payload=models.SetPayload(
+                        payload={
+                            "reindex_id": doc_id,
+                            "reindex_fingerprint": fingerprint,
+                            "reindex_content_hash": digest,
+                            "reindex_origin": ADOPTED,
+                        },
+                        filter=_unhashed(doc_id),
+                    )
+                )
+                for doc_id, digest in items[start : start + self.upsert_batch]
+            ]
+            with _translated():
+                self._client.batch_update_points(target, operations, wait=True)
+        return len(items)
 
     def _pages(self, target: str, name: str | None, limit: int) -> Iterator[list[models.Record]]:
         """Every point with the index keys and its vector, a scroll page at a time."""
@@ -576,6 +622,58 @@ def _reindex_meta(config: Any) -> dict[str, Any]:
     """What prepare() recorded in the collection metadata; {} for collections reindex did not build."""
     recorded = (config.metadata or {}).get(META_KEY)
     return dict(recorded) if isinstance(recorded, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class _Bookkeeping:
+    """How `scan_index` reads a point's content hash and fingerprint.
+
+    The tool writes both on every point. A point without `reindex_content_hash` was upserted whole by the
+    application through the alias, vector and text together with the model the alias serves (as the
+    pgvector trigger assumes of a row written without one): its hash is its text's, computed as the tool
+    computes it (`text_hash`), and its fingerprint the collection's own. Collections reindex did not build
+    (no recorded fingerprint or text field) derive nothing: their points stay unhashed.
+    """
+
+    fingerprint: str | None
+    text_field: str | None
+
+    @classmethod
+    def of(cls, meta: Mapping[str, Any]) -> _Bookkeeping:
+        fingerprint, text_field = meta.get("fingerprint"), meta.get("text_field")
+        if not isinstance(fingerprint, str) or not isinstance(text_field, str):
+            return cls(None, None)
+        return cls(fingerprint, text_field)
+
+    @property
+    def keys(self) -> list[str]:
+        """The payload keys to read of an unhashed point: the index keys and the top of the text's path."""
+        return INDEX_KEYS if self.text_field is None else [*INDEX_KEYS, self.text_field.split(".")[0]]
+
+    def read(self, payload: Mapping[str, Any]) -> tuple[str | None, str | None, bool]:
+        """(content hash, fingerprint, written by the application) of one point's payload."""
+        if "reindex_content_hash" in payload:
+            adopted = payload.get("reindex_origin") == ADOPTED
+            return payload["reindex_content_hash"], payload.get("reindex_fingerprint"), adopted
+        if self.text_field is None:
+            return None, payload.get("reindex_fingerprint"), True
+        text = _dotted(payload, self.text_field)
+        digest = text_hash(Record("", text)) if isinstance(text, str) else None
+        return digest, self.fingerprint, True
+
+
+def _unhashed(doc_id: str) -> Any:
+    """A filter for the application's point of this id (its own point id: it has no `reindex_id`), while
+    it still carries no content hash."""
+    from qdrant_client import models
+
+    parsed = _parse_point_id(doc_id)
+    return models.Filter(
+        must=[
+            models.HasIdCondition(has_id=[point_id(doc_id) if parsed is None else parsed]),
+            models.IsEmptyCondition(is_empty=models.PayloadField(key="reindex_content_hash")),
+        ]
+    )
 
 
 def _check_existing(info: TargetInfo, spec: TargetSpec) -> None:
@@ -930,6 +1028,7 @@ def _point_payloads(docs: Documents, content_hashes: Sequence[str], fingerprint:
         ]
     payloads = [_json_safe(docs.payload(i)) for i in range(len(docs))]
     for payload, doc_id, content_hash in zip(payloads, docs.ids, content_hashes, strict=True):
+        payload.pop("reindex_origin", None)  # read from an adopted point: this vector is the tool's now
         payload.update(reindex_id=doc_id, reindex_fingerprint=fingerprint, reindex_content_hash=content_hash)
     return payloads
 

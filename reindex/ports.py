@@ -195,6 +195,10 @@ class IndexEntry:
     content_hash: str | None
     fingerprint: str | None
     problem: VectorProblem | None = None
+    # True: the application wrote it through the alias, without the tool's bookkeeping (the sink derived
+    # hash and fingerprint from its text and the target); None: the sink cannot tell (pgvector fills them
+    # in the database as the row is written)
+    application: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,3 +303,14 @@ class Sink(Protocol):
     def drop(self, target: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class AdoptingSink(Protocol):
+    """A sink that stores the bookkeeping of application-written vectors after the fact (Qdrant, whose
+    upserts replace a point's whole payload); pgvector fills it as the row is written, in a trigger."""
+
+    def adopt(self, target: str, hashes: Mapping[str, str], fingerprint: str) -> int:
+        """Record the content hash (values) and `fingerprint` on these ids (keys) where they still carry
+        none; return how many were asked for. Never touches a vector."""
+        ...

@@ -16,9 +16,9 @@ from reindex.batching import chunks
 from reindex.errors import ConfigError
 from reindex.ledger import DeadLetter, Ledger
 from reindex.pipeline import retrying
-from reindex.ports import DeferredEmbedder, Record, Source
+from reindex.ports import AdoptingSink, DeferredEmbedder, Record, Source
 from reindex.validation import excused
-from reindex.verify import Category, compare
+from reindex.verify import Category, Comparison, compare
 
 if TYPE_CHECKING:
     from reindex.commands import Migration
@@ -36,6 +36,7 @@ class SyncReport:
     dead_letters: int  # documents that could not be embedded this time
     seconds: float
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
+    adopted: int = 0  # application-written vectors given their bookkeeping (Qdrant), nothing re-embedded
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,6 +56,7 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
     with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused(letters)) as comparison:
         kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
         counts = {c: comparison.count(c) for c in kinds}
+        adopted = _adopt(m, comparison)
         stale = chain(*(comparison.ids(c) for c in ("missing", "stale", "invalid_vectors", "conflicting")))
         for chunk in chunks(stale, m.config.run.shard_size):
             shard = pipeline.process(fetch_records(m.source, chunk))
@@ -78,7 +80,21 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
         dead_letters=len(dead),
         seconds=round(time.monotonic() - started, 3),
         dead_letter_reasons=reasons,
+        adopted=adopted,
     )
+
+
+def _adopt(m: Migration, comparison: Comparison) -> int:
+    """Store the bookkeeping of the application's sound vectors where the sink cannot fill it as they are
+    written (Qdrant): a text the application later changes under such a vector then reads as stale, as
+    one of the tool's own would. Writing the hash of the text read is safe whatever happens meanwhile: a
+    point rewritten since only looks stale, and is re-embedded."""
+    if not isinstance(m.sink, AdoptingSink):
+        return 0
+    adopted = 0
+    for chunk in chunks(comparison.adoptable(), DELETE_CHUNK):
+        adopted += retrying(m.sink.adopt, m.spec.name, dict(chunk), m.spec.fingerprint)
+    return adopted
 
 
 def _refuse_while_jobs_are_open(m: Migration, ledger: Ledger) -> None:

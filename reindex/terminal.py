@@ -278,6 +278,11 @@ def sync(s: Screen, r: dict[str, Any]) -> None:
             )
         )
     )
+    if r.get("adopted"):
+        s.line(
+            f"Adopted {count(r['adopted'], 'vector')} the application wrote: content hashes stored, nothing"
+            " re-embedded"
+        )
     _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
 
 
@@ -412,6 +417,11 @@ def _coverage(s: Screen, c: dict[str, Any]) -> None:
                     for fp, n in fingerprints.items()
                 )
                 or units.NONE,
+            ),
+            *(
+                [("written by the application", integer(c["application_rows"]))]
+                if c.get("application_rows")
+                else []
             ),
             ("checked", f"in {duration(c['seconds'])} ({units.rate(c['ids_per_second'], 'ids')})"),
         ]

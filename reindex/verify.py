@@ -51,6 +51,9 @@ class Coverage:
     sample: dict[str, Any] | None = None  # re-embedding check, when asked for
     dead_letter_ceiling: int | None = None  # [run] max_dead_letters for this source; None: not checked
     target_exists: bool = True  # False: nothing is built yet (every source document is missing)
+    # vectors the application wrote through the alias, without the tool's bookkeeping (Qdrant: no reindex_*
+    # payload); None where the target cannot tell (pgvector fills the bookkeeping as the row is written)
+    application_rows: int | None = None
 
     @property
     def over_ceiling(self) -> bool:
@@ -134,6 +137,22 @@ class Comparison:
         )
         return [row[0] for row in rows]
 
+    def adoptable(self) -> Iterator[tuple[str, str]]:
+        """(id, content hash) of the application's vectors that are sound as they are (the hash derived from
+        their text is the source's, the vector is sane): a sink that can store that bookkeeping should."""
+        rows = self.db.execute(
+            "SELECT t.id, t.hash FROM tgt t JOIN src s ON s.id = t.id WHERE t.app = 1 AND t.problem IS NULL"
+            " AND t.hash IS NOT NULL AND t.hash IS s.hash AND NOT s.conflict ORDER BY 1"
+        )
+        yield from rows
+
+    def application_rows(self) -> int | None:
+        """How many vectors the application wrote; None when the target could not tell for some."""
+        told, written = self.db.execute(
+            "SELECT count(app) = count(*), coalesce(sum(app), 0) FROM tgt"
+        ).fetchone()
+        return int(written) if told else None
+
     def report(
         self, expected_fingerprint: str | None, ceiling: Callable[[int], int] | None = None
     ) -> Coverage:
@@ -165,6 +184,7 @@ class Comparison:
             ids_per_second=round(rate),
             dead_letter_ceiling=limit,
             target_exists=self.exists,
+            application_rows=self.application_rows(),
             **counts,
         )
 
@@ -183,7 +203,7 @@ def compare(
             _load(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
             if exists:  # a target not built yet is an empty one: every source document is missing
                 entries = _target_rows(sink.scan_index(target, dim))
-                _load(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?)", entries)
+                _load(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?,?)", entries)
             yield Comparison(db, target, time.monotonic() - started, exists=exists)
         finally:
             db.close()
@@ -245,7 +265,7 @@ def _scratch_db(path: Path) -> sqlite3.Connection:
         PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;
         CREATE TABLE src (id TEXT PRIMARY KEY, hash TEXT, conflict INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
         CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
-        CREATE TABLE tgt (id TEXT PRIMARY KEY, hash TEXT, fp TEXT, problem TEXT) WITHOUT ROWID;
+        CREATE TABLE tgt (id TEXT PRIMARY KEY, hash TEXT, fp TEXT, problem TEXT, app INTEGER) WITHOUT ROWID;
     """)
     return db
 
@@ -255,9 +275,11 @@ def _source_rows(records: Iterable[Record]) -> Iterator[tuple[str, str | None]]:
         yield record.id, text_hash(record)
 
 
-def _target_rows(entries: Iterable[IndexEntry]) -> Iterator[tuple[str, str | None, str | None, str | None]]:
+def _target_rows(
+    entries: Iterable[IndexEntry],
+) -> Iterator[tuple[str, str | None, str | None, str | None, bool | None]]:
     for entry in entries:
-        yield entry.id, entry.content_hash, entry.fingerprint, entry.problem
+        yield entry.id, entry.content_hash, entry.fingerprint, entry.problem, entry.application
 
 
 def _load(db: sqlite3.Connection, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:

@@ -90,6 +90,7 @@ def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
 
     report = invoke("verify", "-c", str(config), "--sample", "40")  # re-embeds 40 rows: the app's too
     assert report["complete"] and report["target_vectors"] == 130 and report["stale"] == 0
+    assert report["application_rows"] is None  # the trigger's rows look like the tool's (README)
     plan = invoke("plan", "-c", str(config), "--no-calibrate")
     with psycopg.connect(pg_dsn) as conn:
         rows = conn.execute(
