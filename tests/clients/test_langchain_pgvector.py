@@ -13,28 +13,14 @@ import psycopg
 import pytest
 import sqlalchemy
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from typer.testing import CliRunner
 
-from adapters.memory import HashEmbedder
 from reindex.cli import app
 from reindex.fingerprint import content_hash
+from tests.clients.support import Hashed
 
 runner = CliRunner()
 OLD_DIM, NEW_DIM = 16, 24
-
-
-class Hashed(Embeddings):
-    """The application's model: the tool's hash embedder, so a fresh migration's vectors are known."""
-
-    def __init__(self, dim: int) -> None:
-        self.model = HashEmbedder(dim=dim)
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self.model.embed(self.model.tokenize(texts)).tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
 
 
 def invoke(*args: str) -> dict:

@@ -16,31 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_qdrant import QdrantVectorStore
 from qdrant_client import QdrantClient, models
 from typer.testing import CliRunner
 
-from adapters.memory import HashEmbedder
 from reindex.cli import app
 from reindex.fingerprint import content_hash
+from tests.clients.support import Hashed, aliased_collection
 
 runner = CliRunner()
 OLD_DIM, NEW_DIM = 16, 24
 ALIAS = "notes_live"  # Qdrant puts no alias over a collection: the application reads notes_live -> notes
-
-
-class Hashed(Embeddings):
-    """The application's model: the tool's hash embedder, so a fresh migration's vectors are known."""
-
-    def __init__(self, dim: int) -> None:
-        self.model = HashEmbedder(dim=dim)
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return self.model.embed(self.model.tokenize(texts)).tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
 
 
 def invoke(*args: str, exit_code: int = 0) -> dict:
@@ -76,22 +62,9 @@ def point(client: QdrantClient, n: int) -> Any:
     return found
 
 
-def seed(storage: Path) -> None:
-    client = QdrantClient(path=str(storage))
-    client.create_collection("notes", models.VectorParams(size=OLD_DIM, distance=models.Distance.COSINE))
-    client.update_collection_aliases(
-        change_aliases_operations=[
-            models.CreateAliasOperation(
-                create_alias=models.CreateAlias(collection_name="notes", alias_name=ALIAS)
-            )
-        ]
-    )
-    client.close()
-
-
 def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(tmp_path: Path) -> None:
     storage = tmp_path / "qdrant"
-    seed(storage)
+    aliased_collection(storage, "notes", ALIAS, OLD_DIM)
     with application(storage, OLD_DIM) as (old, _):
         add(old, range(120))
     config = tmp_path / "notes.toml"

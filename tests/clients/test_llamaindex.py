@@ -22,12 +22,13 @@ from llama_index.core.vector_stores.types import BasePydanticVectorStore
 from llama_index.vector_stores.postgres import PGVectorStore
 from llama_index.vector_stores.qdrant import QdrantVectorStore
 from pydantic import PrivateAttr
-from qdrant_client import QdrantClient, models
+from qdrant_client import QdrantClient
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from typer.testing import CliRunner
 
 from adapters.memory import HashEmbedder
 from reindex.cli import app
+from tests.clients.support import aliased_collection
 
 runner = CliRunner()
 OLD_DIM, NEW_DIM = 16, 24
@@ -112,22 +113,9 @@ def qdrant_application(storage: Path) -> Iterator[tuple[QdrantVectorStore, Qdran
         client.close()
 
 
-def seed(storage: Path) -> None:
-    client = QdrantClient(path=str(storage))
-    client.create_collection("notes", models.VectorParams(size=OLD_DIM, distance=models.Distance.COSINE))
-    client.update_collection_aliases(
-        change_aliases_operations=[
-            models.CreateAliasOperation(
-                create_alias=models.CreateAlias(collection_name="notes", alias_name=ALIAS)
-            )
-        ]
-    )
-    client.close()
-
-
 def test_llamaindex_qdrant_reads_through_the_alias_before_and_after_cutover(tmp_path: Path) -> None:
     storage = tmp_path / "qdrant"
-    seed(storage)
+    aliased_collection(storage, "notes", ALIAS, OLD_DIM)
     with qdrant_application(storage) as (old, _):
         build(old, OLD_DIM, range(120))
     config = tmp_path / "notes.toml"

@@ -1,0 +1,38 @@
+"""What the client tests share: the application's model as LangChain sees it, and a Qdrant collection the
+application reads through an alias."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from langchain_core.embeddings import Embeddings
+from qdrant_client import QdrantClient, models
+
+from adapters.memory import HashEmbedder
+
+
+class Hashed(Embeddings):
+    """The application's model: the tool's hash embedder, so a fresh migration's vectors are known."""
+
+    def __init__(self, dim: int) -> None:
+        self.model = HashEmbedder(dim=dim)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.model.embed(self.model.tokenize(texts)).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+def aliased_collection(storage: Path, collection: str, alias: str, dim: int) -> None:
+    """An empty collection in local storage with `alias` over it (Qdrant puts none there by itself)."""
+    client = QdrantClient(path=str(storage))
+    client.create_collection(collection, models.VectorParams(size=dim, distance=models.Distance.COSINE))
+    client.update_collection_aliases(
+        change_aliases_operations=[
+            models.CreateAliasOperation(
+                create_alias=models.CreateAlias(collection_name=collection, alias_name=alias)
+            )
+        ]
+    )
+    client.close()
