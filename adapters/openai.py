@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from reindex.columns import TokenColumns
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     import tiktoken
     from openai import APIStatusError, OpenAI
     from openai.types import Batch
-
-    from reindex.columns import TokenColumns
 
 T = TypeVar("T")
 Inputs = tuple[list[str], list[int]]  # an online call's texts to send and their token counts
@@ -510,6 +509,7 @@ class OpenAIEmbedder:
         self._billing = threading.Lock()
         self._rejections: dict[int, str] = {}
         self._pool: ThreadPoolExecutor | None = None  # the senders, made on first use
+        self._pool_lock = threading.Lock()
 
     @classmethod
     def from_config(cls, config: Config) -> OpenAIEmbedder:
@@ -556,8 +556,6 @@ class OpenAIEmbedder:
 
     def tokenize_columns(self, texts: Sequence[str]) -> TokenColumns:
         """`tokenize` as columns, with no object per text (the pipeline's path)."""
-        from reindex.columns import TokenColumns
-
         sent, counts, original = encode_texts(texts, self._codec, self.info.max_tokens)
         return TokenColumns(
             np.asarray(counts, dtype=np.int64), np.asarray(original, dtype=np.int64), texts=sent
@@ -594,7 +592,7 @@ class OpenAIEmbedder:
         return RemoteCall(out, futures, rejections)
 
     def _senders(self) -> ThreadPoolExecutor:
-        with self._billing:
+        with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="openai-embed")
             return self._pool

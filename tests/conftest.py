@@ -73,10 +73,11 @@ def _throwaway_settings(uri: str) -> None:
     terminated connection (what the durability tests do) behaves exactly as with fsync on; only a crash
     of the whole machine would differ, and then the tests are lost anyway."""
     import psycopg
+    from psycopg import sql
 
     with psycopg.connect(uri, autocommit=True) as conn:
         for setting in ("fsync", "synchronous_commit", "full_page_writes"):
-            conn.execute(f"ALTER SYSTEM SET {setting} = off")
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = off").format(sql.Identifier(setting)))
         conn.execute("SELECT pg_reload_conf()")
 
 
