@@ -89,6 +89,11 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
+# The text rows are random keys: each shard's commit dirties about one page per text it inserts (up to the
+# whole table) and the WAL takes every dirty page whole. Fewer, larger pages cost less per text: measured
+# inserting 500,000 texts in shards of 5,000, 6.8 s of CPU at 64 KiB against 13.3 s at SQLite's 4 KiB default.
+PAGE_SIZE = 65536
+
 # One statement per shard, whatever its size: {hash: state} as one JSON object. The ORDER BY makes the
 # planner read the JSON first and look each text up by key (without it, it scans the plan's texts per row).
 _SETTLE_TEXTS = (
@@ -96,10 +101,9 @@ _SETTLE_TEXTS = (
     " FROM (SELECT key AS content_hash, value AS state FROM json_each(?) ORDER BY 1) AS settled"
     " WHERE texts.plan_id = ? AND texts.content_hash = settled.content_hash"
 )
-_UPSERT_TEXTS = (
+_UPSERT_TEXTS = (  # {hash: owner} of one state; in key order, so the B-tree takes them page by page
     "INSERT INTO texts (plan_id, content_hash, owner, state)"
-    " SELECT ?, json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]')"
-    " FROM json_each(?) WHERE true"
+    " SELECT ?, key, value, ? FROM json_each(?) WHERE true ORDER BY key"
     " ON CONFLICT (plan_id, content_hash) DO UPDATE SET owner = excluded.owner, state = excluded.state"
 )
 _NEXT_TOKEN = (
@@ -457,8 +461,28 @@ def settlement_rows(
     that hand a text to a new owner document (state from `states`, else 'written')."""
     given = dict(states)
     updates = [(digest, state) for digest, state in states if digest not in owners]
-    upserts = [(digest, owner, given.get(digest, "written")) for digest, owner in owners.items()]
+    # In key order: a B-tree takes sorted keys page by page (about a third less work for SQLite).
+    upserts = [(digest, owner, given.get(digest, "written")) for digest, owner in sorted(owners.items())]
     return updates, upserts
+
+
+def settlements_by_state(
+    states: Sequence[tuple[str, str]], owners: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """`settlement_rows` as JSON-ready maps: {hash: state} updates, and the upserts as {state: {hash: owner}},
+    one statement per state (a shard's texts are nearly all 'written')."""
+    given = dict(states)
+    updates = {digest: given[digest] for digest in given.keys() - owners.keys()}
+    odd = {digest: state for digest, state in given.items() if state != "written" and digest in owners}
+    groups: dict[str, dict[str, str]] = {}
+    for digest, state in odd.items():
+        groups.setdefault(state, {})[digest] = owners[digest]
+    written = (
+        {digest: owner for digest, owner in owners.items() if digest not in odd} if odd else dict(owners)
+    )
+    if written:
+        groups["written"] = written
+    return updates, groups
 
 
 def is_replay(plan_id: str, shard: ShardResult, recorded: Mapping[int, tuple[str | None, str]]) -> bool:
@@ -556,6 +580,7 @@ class SqliteLedger:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            self._db.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new ledger only: it must precede WAL
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
         except (OSError, sqlite3.Error) as exc:
@@ -885,7 +910,7 @@ class SqliteLedger:
         with self._fenced() as db:
             inserted = db.execute(
                 "INSERT INTO texts (plan_id, content_hash, owner, state) SELECT ?, key, value, 'claimed'"
-                " FROM json_each(?) WHERE true ON CONFLICT DO NOTHING RETURNING content_hash",
+                " FROM json_each(?) WHERE true ORDER BY key ON CONFLICT DO NOTHING RETURNING content_hash",
                 (plan_id, json.dumps(dict(owners))),
             ).fetchall()
             mine = {row[0] for row in inserted}
@@ -918,11 +943,11 @@ class SqliteLedger:
     def _settle_texts(
         db: sqlite3.Connection, plan_id: str, states: Sequence[tuple[str, str]], owners: Mapping[str, str]
     ) -> None:
-        updates, upserts = settlement_rows(states, owners)
+        updates, groups = settlements_by_state(states, owners)
         if updates:
-            db.execute(_SETTLE_TEXTS, (json.dumps(dict(updates)), plan_id))
-        if upserts:
-            db.execute(_UPSERT_TEXTS, (plan_id, json.dumps(upserts)))
+            db.execute(_SETTLE_TEXTS, (json.dumps(updates), plan_id))
+        for state, owned in groups.items():
+            db.execute(_UPSERT_TEXTS, (plan_id, state, json.dumps(owned)))
 
     def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None:
         """Forget claims that no durable work will fulfil (their shard died in flight)."""
