@@ -158,21 +158,21 @@ def keep_records(shard: Shard, keep: Sequence[bool] | NDArray[np.bool_]) -> None
 
 
 def text_settlements(shard: Shard) -> list[tuple[str, str]]:
-    """What became of each text this shard claimed or took over: written, or dead with the reason."""
-    written = set(shard.hashes)
-    reasons = {letter.content_hash: letter.reason for letter in shard.dead if letter.content_hash}
-    settled = dict(shard.settled)
-    for digest in shard.claimed:
-        if digest in written:
-            settled[digest] = "written"
-        else:
-            settled[digest] = f"dead:{reasons.get(digest, 'unknown')}"
+    """What became of each text this shard claimed or took over: written, or dead with the reason (in key
+    order, as the ledger takes them). Set operations for the common shard, where every claim was written."""
+    lost = shard.claimed.keys() - set(shard.hashes)
+    reasons = (
+        {letter.content_hash: letter.reason for letter in shard.dead if letter.content_hash} if lost else {}
+    )
+    settled = shard.settled | dict.fromkeys(shard.claimed, "written")
+    for digest in lost:
+        settled[digest] = f"dead:{reasons.get(digest, 'unknown')}"
     # A sink refuses a row, not a text (a NUL may sit in the payload): copies must try for themselves,
     # unless the text itself holds the NUL, which the sink refuses in every row that carries it.
-    return sorted(
-        (d, "lost" if s.startswith("dead:sink_rejected") and d not in shard.unstorable else s)
-        for d, s in settled.items()
-    )
+    for digest in lost | shard.settled.keys():
+        if settled[digest].startswith("dead:sink_rejected") and digest not in shard.unstorable:
+            settled[digest] = "lost"
+    return sorted(settled.items())
 
 
 def unstorable(records: Sequence[Record], hashes: Sequence[str], refused: Sequence[DeadLetter]) -> set[str]:
