@@ -7,6 +7,7 @@ JSONL    cursor = byte offset        resume seeks to the line and skips it
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.columns import Documents
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
 
 _MISSING = object()
 _BOM = b"\xef\xbb\xbf"
+_NEWLINE, _BRACE = ord("\n"), ord("{")
+Int64s = NDArray[np.int64]
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")  # \ud800-\udfff: the only way JSON spells a lone surrogate
 
 
 class ParquetSource:
@@ -222,16 +228,60 @@ class JsonlSource:
                 yield str(last), count
 
     def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
-        """Shards of `size` documents as columns: per line one `json.loads` and two lookups; a line that is not
-        a plain object with a string-like id and a string text takes `scan`'s per-record path."""
+        """Shards of `size` documents as columns. A block of plain lines (each a JSON object with a string-like
+        id and a string text) is parsed by one `json.loads` of the block as an array; a block with anything
+        else (a blank or defective line, a byte-order mark, text that is not valid Unicode) is read line by
+        line, each line as `scan` reads it."""
         if "." in self.id_field or "." in self.text_field:
             yield from _chunked(self.scan(after), size)
             return
-        id_field, text_field = self.id_field, self.text_field
-        pending = _Pending(size, (id_field, text_field))
-        loads = json.loads
-        ids, texts, objects, extra, last = pending.ids, pending.texts, pending.payloads, False, ""
-        for start, line, lines in self._lines(after):
+        pending = _Pending(size, (self.id_field, self.text_field))
+        for start, block, lines in self._blocks(after):
+            starts = _line_starts(block)
+            rows = _plain_rows(block, starts, self.id_field, self.text_field)
+            if rows is None:
+                self._scan_lines(pending, start, block, lines)
+            else:
+                pending.add_rows(*rows, starts=starts + start)
+                lines.skip(len(starts), start + len(block))
+            yield from pending.full()
+        pending.seal_rest()
+        yield from pending.rest()
+
+    def _blocks(self, after: str | None) -> Iterator[tuple[int, bytes, _LineNumbers]]:
+        """(byte offset, whole lines) of the file after the line at offset `after`, in blocks of about
+        BLOCK_BYTES; the last block may lack its final newline."""
+        with _file_errors(self.path), self.path.open("rb", buffering=0) as stream:
+            offset, lines = 0, _LineNumbers(self.path, known=True)
+            if after is not None:
+                offset, lines = _position(after), _LineNumbers(self.path, known=False)
+                with self.path.open("rb") as skip:
+                    skip.seek(offset)
+                    offset += len(skip.readline())
+                stream.seek(offset)
+            carry = b""
+            while chunk := stream.read(BLOCK_BYTES):
+                data = carry + chunk
+                end = data.rfind(b"\n") + 1
+                if end == 0:
+                    carry = data
+                    continue
+                carry = data[end:]
+                yield offset, data[:end], lines
+                offset += end
+            if carry:
+                yield offset, carry, lines
+
+    def _scan_lines(self, pending: _Pending, start: int, block: bytes, lines: _LineNumbers) -> None:
+        """Each line of a block that is not all plain lines: plain lines by one lookup each, the rest as `scan`
+        reads them (a defect becomes a dead letter with its line number)."""
+        id_field, text_field, loads = self.id_field, self.text_field, json.loads
+        for raw in _split_lines(block):
+            offset, start = start, start + len(raw)
+            lines.advance(offset)
+            line = raw.removeprefix(_BOM) if offset == 0 else raw
+            if not line.strip():
+                continue
             try:
                 obj = loads(line.decode("utf-8"))  # bytes would let json guess UTF-16 or UTF-32
             except ValueError:
@@ -240,25 +290,9 @@ class JsonlSource:
             if obj.__class__ is dict:
                 doc_id, text = obj.get(id_field), obj.get(text_field)
             if text.__class__ is str and doc_id is not None and (b"\\u" not in line or _encodable(text)):
-                if doc_id.__class__ is not str:
-                    doc_id, extra = str(doc_id), True
-                ids.append(doc_id)
-                texts.append(text)
-                objects.append(obj)
-                extra = extra or len(obj) != 2
+                pending.add_row(doc_id, text, obj, str(offset))
             else:
-                record = self._parse(line, str(start), lines.name)
-                pending.add_record(record)
-                extra = True
-            last = str(start)
-            if len(ids) >= size:
-                pending.seal(last, extra)
-                extra = False
-                yield from pending.full()
-                ids, texts, objects = pending.ids, pending.texts, pending.payloads
-        if ids:
-            pending.seal(last, extra)
-        yield from pending.rest()
+                pending.add_record(self._parse(line, str(offset), lines.name), str(offset))
 
     def _parse(self, line: bytes, cursor: str, fallback: Callable[[], str]) -> Record:
         try:
@@ -293,6 +327,12 @@ class _LineNumbers:
         self._start = start
         if self._number is not None:
             self._number += 1
+
+    def skip(self, count: int, end: int) -> None:
+        """`count` lines passed, the last one ending at byte `end`."""
+        self._start = end
+        if self._number is not None:
+            self._number += count
 
     def name(self) -> str:
         if self._number is None:
@@ -396,7 +436,8 @@ def _file_errors(path: Path) -> Iterator[None]:
 
 
 class _Pending:
-    """Columns being filled for the next shard; `seal` closes one, `full` hands the closed ones out."""
+    """Columns being filled for the next shard: a shard is sealed as its `size`-th row arrives, and `full`
+    hands the sealed ones out."""
 
     def __init__(self, size: int, fields: tuple[str, str]) -> None:
         self.size, self.fields = size, fields
@@ -408,18 +449,52 @@ class _Pending:
         self.texts: list[str] = []
         self.payloads: list[Mapping[str, Any]] = []
         self.defects: dict[int, tuple[str, str]] = {}
+        self.extra, self.last = False, ""  # extra: some row's payload is more than its string id and text
 
-    def add_record(self, record: Record) -> None:
+    def add_row(self, doc_id: Any, text: str, obj: Mapping[str, Any], cursor: str) -> None:
+        """A plain document: a JSON object with a string text and an id that is not null."""
+        if doc_id.__class__ is not str:
+            doc_id, self.extra = str(doc_id), True
+        self.ids.append(doc_id)
+        self.texts.append(text)
+        self.payloads.append(obj)
+        self.extra = self.extra or len(obj) != 2
+        self._added(cursor)
+
+    def add_record(self, record: Record, cursor: str) -> None:
         if record.defect:
             self.defects[len(self.ids)] = (record.defect, f"source position {record.position}")
         self.ids.append(record.id)
         self.texts.append(record.text)
         self.payloads.append(record.payload)
+        self.extra = True
+        self._added(cursor)
 
-    def seal(self, last: str, extra: bool) -> None:
-        """The filled columns are one shard ending at source position `last`."""
-        payloads = self.payloads if extra or self.defects else None
-        self.ready.append(Documents(self.ids, self.texts, payloads, self.fields, self.defects, last))
+    def add_rows(
+        self, ids: list[str], texts: list[str], payloads: list[Any], odd: list[int], starts: Int64s
+    ) -> None:
+        """Plain documents in bulk (`_plain_rows`); `odd` lists the rows whose payload must travel."""
+        row = 0
+        while row < len(ids):
+            end = min(len(ids), row + self.size - len(self.ids))
+            self.ids += ids[row:end]
+            self.texts += texts[row:end]
+            self.payloads += payloads[row:end]
+            self.extra = self.extra or any(row <= odd_row < end for odd_row in odd)
+            row = end
+            self._added(str(int(starts[end - 1])))
+
+    def _added(self, cursor: str) -> None:
+        self.last = cursor
+        if len(self.ids) >= self.size:
+            self.seal_rest()
+
+    def seal_rest(self) -> None:
+        """Close the filled columns as one shard ending at the last row's source position."""
+        if not self.ids:
+            return
+        payloads = self.payloads if self.extra or self.defects else None
+        self.ready.append(Documents(self.ids, self.texts, payloads, self.fields, self.defects, self.last))
         self._reset()
 
     def full(self) -> Iterator[Documents]:
@@ -427,6 +502,52 @@ class _Pending:
             yield self.ready.pop(0)
 
     rest = full
+
+
+BLOCK_BYTES = 1 << 21  # the JSONL reader's unit: about 6,000 lines of a typical corpus
+
+
+def _line_starts(block: bytes) -> Int64s:
+    """Byte offset of each line of a block of whole lines (the last one may lack its newline)."""
+    ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == _NEWLINE)
+    starts = np.zeros(len(ends) + (not block.endswith(b"\n")), dtype=np.int64)
+    starts[1:] = ends[: len(starts) - 1] + 1
+    return starts
+
+
+def _plain_rows(
+    block: bytes, starts: Int64s, id_field: str, text_field: str
+) -> tuple[list[str], list[str], list[Any], list[int]] | None:
+    """(ids, texts, objects, odd rows) when every line of the block is one JSON object with an id that is not
+    null and a string text, all valid Unicode; else None. One `json.loads` reads the block as an array: a
+    line opening with "{" holds at least one value, so as many values as lines means one object per line.
+    Odd rows carry more than a string id and the text: their payload travels, their id becomes a string."""
+    if not len(starts) or (np.frombuffer(block, dtype=np.uint8)[starts] != _BRACE).any():
+        return None  # a blank line, leading whitespace or a byte-order mark: line by line
+    try:
+        body = block.decode("utf-8")  # bytes would let json guess UTF-16 or UTF-32
+        objects = json.loads("[" + body.removesuffix("\n").replace("\n", ",") + "]")
+    except ValueError:
+        return None
+    if len(objects) != len(starts):
+        return None
+    ids = [obj.get(id_field) for obj in objects]
+    texts = [obj.get(text_field) for obj in objects]
+    if None in ids or not all(text.__class__ is str for text in texts):
+        return None
+    if _SURROGATE_ESCAPE.search(body) and not _encodable("".join(texts)):
+        return None  # a lone surrogate: that line's record says invalid_encoding
+    odd = [row for row, obj in enumerate(objects) if len(obj) != 2 or ids[row].__class__ is not str]
+    for row in odd:
+        ids[row] = str(ids[row])
+    return ids, texts, objects, odd
+
+
+def _split_lines(block: bytes) -> list[bytes]:
+    """A block's lines with their newlines, split at b"\\n" only, as iterating a binary file does."""
+    lines = [line + b"\n" for line in block.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
 
 
 def _ending(docs: Documents, last_row: int) -> Documents:
