@@ -7,6 +7,7 @@ JSONL    cursor = byte offset        resume seeks to the line and skips it
 from __future__ import annotations
 
 import json
+import operator
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -526,18 +527,23 @@ def _plain_rows(
         return None  # a blank line, leading whitespace or a byte-order mark: line by line
     try:
         body = block.decode("utf-8")  # bytes would let json guess UTF-16 or UTF-32
-        objects = json.loads("[" + body.removesuffix("\n").replace("\n", ",") + "]")
-    except ValueError:
+        ended = body.endswith("\n")  # its newline becomes a trailing comma: a 0 follows it, popped below
+        objects = json.loads("[" + body.replace("\n", ",") + ("0]" if ended else "]"))
+        if ended:
+            objects.pop()
+        if len(objects) != len(starts):
+            return None
+        ids = list(map(operator.itemgetter(id_field), objects))
+        texts = list(map(operator.itemgetter(text_field), objects))
+    except (ValueError, KeyError, TypeError):
         return None
-    if len(objects) != len(starts):
-        return None
-    ids = [obj.get(id_field) for obj in objects]
-    texts = [obj.get(text_field) for obj in objects]
-    if None in ids or not all(text.__class__ is str for text in texts):
+    if None in ids or set(map(type, texts)) != {str}:
         return None
     if _SURROGATE_ESCAPE.search(body) and not _encodable("".join(texts)):
         return None  # a lone surrogate: that line's record says invalid_encoding
-    odd = [row for row, obj in enumerate(objects) if len(obj) != 2 or ids[row].__class__ is not str]
+    odd: list[int] = []
+    if set(map(len, objects)) != {2} or set(map(type, ids)) != {str}:
+        odd = [row for row, obj in enumerate(objects) if len(obj) != 2 or ids[row].__class__ is not str]
     for row in odd:
         ids[row] = str(ids[row])
     return ids, texts, objects, odd
