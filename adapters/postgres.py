@@ -66,6 +66,10 @@ _PRIVILEGES = frozenset(
     {"SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE", "REFERENCES", "TRIGGER", "MAINTAIN"}
 )
 _RESERVED = ("reindex_fingerprint", "reindex_content_hash")  # bookkeeping the sink adds to every target
+# 'application' on a row the trigger filled the bookkeeping of (the application wrote it through the alias);
+# NULL on the tool's own rows. Nullable and added by finalize where missing: targets older than it lack it.
+_ORIGIN = "reindex_origin"
+_BOOKKEEPING = (*_RESERVED, _ORIGIN)  # never a document field
 _TEXT_OID = 25
 _PARALLEL_ROWS = 2000  # a write this big is cut into slices for the writer connections...
 _SLICE_ROWS = 1000  # ...of at least this many rows each
@@ -354,6 +358,7 @@ class PgvectorSink:
                 _grant(conn, layout.ident, _grants_of(conn, live))
             with conn.transaction():
                 _accept_application_writes(conn, layout, spec)
+        self._layouts.pop(spec.name, None)  # it may have gained the origin column
 
     def describe(self, target: str) -> TargetInfo | None:
         from psycopg import sql
@@ -385,8 +390,8 @@ class PgvectorSink:
         with self._db.transaction() as conn, conn.cursor(name=name) as cursor:
             cursor.itersize = 5000
             cursor.execute(*_index_query(layout, dim))
-            for key, digest, fingerprint, problem in cursor:
-                yield IndexEntry(key, digest, fingerprint, problem)
+            for key, digest, fingerprint, problem, application in cursor:
+                yield IndexEntry(key, digest, fingerprint, problem, application)
 
     def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
         from psycopg import sql
@@ -1010,7 +1015,7 @@ def _read_source_shape(
         ("text_column", text_column),
         ("vector_column", vector_column),
     ):
-        if column in _RESERVED:
+        if column in _BOOKKEEPING:
             raise ConfigError(
                 f"[source] {option} {column!r} is a column this tool writes, not a document field"
             )
@@ -1023,7 +1028,7 @@ def _read_source_shape(
     distance = _detect_distance(conn, oid, vector.name) if vector else "cosine"
     # A source named like the alias reads an earlier target through the view: its bookkeeping columns
     # are not the application's data, and the next target adds its own.
-    columns = tuple(a for a in attributes.values() if not a.is_vector and a.name not in _RESERVED)
+    columns = tuple(a for a in attributes.values() if not a.is_vector and a.name not in _BOOKKEEPING)
     return _SourceShape(oid, columns, attributes[id_column], attributes[text_column], vector, distance)
 
 
@@ -1106,8 +1111,8 @@ def _schema_columns(conn: Connection, spec: TargetSpec) -> list[sql.Composable]:
     vector = spec.source.vector_field or "embedding"
     if spec.source.id_field not in names:
         raise ConfigError(f"id column {spec.source.id_field!r} is not among the source columns")
-    if vector in names or set(_RESERVED) & set(names):
-        raise ConfigError(f"source columns clash with {vector!r} or {', '.join(_RESERVED)}")
+    if vector in names or set(_BOOKKEEPING) & set(names):
+        raise ConfigError(f"source columns clash with {vector!r} or {', '.join(_BOOKKEEPING)}")
     definitions: list[sql.Composable] = []
     for column in spec.source.columns:
         key = sql.SQL(" PRIMARY KEY" if column.name == spec.source.id_field else "")
@@ -1135,11 +1140,18 @@ def _schemaless_columns(spec: TargetSpec) -> list[sql.Composable]:
 # by TG_ARGV[0]) as `reindex.fingerprint.content_hash` computes it, unless the writer set it (reindex itself
 # does). On an UPDATE it does so only when the vector (TG_ARGV[1]) changed with the text: a text rewritten
 # under its old vector keeps the old hash, so verify reports it stale and sync re-embeds it, never "complete".
+# Where it fills the hash it marks the row `reindex_origin = 'application'`, through jsonb_populate_record:
+# the function is shared by every target of the schema, and targets older than that column must still
+# accept writes. The tool's own upserts (`_AS_THE_TOOL`) are left as written: bookkeeping whole, origin NULL,
+# so a row the tool rewrites is its own again, even where its hash, text and vector look like a fill.
 _FILL_CONTENT_HASH = """
 CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $body$
 DECLARE
     body text;
 BEGIN
+    IF current_setting('reindex.writer', true) = 'reindex' THEN
+        RETURN NEW;
+    END IF;
     IF TG_OP = 'INSERT' AND NEW.reindex_content_hash IS NOT NULL THEN
         RETURN NEW;
     END IF;
@@ -1154,16 +1166,20 @@ BEGIN
         RETURN NEW;
     END IF;
     NEW.reindex_content_hash := left(encode(sha256(convert_to(coalesce(body, ''), 'UTF8')), 'hex'), 32);
+    NEW := jsonb_populate_record(NEW, jsonb_build_object('reindex_origin', 'application'));
     RETURN NEW;
 END
 $body$
 """
+# This transaction's writes are the tool's (transaction-local: an application's pooled connection never has it).
+_AS_THE_TOOL = "SELECT set_config('reindex.writer', 'reindex', true)"
 
 
 def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSpec) -> None:
     """Bookkeeping columns an application's write through the alias may leave out: a default fingerprint
-    and a trigger for the content hash. Created after the bulk load, so the load pays no trigger; kept
-    idempotent (finalize runs after every run)."""
+    and a trigger for the content hash and origin. Created after the bulk load, so the load pays no
+    trigger; kept idempotent (finalize runs after every run). A target built before the origin column
+    gets it here: nullable, no default, so adding it changes only the catalog."""
     from psycopg import sql
 
     names = {a.name for a in layout.columns}
@@ -1176,6 +1192,12 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
         ).fetchone()
     )
     function = sql.Identifier(str(schema), "reindex_fill_content_hash")  # beside the target, same owner
+    if _ORIGIN not in names:
+        conn.execute(
+            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} text").format(
+                layout.ident, sql.Identifier(_ORIGIN)
+            )
+        )
     conn.execute(
         sql.SQL("ALTER TABLE {} ALTER COLUMN reindex_fingerprint SET DEFAULT {}").format(
             layout.ident, sql.Literal(spec.fingerprint)
@@ -1200,7 +1222,8 @@ def _vector_column(name: str, dim: int) -> sql.Composable:
 def _reindex_columns() -> list[sql.Composable]:
     from psycopg import sql
 
-    return [sql.SQL("{} text NOT NULL").format(sql.Identifier(name)) for name in _RESERVED]
+    required = [sql.SQL("{} text NOT NULL").format(sql.Identifier(name)) for name in _RESERVED]
+    return [*required, sql.SQL("{} text").format(sql.Identifier(_ORIGIN))]
 
 
 def _checked_type(conn: Connection, type_text: str) -> sql.Composable:
@@ -1234,7 +1257,7 @@ def _write_rows(conn: Connection, layout: _Layout, rows: Rows) -> None:
         stream.set_types(types)
         for values in _row_values(layout, rows):
             stream.write_row(values)
-    conn.execute(_upsert(layout))
+    _upsert_stage(conn, layout)
 
 
 def _write_bulk(
@@ -1258,7 +1281,7 @@ def _write_bulk(
         with conn.transaction():
             _create_stage(conn, layout)
             _copy_payload(conn, sql.Identifier("reindex_stage"), payload)
-            conn.execute(_upsert(layout))
+            _upsert_stage(conn, layout)
         return direct
 
 
@@ -1298,7 +1321,8 @@ def _schemaless_copy(layout: _Layout) -> pg_copy.Schemaless | None:
         return None
     found = {a.name: a.type_name[1] for a in layout.columns}
     expected = {"id": "text", text: "text", "payload": "jsonb", layout.vector.name: "vector"}
-    if found != expected | dict.fromkeys(_RESERVED, "text"):
+    bookkeeping = _BOOKKEEPING if _ORIGIN in found else _RESERVED  # older targets lack the origin
+    if found != expected | dict.fromkeys(bookkeeping, "text"):
         return None
     carried = frozenset({str(meta.get("id_field", "")), text})
     return pg_copy.Schemaless("id", text, "payload", layout.vector.name, carried)
@@ -1349,6 +1373,7 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
         fixed = {
             "reindex_fingerprint": rows.fingerprint,
             "reindex_content_hash": rows.content_hashes[i],
+            _ORIGIN: None,  # the tool's own row, also when it rewrites one the application wrote
             vector_name: vectors[i],
         }
         if is_schemaless:
@@ -1365,6 +1390,12 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
                 text_field: record.payload.get(text_field, record.text),
             }
         yield tuple(fixed[a.name] if a.name in fixed else record.payload.get(a.name) for a in layout.columns)
+
+
+def _upsert_stage(conn: Connection, layout: _Layout) -> None:
+    """Upsert the stage as the tool: the trigger leaves these rows' bookkeeping (origin NULL) as written."""
+    conn.execute(_AS_THE_TOOL)
+    conn.execute(_upsert(layout))
 
 
 def _upsert(layout: _Layout) -> sql.Composed:
@@ -1385,14 +1416,17 @@ def _index_query(layout: _Layout, dim: int) -> tuple[sql.Composed, list[int]]:
 
     present = {a.name for a in layout.columns}
     digest, fingerprint = (sql.Identifier(n) if n in present else sql.NULL for n in _RESERVED[::-1])
+    origin: sql.Composable = sql.NULL  # a target older than the column cannot tell: no count, not 0
+    if _ORIGIN in present:
+        origin = sql.SQL("{} IS NOT DISTINCT FROM 'application'").format(sql.Identifier(_ORIGIN))
     problem: sql.Composable = sql.SQL("'dimension'")
     if layout.vector is not None:
         problem = sql.SQL(
             "CASE WHEN {v} IS NULL OR vector_dims({v}) <> %s THEN 'dimension'"
             " WHEN vector_norm({v}) = 0 THEN 'zero' END"
         ).format(v=layout.vector.ident)
-    query = sql.SQL("SELECT {}::text, {}, {}, {} FROM {}").format(
-        layout.key.ident, digest, fingerprint, problem, layout.ident
+    query = sql.SQL("SELECT {}::text, {}, {}, {}, {} FROM {}").format(
+        layout.key.ident, digest, fingerprint, problem, origin, layout.ident
     )
     return query, [dim] if layout.vector is not None else []
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from adapters.postgres import (
-    _RESERVED,
+    _BOOKKEEPING,
     PostgresSource,
     _Attribute,
     _base_tables,
@@ -63,7 +63,7 @@ def _survey(conn: Connection, table: str, given: Overrides) -> Survey:
             f"table or view {table!r} not found",
             hint="check --table (schema.table) and the database of the DSN",
         )
-    columns = [a for a in _catalog_columns(conn, oid) if a.name not in _RESERVED]
+    columns = [a for a in _catalog_columns(conn, oid) if a.name not in _BOOKKEEPING]
     key = _choose_key(conn, oid, [a.name for a in columns], given.id_field)
     texts = [a.name for a in columns if a.type_name[1] in _TEXT_TYPES and a.name != key.field]
     lengths = _average_lengths(conn, table, texts)

@@ -196,8 +196,8 @@ class IndexEntry:
     fingerprint: str | None
     problem: VectorProblem | None = None
     # True: the application wrote it through the alias, without the tool's bookkeeping (the sink derived
-    # hash and fingerprint from its text and the target); None: the sink cannot tell (pgvector fills them
-    # in the database as the row is written)
+    # hash and fingerprint from its text and the target: Qdrant as it reads, pgvector's trigger as the row
+    # is written); None: the sink cannot tell (a pgvector target older than its origin column)
     application: bool | None = None
 
 

@@ -52,7 +52,7 @@ class Coverage:
     dead_letter_ceiling: int | None = None  # [run] max_dead_letters for this source; None: not checked
     target_exists: bool = True  # False: nothing is built yet (every source document is missing)
     # vectors the application wrote through the alias, without the tool's bookkeeping (Qdrant: no reindex_*
-    # payload); None where the target cannot tell (pgvector fills the bookkeeping as the row is written)
+    # payload; pgvector: reindex_origin set by the trigger); None where the target cannot tell for some
     application_rows: int | None = None
 
     @property

@@ -173,6 +173,7 @@ def test_target_mirrors_the_source_columns_with_a_new_vector_dimension(articles:
         ("embedding", "vector(4)"),
         ("reindex_fingerprint", "text"),
         ("reindex_content_hash", "text"),
+        ("reindex_origin", "text"),
     ]
     row = query(articles, "SELECT id, published, meta, tags FROM articles__aaaa0001 WHERE id = 3")[0]
     assert row == (3, datetime(2024, 1, 4, tzinfo=UTC), {"n": 3}, ["t3"])
@@ -379,7 +380,8 @@ def test_a_source_reading_a_target_through_its_view_leaves_out_the_bookkeeping(a
     try:
         assert through_view.schema().columns == first_source.schema().columns
         record = next(through_view.scan())
-        assert not {"reindex_fingerprint", "reindex_content_hash", "embedding"} & set(record.payload)
+        bookkeeping = {"reindex_fingerprint", "reindex_content_hash", "reindex_origin"}
+        assert not {*bookkeeping, "embedding"} & set(record.payload)
         second = spec("articles__bbbb0002", through_view.schema(), dim=8, alias="articles")
         sink.prepare(second)
         columns = [
@@ -390,10 +392,80 @@ def test_a_source_reading_a_target_through_its_view_leaves_out_the_bookkeeping(a
                 " WHERE attrelid = 'articles__bbbb0002'::regclass AND attnum > 0 ORDER BY attnum",
             )
         ]
-        assert columns.count("reindex_content_hash") == 1 and columns.count("embedding") == 1
+        assert all(columns.count(name) == 1 for name in (*bookkeeping, "embedding"))
     finally:
         for closing in (sink, through_view, first_source):
             closing.close()
+
+
+# rows the application writes through the alias (issue 17) -------------------------------------------------
+
+
+def vector_text(seed: int, dim: int = 4) -> str:
+    """A vector as pgvector's text input, as an application without the pgvector adapter sends it."""
+    return str(np.random.default_rng(seed).standard_normal(dim).astype(np.float32).tolist())
+
+
+def origins(sink: PgvectorSink, target: str) -> dict[str, bool | None]:
+    """Who wrote each row, as verify reads it: True the application, False the tool, None unknown."""
+    return {entry.id: entry.application for entry in sink.scan_index(target, 4)}
+
+
+def test_rows_the_application_writes_count_as_its_own_until_the_tool_rewrites_them(
+    pg_dsn: str, sink: PgvectorSink
+) -> None:
+    ready_target(sink, "docs__app00001", ["a", "b", "c", "d"])
+    sink.move_alias("docs", "docs__app00001", expected=None, meta={})
+    execute(
+        pg_dsn,
+        f"INSERT INTO docs (id, text, embedding) VALUES ('e', 'new text', '{vector_text(1)}')",
+        f"UPDATE docs SET text = 'b edited', embedding = '{vector_text(2)}' WHERE id = 'b'",
+        "UPDATE docs SET text = 'c edited under its old vector' WHERE id = 'c'",
+        "UPDATE docs SET payload = '{\"lang\": \"de\"}' WHERE id = 'a'",  # no text: still the tool's
+        f"INSERT INTO docs (id, text, embedding, reindex_content_hash) VALUES ('f', 'own hash',"
+        f" '{vector_text(3)}', '{content_hash('own hash')}')",  # the writer set the bookkeeping
+        f"INSERT INTO docs (id, text, embedding) VALUES ('g', 'to delete', '{vector_text(4)}')",
+        "DELETE FROM docs WHERE id = 'g'",
+    )
+    assert origins(sink, "docs__app00001") == {
+        "a": False, "b": True, "c": False, "d": False, "e": True, "f": False
+    }  # fmt: skip
+    stored = dict(query(pg_dsn, "SELECT id, reindex_content_hash FROM docs WHERE id IN ('b', 'e')"))
+    assert stored == {"b": content_hash("b edited"), "e": content_hash("new text")}
+
+    sink.write("docs__app00001", rows_for([Record("h", "h text", {"id": "h"})], 4))  # straight COPY
+    # The tool rewrites them (a sync's re-embedding, a replayed batch): its rows again. b is written with a
+    # new text under the hash already stored, which the trigger alone would take for an application's fill.
+    rewritten = [Record("e", "new text", {"id": "e"}), Record("b", "b by the tool", {"id": "b"})]
+    kept_hash = content_hash("b edited")
+    rows = rows_for(rewritten, 4, seed=9)
+    sink.write(
+        "docs__app00001", dataclasses.replace(rows, content_hashes=[content_hash("new text"), kept_hash])
+    )
+    assert origins(sink, "docs__app00001") == dict.fromkeys("abcdefh", False)
+    assert dict(query(pg_dsn, "SELECT id, reindex_content_hash FROM docs WHERE id = 'b'")) == {"b": kept_hash}
+
+
+def test_a_target_older_than_the_origin_column_tells_no_origin_and_gains_it_at_finalize(
+    pg_dsn: str, sink: PgvectorSink
+) -> None:
+    ready_target(sink, "docs__old00001", ["a", "b"])
+    execute(pg_dsn, "ALTER TABLE docs__old00001 DROP COLUMN reindex_origin")  # as built before it existed
+    sink.move_alias("docs", "docs__old00001", expected=None, meta={})
+    older = PgvectorSink(pg_dsn)  # reads the table as it is now
+    try:
+        # The trigger function, shared by the schema's targets, still accepts the application's writes.
+        execute(pg_dsn, f"INSERT INTO docs (id, text, embedding) VALUES ('c', 'c text', '{vector_text(1)}')")
+        assert query(pg_dsn, "SELECT reindex_content_hash FROM docs WHERE id = 'c'") == [
+            (content_hash("c text"),)
+        ]
+        assert origins(older, "docs__old00001") == dict.fromkeys("abc", None)  # unknown, never guessed
+        older.finalize(spec("docs__old00001"))
+        execute(pg_dsn, f"INSERT INTO docs (id, text, embedding) VALUES ('d', 'd text', '{vector_text(2)}')")
+        # c was written before the column existed: nothing tells it from the tool's rows any more.
+        assert origins(older, "docs__old00001") == {"a": False, "b": False, "c": False, "d": True}
+    finally:
+        older.close()
 
 
 # rows refused for their content (issue 10, defect 5) -------------------------------------------------------

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 import sqlalchemy
 from langchain_core.documents import Document
+from psycopg import sql
 from typer.testing import CliRunner
 
 from reindex.cli import app
@@ -47,11 +48,8 @@ def documents(ids: Sequence[int], version: str = "") -> list[Document]:
     return [Document(f"note {i} about topic {i % 7}{version}", metadata={"n": i}) for i in ids]
 
 
-def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
-    tmp_path: Path, pg_dsn: str, engine: sqlalchemy.Engine
-) -> None:
-    old = store(engine, OLD_DIM)
-    old.add_documents(documents(range(120)), ids=[f"n{i}" for i in range(120)])
+def configure(tmp_path: Path, pg_dsn: str) -> Path:
+    """The migration of LangChain's embedding table in place: the table is the source and the alias."""
     config = tmp_path / "notes.toml"
     config.write_text(
         f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "langchain_pg_embedding"\n'
@@ -60,6 +58,15 @@ def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
         f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "langchain_pg_embedding"\n\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 50\n'
     )
+    return config
+
+
+def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
+    tmp_path: Path, pg_dsn: str, engine: sqlalchemy.Engine
+) -> None:
+    old = store(engine, OLD_DIM)
+    old.add_documents(documents(range(120)), ids=[f"n{i}" for i in range(120)])
+    config = configure(tmp_path, pg_dsn)
     assert invoke("run", "-c", str(config))["written"] == 120
     old.add_documents(documents([500]), ids=["n500"])  # still the old index: written before the flip
     assert old.similarity_search("note 7 about topic 0", k=1)[0].metadata == {"n": 7}
@@ -76,7 +83,7 @@ def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
 
     report = invoke("verify", "-c", str(config), "--sample", "40")  # re-embeds 40 rows: the app's too
     assert report["complete"] and report["target_vectors"] == 130 and report["stale"] == 0
-    assert report["application_rows"] is None  # the trigger's rows look like the tool's (README)
+    assert report["application_rows"] == 12  # 10 inserted, 2 upserted over the tool's rows
     plan = invoke("plan", "-c", str(config), "--no-calibrate")
     with psycopg.connect(pg_dsn) as conn:
         rows = conn.execute(
@@ -88,7 +95,46 @@ def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(
         assert stamped == plan["fingerprint"] and digest == content_hash(text)
     caught_up = invoke("sync", "-c", str(config))
     assert caught_up["added"] == caught_up["changed"] == caught_up["deleted"] == 0  # nothing to redo
+    assert invoke("verify", "-c", str(config))["application_rows"] == 12  # sync left them the app's
+
+    new.delete(ids=["n209"])  # a DELETE through the view
+    with psycopg.connect(pg_dsn) as conn:  # an UPDATE of text and vector, one of the text alone
+        conn.execute(
+            "UPDATE langchain_pg_embedding SET document = %s, embedding = %s::vector WHERE id = 'n6'",
+            ["note 6 rewritten", str(new.embeddings.embed_query("note 6 rewritten"))],
+        )
+        conn.execute("UPDATE langchain_pg_embedding SET document = 'note 201 retyped' WHERE id = 'n201'")
+    incomplete = runner.invoke(app, ["verify", "-c", str(config), "--json"])
+    report = json.loads(incomplete.stdout)
+    assert incomplete.exit_code == 3 and report["stale"] == 1  # n201's text under its old vector
+    assert report["application_rows"] == 12  # n209 gone, n6 now the application's, n201 still its own
+    assert invoke("sync", "-c", str(config))["changed"] == 1  # the tool re-embeds n201: its row now
+    report = invoke("verify", "-c", str(config))
+    assert report["complete"] and report["application_rows"] == 11
+    assert invoke("inspect", "-c", str(config))["coverage"]["application_rows"] == 11
+    shown = runner.invoke(app, ["verify", "-c", str(config)])
+    assert shown.exit_code == 0 and "written by the application" in shown.stdout
 
     with pytest.raises(Exception, match="expected 24 dimensions"):  # an old-model write after the flip
         store(engine, OLD_DIM).add_documents(documents([900]), ids=["n900"])
     assert np.isfinite(new.similarity_search_with_score("note 1 about topic 1", k=1)[0][1])
+
+
+def test_a_target_built_before_the_origin_column_counts_nothing_until_its_next_finalize(
+    tmp_path: Path, pg_dsn: str, engine: sqlalchemy.Engine
+) -> None:
+    store(engine, OLD_DIM).add_documents(documents(range(30)), ids=[f"n{i}" for i in range(30)])
+    config = configure(tmp_path, pg_dsn)
+    target = invoke("run", "-c", str(config))["target"]
+    with psycopg.connect(pg_dsn) as conn:  # the target as an earlier release built it
+        conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN reindex_origin").format(sql.Identifier(target)))
+    invoke("cutover", "-c", str(config))
+    new = store(engine, NEW_DIM)
+    new.add_documents(documents([100, 101]), ids=["n100", "n101"])  # the trigger still takes them
+    report = invoke("verify", "-c", str(config))
+    assert report["complete"] and report["application_rows"] is None  # unknown, not 0
+
+    invoke("run", "-c", str(config))  # finalizes again: the column is added
+    new.add_documents(documents([102]), ids=["n102"])
+    report = invoke("verify", "-c", str(config))
+    assert report["complete"] and report["application_rows"] == 1  # n100, n101 predate the column

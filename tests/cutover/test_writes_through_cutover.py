@@ -41,6 +41,7 @@ class Writer(threading.Thread):
         self.texts = {f"d{i}": f"document {i} first text" for i in range(START)}
         self.stop, self.writes, self.errors = threading.Event(), 0, []  # type: ignore[var-annotated]
         self.new_model_writes = 0
+        self.written_after_flip: set[str] = set()  # the application's rows in the new target (trigger-filled)
         self.random = random.Random(11)
 
     def run(self) -> None:
@@ -73,6 +74,8 @@ class Writer(threading.Thread):
                     [doc_id, text, vector(model, text)],
                 )
                 self.texts[doc_id] = text
+                if new:
+                    self.written_after_flip.add(doc_id)
             elif action == "update":
                 doc_id = self.random.choice(live)
                 text = f"document {doc_id} edited at write {self.writes}"
@@ -81,10 +84,13 @@ class Writer(threading.Thread):
                     [text, vector(model, text), doc_id],
                 )
                 self.texts[doc_id] = text
+                if new:
+                    self.written_after_flip.add(doc_id)
             else:
                 doc_id = self.random.choice(live)
                 conn.execute("DELETE FROM docs WHERE id = %s", [doc_id])
                 del self.texts[doc_id]
+                self.written_after_flip.discard(doc_id)
         self.writes += 1
         self.new_model_writes += new
         return serial
@@ -136,7 +142,8 @@ def test_writes_during_run_and_cutover_sync_are_never_lost(tmp_path: Path, pg_ds
         body, stored = served[doc_id]
         assert body == text
         np.testing.assert_allclose(stored / np.linalg.norm(stored), vector(NEW, text), atol=1e-5)
-    assert invoke("verify", "-c", str(config))["complete"]
+    report = invoke("verify", "-c", str(config))
+    assert report["complete"] and report["application_rows"] == len(writer.written_after_flip) > 0
     report_figure(
         "writes_through_cutover_sync",
         {
