@@ -1,6 +1,7 @@
 """OpenAI-compatible embedders: online `/v1/embeddings` (paced, poison inputs isolated) and the Batch API.
 
-Online works with any endpoint speaking the OpenAI wire format (OpenAI, Azure OpenAI, vLLM, TEI, Infinity).
+Online works with any endpoint speaking the OpenAI wire format (OpenAI, vLLM, TEI, Infinity); Azure OpenAI's
+deployment routes go through adapters.azure_openai, which builds the SDK's AzureOpenAI client for this embedder.
 """
 
 from __future__ import annotations
