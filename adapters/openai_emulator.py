@@ -68,6 +68,9 @@ UNFINISHED = {
 }
 Handler = Callable[["EmulatorState", "Request"], Any]
 AZURE_PREFIX = "/openai/"
+# A missing api-version is a bare 404 "Resource not found" (MicrosoftDocs/azure-docs#114602). The 401 and
+# DeploymentNotFound bodies below are Azure's wording as commonly reported, not checked against a source:
+# the adapters act on the status codes only.
 AZURE_UNAUTHORIZED = (
     "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key "
     "for an active subscription and use a correct regional API endpoint for your resource."
