@@ -1,6 +1,7 @@
 """OpenAI-compatible embedders: online `/v1/embeddings` (paced, poison inputs isolated) and the Batch API.
 
-Online works with any endpoint speaking the OpenAI wire format (OpenAI, Azure OpenAI, vLLM, TEI, Infinity).
+Online works with any endpoint speaking the OpenAI wire format (OpenAI, vLLM, TEI, Infinity); Azure OpenAI's
+deployment routes go through adapters.azure_openai, which builds the SDK's AzureOpenAI client for this embedder.
 """
 
 from __future__ import annotations
@@ -218,7 +219,9 @@ def _status_error(exc: APIStatusError, secret: str, key_env: str) -> ReindexErro
     if status in (401, 403):
         return ConfigError(f"the endpoint refused the API key (HTTP {status})", hint=f"check ${key_env}")
     if status == 404:
-        return ProviderNotFound(message, hint="check model and base_url")
+        return ProviderNotFound(
+            message, hint="check model and base_url (Azure: deployment and azure_endpoint)"
+        )
     if status in (400, 413, 422) and exc.param not in (None, "input"):
         return ConfigError(f"the endpoint refused {exc.param!r}: {message}", hint="check [embedder]")
     if status in (400, 413, 422):
@@ -408,11 +411,16 @@ def make_client(base_url: str | None, key_env: str, timeout_s: float) -> OpenAI:
         from openai import OpenAI
     except ImportError as exc:
         raise MissingDependency("openai", extra="openai") from exc
+    return OpenAI(api_key=api_key(key_env), base_url=base_url, max_retries=0, timeout=timeout_s)
+
+
+def api_key(key_env: str) -> str:
+    """The API key from the environment variable the config names; never from the file."""
     key = os.environ.get(key_env)
     if not key:
         hint = f"export {key_env}=<API key> (any non-empty value for a local server without keys)"
         raise ConfigError(f"the environment variable {key_env} is not set", hint=hint)
-    return OpenAI(api_key=key, base_url=base_url, max_retries=0, timeout=timeout_s)
+    return key
 
 
 class _Settings(BaseModel):
@@ -496,9 +504,11 @@ class OpenAIEmbedder:
         pacer: Pacer | None = None,
         api_key_env: str = "OPENAI_API_KEY",
         prices: Mapping[str, float] | None = None,
+        deployment: str | None = None,
     ) -> None:
         self._endpoint = Endpoint(client, pacer or Pacer(concurrency=concurrency), api_key_env)
         self._model, self._dimensions, self._concurrency = model, dimensions, concurrency
+        self._served_as = deployment or model  # the name requests carry: an Azure deployment, else the model
         self._max_inputs, self._max_request_tokens = max_inputs_per_request, max_tokens_per_request
         self._codec = encoding(tokenizer)
         dim = resolve_dim(model, dimensions, dim)
@@ -640,7 +650,7 @@ class OpenAIEmbedder:
         # The raw body, not the SDK's typed objects: building one per vector cost more client time than the
         # request itself. Errors are raised (and translated) as before.
         raw = self._endpoint.client.embeddings.with_raw_response.create(
-            input=texts, model=self._model, encoding_format="base64", **options
+            input=texts, model=self._served_as, encoding_format="base64", **options
         )
         body = _json_line(raw.http_response.content) or {}
         try:

@@ -1,6 +1,8 @@
 """A local OpenAI embeddings + files + batches API that computes real embeddings, for tests and dry runs.
 
 Point the official SDK at `Emulator(embedder).base_url`; adapters.openai_faults scripts what goes wrong.
+It also serves Azure OpenAI's embeddings route (`AzureOpenAI(azure_endpoint=emulator.azure_endpoint)`):
+`/openai/deployments/{deployment}/embeddings`, refused without `api-version` or a key, as Azure does.
 """
 
 from __future__ import annotations
@@ -65,6 +67,18 @@ UNFINISHED = {
     "batch_cancelled": "This request was not executed because the batch was cancelled.",
 }
 Handler = Callable[["EmulatorState", "Request"], Any]
+AZURE_PREFIX = "/openai/"
+# A missing api-version is a bare 404 "Resource not found" (MicrosoftDocs/azure-docs#114602). The 401 and
+# DeploymentNotFound bodies below are Azure's wording as commonly reported, not checked against a source:
+# the adapters act on the status codes only.
+AZURE_UNAUTHORIZED = (
+    "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key "
+    "for an active subscription and use a correct regional API endpoint for your resource."
+)
+AZURE_NO_DEPLOYMENT = (
+    "The API deployment for this resource does not exist. If you created the deployment within the last 5 "
+    "minutes, please wait a moment and try again."
+)
 
 
 def _new_id(prefix: str) -> str:
@@ -209,8 +223,11 @@ class Traffic:
 class EmulatorState:
     """Files, batches, ledger and faults behind one lock; the web layer only parses and renders."""
 
-    def __init__(self, embedder: Embedder, faults: FaultPlan) -> None:
+    def __init__(
+        self, embedder: Embedder, faults: FaultPlan, deployments: Mapping[str, str] | None = None
+    ) -> None:
         self.embedder = embedder
+        self.deployments = dict(deployments) if deployments is not None else None  # Azure: name -> model
         self.gate = FaultGate(faults)
         self.ledger = Ledger()
         self.traffic = Traffic()
@@ -503,6 +520,27 @@ async def _embeddings(state: EmulatorState, request: Request) -> Any:
         return await _threaded(embed)
 
 
+async def _azure_embeddings(state: EmulatorState, request: Request) -> Any:
+    """Azure's route: the deployment in the path picks the model (the body's `model` is not needed)."""
+    deployment = str(request.path_params["deployment"])
+    if state.deployments is not None and deployment not in state.deployments:
+        raise ApiError(404, AZURE_NO_DEPLOYMENT, type=None, code="DeploymentNotFound")
+    with state.traffic.serving() as arrived:
+        body = {**await _json(request), "model": deployment}
+        embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
+        answer = await _threaded(embed)
+    served = (state.deployments or {}).get(deployment)
+    return {**answer, "model": served} if served else answer
+
+
+def _check_azure(request: Request) -> None:
+    """What Azure refuses before anything else: no `api-version` (a bare 404), no key or token (401)."""
+    if not request.query_params.get("api-version"):
+        raise ApiError(404, "Resource not found", type=None, code="404")
+    if not (request.headers.get("api-key") or request.headers.get("authorization", "").startswith("Bearer ")):
+        raise ApiError(401, AZURE_UNAUTHORIZED, type=None, code="401")
+
+
 async def _create_file(state: EmulatorState, request: Request) -> Any:
     fields = parse_multipart(request.headers.get("content-type", ""), await request.body())
     filename, content = fields.get("file", (None, b""))
@@ -539,6 +577,7 @@ def _batch_id(request: Request) -> str:
 # method, path, route name for the fault gate (None: never refused), handler (sync or async)
 ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
     ("POST", "/v1/embeddings", "embeddings", _embeddings),
+    ("POST", "/openai/deployments/{deployment}/embeddings", "embeddings", _azure_embeddings),
     ("POST", "/v1/files", "files", _create_file),
     ("GET", "/v1/files/{file_id}", "files", lambda state, r: state.file(_file_id(r)).describe()),
     ("GET", "/v1/files/{file_id}/content", "files", lambda state, r: state.file(_file_id(r)).content),
@@ -557,9 +596,11 @@ ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
 ]
 
 
-def create_app(embedder: Embedder, faults: FaultPlan | None = None) -> FastAPI:
+def create_app(
+    embedder: Embedder, faults: FaultPlan | None = None, deployments: Mapping[str, str] | None = None
+) -> FastAPI:
     """The emulator as an ASGI app; its state is at `app.state.emulator`."""
-    return _build_app(EmulatorState(embedder, faults or FaultPlan()))
+    return _build_app(EmulatorState(embedder, faults or FaultPlan(), deployments))
 
 
 def _build_app(state: EmulatorState) -> FastAPI:
@@ -581,6 +622,8 @@ def _endpoint(
         from starlette.responses import JSONResponse, Response
 
         try:
+            if request.url.path.startswith(AZURE_PREFIX):
+                _check_azure(request)
             if route is not None:
                 state.admit(route, _client(request))
             result = handler(state, request)
@@ -595,8 +638,9 @@ def _endpoint(
 
 
 def _client(request: Request) -> str:
-    """Clients are told apart by their API key, as the real rate limits are."""
-    return request.headers.get("authorization", "").removeprefix("Bearer ").strip() or "anonymous"
+    """Clients are told apart by their API key (Azure's `api-key` header too), as the real rate limits are."""
+    key = request.headers.get("api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+    return key.strip() or "anonymous"
 
 
 class Emulator:
@@ -604,12 +648,22 @@ class Emulator:
 
     with Emulator(HashEmbedder()) as emu:
         client = OpenAI(base_url=emu.base_url, api_key="test", max_retries=0)
+        azure = AzureOpenAI(azure_endpoint=emu.azure_endpoint, api_version="2024-10-21", api_key="test")
+
+    `deployments` (Azure deployment name -> model) makes any other deployment a 404, as on Azure; None
+    accepts every name.
     """
 
     def __init__(
-        self, embedder: Embedder, faults: FaultPlan | None = None, *, host: str = "127.0.0.1", port: int = 0
+        self,
+        embedder: Embedder,
+        faults: FaultPlan | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        deployments: Mapping[str, str] | None = None,
     ) -> None:
-        self.state = EmulatorState(embedder, faults or FaultPlan())
+        self.state = EmulatorState(embedder, faults or FaultPlan(), deployments)
         self.app = _build_app(self.state)
         self.host = host
         self.port = port  # 0: a free port, known once started
@@ -619,6 +673,11 @@ class Emulator:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def azure_endpoint(self) -> str:
+        """What `AzureOpenAI(azure_endpoint=...)` takes: the SDK adds `/openai/...` and `api-version`."""
+        return f"http://{self.host}:{self.port}"
 
     def __enter__(self) -> Emulator:
         self.start()

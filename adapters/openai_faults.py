@@ -37,7 +37,7 @@ class ApiError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",
+        type: str | None = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,

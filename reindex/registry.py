@@ -31,6 +31,7 @@ EMBEDDERS: dict[str, str] = {
     "memory-batch": "adapters.memory:MemoryBatchEmbedder",
     "openai": "adapters.openai:OpenAIEmbedder",
     "openai-batch": "adapters.openai:OpenAIBatchEmbedder",
+    "azure-openai": "adapters.azure_openai:AzureOpenAIEmbedder",
     "vllm": "adapters.vllm:VllmEmbedder",
 }
 SINKS: dict[str, str] = {
