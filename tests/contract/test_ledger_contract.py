@@ -546,3 +546,26 @@ def _rows(state: str, statement: str) -> list[tuple[object, ...]]:
             return cursor.fetchall() if cursor.description else []
     with sqlite3.connect(state) as db:
         return [(bool(r[0]), r[1]) for r in db.execute(statement.format("")).fetchall()]
+
+
+def test_a_new_sqlite_ledger_has_large_pages_and_an_older_one_keeps_its_own(tmp_path: Path) -> None:
+    """A new ledger is created with 64 KiB pages (random-key text rows cost less per text); a ledger made with
+    SQLite's 4 KiB default opens, migrates and settles texts as before, its page size unchanged."""
+    new = SqliteLedger(tmp_path / "new.db")
+    new.close()
+    old_path = tmp_path / "old.db"
+    with sqlite3.connect(old_path) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("CREATE TABLE unrelated (x)")
+    old = SqliteLedger(old_path)
+    old.settle_texts(PLAN, [("h1", "written"), ("h2", "dead:too_long")], owners={"h1": "d1", "h2": "d2"})
+    assert old.text_states(PLAN, ["h1", "h2", "h3"]) == {
+        "h1": ("d1", "written"),
+        "h2": ("d2", "dead:too_long"),
+    }
+    old.close()
+    pages = {}
+    for path in (tmp_path / "new.db", old_path):
+        with sqlite3.connect(path) as db:
+            pages[path.name] = db.execute("PRAGMA page_size").fetchone()[0]
+    assert pages == {"new.db": 65536, "old.db": 4096}
