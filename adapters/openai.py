@@ -455,10 +455,24 @@ def prices_for(model: str, overrides: Mapping[str, float] | None) -> dict[str, f
 
 class RemoteCall:
     """One online call in flight: its requests queued on the senders; `result()` waits for all of them.
-    A failed request fails the call, and its requests not sent yet are dropped."""
+    A failed request fails the call, and its requests not sent yet are dropped. `billed_tokens()` is what
+    its requests that came back were billed, so a caller with several calls in flight bills each its own."""
 
-    def __init__(self, out: Vectors, futures: list[Future[None]], rejections: dict[int, str]) -> None:
-        self._out, self._futures, self._rejections = out, futures, rejections
+    def __init__(
+        self, out: Vectors, futures: list[Future[None]], rejections: dict[int, str], billed: list[int]
+    ) -> None:
+        self._out, self._futures, self._rejections, self._billed = out, futures, rejections, billed
+
+    def billed_tokens(self) -> int:
+        return sum(self._billed)
+
+    def done(self) -> bool:
+        return all(future.done() for future in self._futures)
+
+    def cancel(self) -> None:
+        """Send none of its requests not sent yet (those in flight finish)."""
+        for future in self._futures:
+            future.cancel()
 
     def result(self) -> Vectors:
         try:
@@ -595,11 +609,13 @@ class OpenAIEmbedder:
         texts, counts = inputs
         out = np.full((len(texts), self.info.dim), np.nan, dtype=np.float32)
         rejections: dict[int, str] = {}
+        billed: list[int] = []
         pool = self._senders()
         futures = [
-            pool.submit(self._embed_rows, rows, inputs, out, rejections) for rows in self._requests(counts)
+            pool.submit(self._embed_rows, rows, inputs, out, rejections, billed)
+            for rows in self._requests(counts)
         ]
-        return RemoteCall(out, futures, rejections)
+        return RemoteCall(out, futures, rejections, billed)
 
     def _senders(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -631,21 +647,23 @@ class OpenAIEmbedder:
             )
         ]
 
-    def _embed_rows(self, rows: list[int], inputs: Inputs, out: Vectors, rejected: dict[int, str]) -> None:
+    def _embed_rows(
+        self, rows: list[int], inputs: Inputs, out: Vectors, rejected: dict[int, str], billed: list[int]
+    ) -> None:
         """Embed `rows` in one request; on a 400, bisect to isolate the inputs the endpoint refuses."""
         texts = [inputs[0][row] for row in rows]
         tokens = sum(inputs[1][row] for row in rows)
         try:
-            out[rows] = self._endpoint.call(functools.partial(self._request, texts), tokens=tokens)
+            out[rows] = self._endpoint.call(functools.partial(self._request, texts, billed), tokens=tokens)
         except ProviderRejected as exc:
             if len(rows) == 1:
                 rejected[rows[0]] = f"provider_rejected:{exc.code}"
                 return
             half = len(rows) // 2
-            self._embed_rows(rows[:half], inputs, out, rejected)
-            self._embed_rows(rows[half:], inputs, out, rejected)
+            self._embed_rows(rows[:half], inputs, out, rejected, billed)
+            self._embed_rows(rows[half:], inputs, out, rejected, billed)
 
-    def _request(self, texts: list[str]) -> Vectors:
+    def _request(self, texts: list[str], billed_to: list[int]) -> Vectors:
         options: dict[str, Any] = {"dimensions": self._dimensions} if self._dimensions else {}
         # The raw body, not the SDK's typed objects: building one per vector cost more client time than the
         # request itself. Errors are raised (and translated) as before.
@@ -661,6 +679,7 @@ class OpenAIEmbedder:
             raise BackendError(f"the endpoint returned a malformed embeddings body: {exc!r}") from None
         with self._billing:
             self.billed_tokens += billed
+        billed_to.append(billed)  # list.append is atomic: the call's senders share it
         if vectors is None or vectors.shape != (len(texts), self.info.dim):
             shapes = sorted({np.shape(_decode(embedding["embedding"])) for embedding in data})
             raise BackendError(

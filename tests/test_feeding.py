@@ -111,3 +111,72 @@ def test_a_launched_call_that_fails_transiently_is_launched_again_under_the_retr
     for batch, vectors, refused in seen:
         np.testing.assert_array_equal(vectors, direct(tokens.take(batch), HashEmbedder(dim=8)))
         assert refused == {0: "provider_rejected:invalid_request"}  # the handle's own refusals
+
+
+class Billed(Handle):
+    """A remote call that bills its inputs, and can be cancelled before it is sent."""
+
+    def __init__(self, log: list[str], name: str, vectors: Vectors) -> None:
+        super().__init__(log, name, vectors)
+        self.cancelled = False
+
+    def billed_tokens(self) -> int:
+        return 10 * len(self.vectors)
+
+    def done(self) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.log.append(f"cancel {self.name}")
+
+
+class BilledRemote(AsyncHash):
+    def embed_prepared(self, prepared: TokenColumns) -> Handle:
+        self.log.append(f"launch {len(prepared)}")
+        return Billed(self.log, str(len(prepared)), HashEmbedder.embed(self, list(prepared)))
+
+
+def test_the_next_windows_first_call_is_launched_before_this_windows_last_is_collected() -> None:
+    """No drain between windows: once a window's last call is launched, the next window (when queued) has
+    its first call launched before that last call is waited on; the next window's calls start from it,
+    and each window is billed its own calls only."""
+    embedder = BilledRemote()
+    feeder = Feeder(embedder, lambda f, *a: f(*a))
+    first = tokenize(embedder, [f"first {i}" for i in range(30)])
+    second = tokenize(embedder, [f"second window {i}" for i in range(20)])
+    first_batches, second_batches = (
+        token_batches(first.counts, 1000, 16),
+        token_batches(second.counts, 1000, 8),
+    )
+    asked: list[int] = []
+
+    def ahead() -> tuple[TokenColumns, list[Any]]:
+        asked.append(1)
+        return second, second_batches
+
+    seen = list(feeder.calls(first, first_batches, lambda: False, ahead))
+    assert len(asked) == 1 and feeder.billed == 10 * 30
+    last_result = max(i for i, entry in enumerate(embedder.log) if entry.startswith("result"))
+    assert embedder.log[last_result - 1 :] == ["launch 8", f"result {len(first_batches[-1])}"]
+    embedder.log.clear()
+    again = list(feeder.calls(second, second_batches, lambda: False))
+    results = [entry for entry in embedder.log if entry.startswith("result")]
+    assert results[0] == "result 8"  # the call launched ahead is collected first, not launched again
+    assert sum(entry.startswith("launch") for entry in embedder.log) == len(second_batches) - 1
+    assert feeder.billed == 10 * 20
+    for (batch, vectors, _), tokens in [*((s, first) for s in seen), *((s, second) for s in again)]:
+        np.testing.assert_array_equal(vectors, direct(tokens.take(batch), HashEmbedder(dim=8)))
+
+
+def test_a_call_launched_ahead_for_a_window_that_never_comes_is_cancelled() -> None:
+    embedder = BilledRemote()
+    feeder = Feeder(embedder, lambda f, *a: f(*a))
+    first = tokenize(embedder, [f"first {i}" for i in range(10)])
+    second = tokenize(embedder, [f"second {i}" for i in range(10)])
+    batches = token_batches(first.counts, 1000, 16)
+    list(
+        feeder.calls(first, batches, lambda: False, lambda: (second, token_batches(second.counts, 1000, 16)))
+    )
+    feeder.abandon()
+    assert embedder.log[-1] == "cancel 10"
