@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import field_validator
 
-from adapters.openai import OpenAIEmbedder, Pacer, api_key
+from adapters.openai import OpenAIEmbedder, api_key
 from reindex.errors import MissingDependency
 
 if TYPE_CHECKING:
@@ -91,32 +91,10 @@ class AzureOpenAIEmbedder(OpenAIEmbedder):
     @classmethod
     def from_config(cls, config: OpenAIEmbedder.Config) -> AzureOpenAIEmbedder:
         assert isinstance(config, AzureOpenAIEmbedder.Config)
-        pacer = Pacer(
-            requests_per_minute=config.requests_per_minute,
-            tokens_per_minute=config.tokens_per_minute,
-            concurrency=config.concurrency,
-            attempts=config.max_attempts,
-            backoff_s=config.backoff_s,
-            max_backoff_s=config.max_backoff_s,
-        )
         client = make_azure_client(
             config.azure_endpoint, config.api_version, config.api_key_env, config.timeout_s
         )
-        return cls(
-            client,
-            model=config.model,
-            deployment=config.deployment,
-            dim=config.dim,
-            dimensions=config.dimensions,
-            max_tokens=config.max_tokens,
-            tokenizer=config.tokenizer,
-            concurrency=config.concurrency,
-            max_inputs_per_request=config.max_inputs_per_request,
-            max_tokens_per_request=config.max_tokens_per_request,
-            pacer=pacer,
-            api_key_env=config.api_key_env,
-            prices=config.prices,
-        )
+        return cls.through(client, config, deployment=config.deployment)
 
 
 def make_azure_client(azure_endpoint: str, api_version: str, key_env: str, timeout_s: float) -> AzureOpenAI:

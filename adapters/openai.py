@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -537,6 +537,11 @@ class OpenAIEmbedder:
 
     @classmethod
     def from_config(cls, config: Config) -> OpenAIEmbedder:
+        return cls.through(make_client(config.base_url, config.api_key_env, config.timeout_s), config)
+
+    @classmethod
+    def through(cls, client: Any, config: Config, **options: Any) -> Self:
+        """An embedder with `config`'s settings speaking through `client` (an online kind's own SDK client)."""
         pacer = Pacer(
             requests_per_minute=config.requests_per_minute,
             tokens_per_minute=config.tokens_per_minute,
@@ -546,7 +551,8 @@ class OpenAIEmbedder:
             max_backoff_s=config.max_backoff_s,
         )
         return cls(
-            make_client(config.base_url, config.api_key_env, config.timeout_s),
+            client,
+            **options,
             model=config.model,
             dim=config.dim,
             dimensions=config.dimensions,
