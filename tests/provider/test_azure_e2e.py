@@ -104,7 +104,7 @@ def test_a_429_storm_is_waited_out_and_a_refused_input_is_dead_lettered_with_its
 
 
 @pytest.mark.parametrize("point", ["after_embed", "after_write"])
-def test_sigkill_mid_run_then_rerun_is_verified_and_rebuys_at_most_two_calls(
+def test_sigkill_mid_run_then_rerun_is_verified_and_rebuys_at_most_three_calls(
     tmp_path: Path, emulator: Emulator, pg_dsn: str, point: str
 ) -> None:
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
@@ -113,9 +113,10 @@ def test_sigkill_mid_run_then_rerun_is_verified_and_rebuys_at_most_two_calls(
     run_to_end(tool)
     assert tool.json("verify")["complete"]
     billed, unique = emulator.stats()["billed_tokens"], unique_tokens(texts)
-    # One call per shard here, and the pipeline launches the next call before it writes the current one:
-    # a kill loses at most the call embedded but not written and the one already sent after it.
-    assert unique <= billed <= unique + costliest_shards(texts, 2)
+    # One call per shard here. A kill loses at most the calls in flight: a shard written but not yet
+    # recorded, the one embedded but not written, and the next window's first call, launched before the
+    # embedded one was collected (reindex.feeding).
+    assert unique <= billed <= unique + costliest_shards(texts, 3)
 
 
 @pytest.mark.parametrize(
