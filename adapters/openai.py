@@ -479,8 +479,7 @@ class RemoteCall:
             for future in self._futures:
                 future.result()
         finally:
-            for future in self._futures:
-                future.cancel()  # on a failure, send nothing more
+            self.cancel()  # on a failure, send nothing more
         return self._out
 
     def rejections(self) -> dict[int, str]:

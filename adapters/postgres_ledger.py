@@ -44,7 +44,7 @@ from reindex.ledger import (
     lease_lost,
     new_nonce,
     run_info_from_row,
-    settlement_rows,
+    settlements_by_state,
     shard_row,
     worker_summaries,
 )
@@ -731,9 +731,13 @@ def _release(conn: Connection, lease: Lease) -> None:
 def _settle_texts(
     conn: Connection, plan_id: str, states: Sequence[tuple[str, str]], owners: Mapping[str, str]
 ) -> None:
-    updates, upserts = settlement_rows(states, owners)
+    updates, groups = settlements_by_state(states, owners)
     if updates:
-        conn.execute(_SETTLE_TEXTS, ([d for d, _ in updates], [s for _, s in updates], plan_id))
+        conn.execute(_SETTLE_TEXTS, (list(updates), list(updates.values()), plan_id))
+    # In key order: the B-tree takes sorted keys page by page.
+    upserts = sorted(
+        (digest, owner, state) for state, owned in groups.items() for digest, owner in owned.items()
+    )
     if upserts:
         columns = list(zip(*upserts, strict=True))
         conn.execute(_UPSERT_TEXTS, (plan_id, list(columns[0]), list(columns[1]), list(columns[2])))

@@ -5,7 +5,8 @@ An embedder opts in with two methods:
     prepare_columns(tokens) -> prepared   pad, pin host memory, start the copy to the device (any thread)
     embed_prepared(prepared) -> handle    launch the model; `handle.result()` waits for the vectors, or the
                                           handle is already the vectors (CPU); a remote call's handle also
-                                          has `rejections()`: the rows its provider refused
+                                          has `rejections()` (the rows its provider refused),
+                                          `billed_tokens()`, `done()` and `cancel()`
 Embedders without them are called as before: `embed_columns` / `embed`, one batch at a time.
 """
 

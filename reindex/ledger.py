@@ -454,23 +454,12 @@ def held(owners: Mapping[str, str], states: Mapping[str, tuple[str, str]]) -> di
     }
 
 
-def settlement_rows(
-    states: Sequence[tuple[str, str]], owners: Mapping[str, str]
-) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]]]:
-    """Split text settlements into (hash, state) updates of existing rows and (hash, owner, state) upserts
-    that hand a text to a new owner document (state from `states`, else 'written')."""
-    given = dict(states)
-    updates = [(digest, state) for digest, state in states if digest not in owners]
-    # In key order: a B-tree takes sorted keys page by page (about a third less work for SQLite).
-    upserts = [(digest, owner, given.get(digest, "written")) for digest, owner in sorted(owners.items())]
-    return updates, upserts
-
-
 def settlements_by_state(
     states: Sequence[tuple[str, str]], owners: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
-    """`settlement_rows` as JSON-ready maps: {hash: state} updates, and the upserts as {state: {hash: owner}},
-    one statement per state (a shard's texts are nearly all 'written')."""
+    """Split text settlements into {hash: state} updates of texts no owner takes over, and upserts that hand a
+    text to a new owner document, as {state: {hash: owner}} (state from `states`, else 'written'): one
+    statement per state, and a shard's texts are nearly all 'written'."""
     given = dict(states)
     updates = {digest: given[digest] for digest in given.keys() - owners.keys()}
     odd = {digest: state for digest, state in given.items() if state != "written" and digest in owners}

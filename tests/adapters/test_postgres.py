@@ -9,7 +9,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,10 +26,12 @@ from reindex.ports import Record, Rows, SourceSchema, TargetSpec
 _roles = itertools.count()
 
 
-def execute(dsn: str, *statements: str) -> None:
+def execute(dsn: str, *statements: str | tuple[str, Sequence[Any]]) -> None:
+    """Each statement, or (statement, its parameters)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         for statement in statements:
-            conn.execute(statement)
+            text, params = (statement, None) if isinstance(statement, str) else statement
+            conn.execute(text, params)
 
 
 def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
@@ -401,6 +403,9 @@ def test_a_source_reading_a_target_through_its_view_leaves_out_the_bookkeeping(a
 # rows the application writes through the alias (issue 17) -------------------------------------------------
 
 
+INSERT_DOC = "INSERT INTO docs (id, text, embedding) VALUES (%s, %s, %s)"  # as the application writes one
+
+
 def vector_text(seed: int, dim: int = 4) -> str:
     """A vector as pgvector's text input, as an application without the pgvector adapter sends it."""
     return str(np.random.default_rng(seed).standard_normal(dim).astype(np.float32).tolist())
@@ -418,13 +423,15 @@ def test_rows_the_application_writes_count_as_its_own_until_the_tool_rewrites_th
     sink.move_alias("docs", "docs__app00001", expected=None, meta={})
     execute(
         pg_dsn,
-        f"INSERT INTO docs (id, text, embedding) VALUES ('e', 'new text', '{vector_text(1)}')",
-        f"UPDATE docs SET text = 'b edited', embedding = '{vector_text(2)}' WHERE id = 'b'",
+        (INSERT_DOC, ("e", "new text", vector_text(1))),
+        ("UPDATE docs SET text = 'b edited', embedding = %s WHERE id = 'b'", (vector_text(2),)),
         "UPDATE docs SET text = 'c edited under its old vector' WHERE id = 'c'",
         "UPDATE docs SET payload = '{\"lang\": \"de\"}' WHERE id = 'a'",  # no text: still the tool's
-        f"INSERT INTO docs (id, text, embedding, reindex_content_hash) VALUES ('f', 'own hash',"
-        f" '{vector_text(3)}', '{content_hash('own hash')}')",  # the writer set the bookkeeping
-        f"INSERT INTO docs (id, text, embedding) VALUES ('g', 'to delete', '{vector_text(4)}')",
+        (  # the writer set the bookkeeping
+            "INSERT INTO docs (id, text, embedding, reindex_content_hash) VALUES ('f', 'own hash', %s, %s)",
+            (vector_text(3), content_hash("own hash")),
+        ),
+        (INSERT_DOC, ("g", "to delete", vector_text(4))),
         "DELETE FROM docs WHERE id = 'g'",
     )
     assert origins(sink, "docs__app00001") == {
@@ -455,13 +462,13 @@ def test_a_target_older_than_the_origin_column_tells_no_origin_and_gains_it_at_f
     older = PgvectorSink(pg_dsn)  # reads the table as it is now
     try:
         # The trigger function, shared by the schema's targets, still accepts the application's writes.
-        execute(pg_dsn, f"INSERT INTO docs (id, text, embedding) VALUES ('c', 'c text', '{vector_text(1)}')")
+        execute(pg_dsn, (INSERT_DOC, ("c", "c text", vector_text(1))))
         assert query(pg_dsn, "SELECT reindex_content_hash FROM docs WHERE id = 'c'") == [
             (content_hash("c text"),)
         ]
         assert origins(older, "docs__old00001") == dict.fromkeys("abc", None)  # unknown, never guessed
         older.finalize(spec("docs__old00001"))
-        execute(pg_dsn, f"INSERT INTO docs (id, text, embedding) VALUES ('d', 'd text', '{vector_text(2)}')")
+        execute(pg_dsn, (INSERT_DOC, ("d", "d text", vector_text(2))))
         # c was written before the column existed: nothing tells it from the tool's rows any more.
         assert origins(older, "docs__old00001") == {"a": False, "b": False, "c": False, "d": True}
     finally:
