@@ -535,6 +535,8 @@ class MemorySink:
     it, as pgvector does (SQLSTATE 22021): the core must isolate and dead-letter the poison rows.
     """
 
+    holds_writers = False  # its settle runs before the lock; no application writes through it anyway
+
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["memory"]

@@ -231,6 +231,8 @@ class PostgresSource:
 class PgvectorSink:
     """Targets are tables `<alias>__<fingerprint8>`; the alias is a view `SELECT * FROM <target>`."""
 
+    holds_writers = True  # move_alias's settle runs under an EXCLUSIVE lock on the view that writers wait on
+
     class Config(_DsnConfig):
         kind: Literal["pgvector"]
         alias: str

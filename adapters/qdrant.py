@@ -43,6 +43,7 @@ from reindex.ports import (
     IndexEntry,
     Record,
     Rows,
+    Sink,
     SourceSchema,
     TargetInfo,
     TargetSpec,
@@ -176,6 +177,21 @@ class QdrantSource:
             points = self._client.retrieve(self._require(), wanted, with_payload=True, with_vectors=False)
         return (self._record(point) for point in points)
 
+    def reading(self, sink: Sink, alias: str, previous: str) -> QdrantSource | None:
+        """This source over `previous` when it reads the alias or `previous` itself in the sink's storage:
+        the live index the application wrote to until the flip. It shares this source's client."""
+        if not isinstance(sink, QdrantSink) or self.collection not in (alias, previous):
+            return None
+        if _location(sink._client) != _location(self._client):
+            return None
+        return QdrantSource(
+            self._client,
+            collection=previous,
+            text_field=self.text_field,
+            vector_name=self.vector_name,
+            page_size=self.page_size,
+        )
+
     def close(self) -> None:
         _release(self._lease)
         self._lease = None
@@ -227,6 +243,8 @@ class QdrantSource:
 
 class QdrantSink:
     """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata."""
+
+    holds_writers = False  # nothing holds a collection's writers: cutover --sync carries the window after
 
     class Config(_Connection):
         kind: Literal["qdrant"]
@@ -288,6 +306,44 @@ class QdrantSink:
         on a server it opens its own connection, retries with warnings on its own and defaults to
         wait=False, while retries belong to the pipeline and errors to `_translated`.
         """
+        self._upsert(target, rows)
+
+    def write_guarded(self, target: str, rows: Rows, expected: Mapping[str, str | None]) -> None:
+        """Upsert each row only while its point holds what `expected` says (by document id): a point whose
+        stored content hash is that hash is updated, and one deleted meanwhile is not re-created; None
+        (no point) inserts, and never over a point written meanwhile. One request per expected hash: meant
+        for the few documents of a cutover's window (`reindex.sync.after_flip`), not a bulk load."""
+        from qdrant_client import models
+
+        groups: dict[str | None, list[int]] = {}
+        for row, record in enumerate(rows.records):
+            groups.setdefault(expected.get(record.id), []).append(row)
+        for digest, picked in groups.items():
+            part = _rows_at(rows, picked)
+            if digest is None:
+                self._upsert(target, part, mode=models.UpdateMode.INSERT_ONLY)
+            else:
+                self._upsert(target, part, mode=models.UpdateMode.UPDATE_ONLY, only=_hash_is(digest))
+
+    def delete_guarded(self, target: str, expected: Mapping[str, str]) -> None:
+        """Delete each document's point only while it stores the content hash `expected` names for it."""
+        from qdrant_client import models
+
+        groups: dict[str, list[Any]] = {}
+        for doc_id, digest in expected.items():
+            groups.setdefault(digest, []).append(point_id(doc_id))
+        for digest, points in groups.items():
+            with _translated():
+                self._client.delete(target, models.FilterSelector(filter=_hash_is(digest, points)), wait=True)
+
+    def _upsert(
+        self,
+        target: str,
+        rows: Rows,
+        *,
+        mode: models.UpdateMode | None = None,
+        only: models.Filter | None = None,
+    ) -> None:
         from qdrant_client import models
 
         docs = documents(rows.records)
@@ -299,6 +355,7 @@ class QdrantSink:
         name = self._vector_name(target)
         ids: list[Any] = _point_ids(docs.ids)
         payloads = _point_payloads(docs, rows.content_hashes, rows.fingerprint)
+        guards: dict[str, Any] = {} if mode is None else {"update_mode": mode, "update_filter": only}
         for start in range(0, len(ids), self.upsert_batch):
             stop = start + self.upsert_batch
             chunk = vectors[start:stop].tolist()
@@ -310,7 +367,7 @@ class QdrantSink:
                 payloads=payloads[start:stop],
             )
             with _translated():
-                self._client.upsert(target, batch, wait=True)
+                self._client.upsert(target, batch, wait=True, **guards)
 
     def delete(self, target: str, ids: Sequence[str]) -> None:
         from qdrant_client import models
@@ -876,6 +933,25 @@ def _redacted(url: str) -> str:
     parts = urlsplit(url)
     path = parts.path.rstrip("/")
     return f"{parts.scheme.lower()}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{path}"
+
+
+def _hash_is(digest: str, points: Sequence[Any] = ()) -> models.Filter:
+    """Points storing this content hash (among `points`, when given)."""
+    from qdrant_client import models
+
+    stored: list[Any] = [
+        models.FieldCondition(key="reindex_content_hash", match=models.MatchValue(value=digest))
+    ]
+    return models.Filter(must=[models.HasIdCondition(has_id=list(points)), *stored] if points else stored)
+
+
+def _rows_at(rows: Rows, picked: Sequence[int]) -> Rows:
+    return Rows(
+        [rows.records[i] for i in picked],
+        np.asarray(rows.vectors)[list(picked)],
+        [rows.content_hashes[i] for i in picked],
+        rows.fingerprint,
+    )
 
 
 def _location(client: QdrantClient) -> str:

@@ -33,7 +33,7 @@ from reindex.migration import (
 from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate, spread
 from reindex.ports import DeferredEmbedder
-from reindex.sync import SyncReport, catch_up, fetch_records
+from reindex.sync import Settled, SyncReport, after_flip, catch_up, fetch_records
 from reindex.units import iso_utc
 from reindex.validation import excused
 from reindex.verify import Coverage, coverage
@@ -443,31 +443,58 @@ def _cutover(
                 hint=f"see `reindex compare -c {m.config.path} --json`; --force promotes anyway (recorded)",
             )
     checked: list[Coverage] = []
+    with Settled() as settled:
 
-    def check() -> None:
-        if sync:
-            catch_up(m, ledger)  # what came since, writers held
-        checked.append(_complete_or_refused(m, ledger, force, sample))
+        def check() -> None:
+            if sync and not m.sink.holds_writers:
+                catch_up(m, ledger, keep=settled)  # what came since; writers go on
+                checked.append(_complete_but_later_writes_or_refused(m, ledger, force, sample, settled))
+                settled.take(m)  # what the flip will serve, to tell a write that missed it after the flip
+                return
+            if sync:
+                catch_up(m, ledger)  # what came since, writers held
+            checked.append(_complete_or_refused(m, ledger, force, sample))
 
-    if not sync:
-        check()
-    complete = checked[0].complete if checked else True
-    return alias_moves.move(
-        m.sink,
-        ledger,
-        alias=m.spec.alias,
-        target=m.spec.name,
-        fingerprint=m.spec.fingerprint,
-        model=dict(m.spec.model),
-        # with --sync the verdict comes under the hold, after the intent: --force is recorded as given
-        forced=force and (sync or not complete or bool(failures)),
-        report=checked[0].to_json() if checked else None,
-        settle=check if sync else None,
-    )
+        if not sync:
+            check()
+        complete = checked[0].complete if checked else True
+        moved = alias_moves.move(
+            m.sink,
+            ledger,
+            alias=m.spec.alias,
+            target=m.spec.name,
+            fingerprint=m.spec.fingerprint,
+            model=dict(m.spec.model),
+            # with --sync the verdict comes under the hold, after the intent: --force is recorded as given
+            forced=force and (sync or not complete or bool(failures)),
+            report=checked[0].to_json() if checked else None,
+            settle=check if sync else None,
+        )
+        if sync and moved.changed and not m.sink.holds_writers:
+            moved = replace(moved, after_flip=after_flip(m, ledger, moved.previous, settled).to_json())
+    return moved
+
+
+def _complete_but_later_writes_or_refused(
+    m: Migration, ledger: Ledger, force: bool, sample: int, settled: Settled
+) -> Coverage:
+    """Where nothing holds the writers (Qdrant), verify cannot find the target level with a source that
+    moved since the final catch-up read it. A difference in a document written since is carried over after
+    the flip (`after_flip`); any other refuses the cutover, as an incomplete target does."""
+    report = _verify(m, ledger, sample=sample)
+    if report.complete or force or not report.target_exists:
+        return _refused_unless_complete(m, report, force)
+    if report.over_ceiling or (report.sample is not None and not report.sample["passed"]):
+        return _refused_unless_complete(m, report, force)
+    unexplained, _ = settled.gaps(m, ledger)
+    return _refused_unless_complete(m, report, force) if unexplained else report
 
 
 def _complete_or_refused(m: Migration, ledger: Ledger, force: bool, sample: int) -> Coverage:
-    report = _verify(m, ledger, sample=sample)
+    return _refused_unless_complete(m, _verify(m, ledger, sample=sample), force)
+
+
+def _refused_unless_complete(m: Migration, report: Coverage, force: bool) -> Coverage:
     if not report.target_exists:  # not even --force promotes a target that is not there
         raise VerificationFailed(f"target {report.target!r} does not exist", hint="run `reindex run` first")
     if not report.complete and not force:

@@ -23,6 +23,8 @@ class AliasMove:
     changed: bool
     forced: bool = False
     action: str = "cutover"
+    # cutover --sync on a sink that cannot hold writers: the window carried over after the flip (AfterFlip)
+    after_flip: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -224,6 +224,11 @@ class AliasInfo:
 class Sink(Protocol):
     """Lifecycle: prepare → write* → finalize → (verify) → move_alias. `drop` exists only for prune."""
 
+    # True where `move_alias` holds the alias's writers back while `settle` runs (pgvector's lock); False
+    # where a write can land in the old index between the final catch-up and the flip (Qdrant), which
+    # `cutover --sync` then carries over after the flip (reindex.sync.after_flip)
+    holds_writers: bool
+
     def identity(self) -> str:
         """Name where this writes, independent of credentials and knobs: `pgvector:<system identifier>/
         <database>/<schema>`, `qdrant:<url or absolute path>`. Part of the plan id."""
@@ -303,6 +308,32 @@ class Sink(Protocol):
     def drop(self, target: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class IndexSource(Protocol):
+    """A source that reads a vector index the sink serves (a Qdrant collection, often through the very
+    alias being moved): after a flip it no longer sees what the old index received."""
+
+    def reading(self, sink: Sink, alias: str, previous: str) -> Source | None:
+        """This source over the index `previous` if it reads `alias` or `previous` in the sink's own store;
+        None when it reads something else, which then still holds every write."""
+        ...
+
+
+@runtime_checkable
+class GuardedSink(Protocol):
+    """A sink that writes and deletes only where the stored point is still what the caller saw (Qdrant's
+    conditional upserts): after a flip, the tool's catch-up never overwrites the application's newer write."""
+
+    def write_guarded(self, target: str, rows: Rows, expected: Mapping[str, str | None]) -> None:
+        """Upsert a row only where its document's stored content hash is the expected one, or, for None,
+        where it has no vector at all."""
+        ...
+
+    def delete_guarded(self, target: str, expected: Mapping[str, str]) -> None:
+        """Delete a document's vector only where its stored content hash is the expected one."""
+        ...
 
 
 @runtime_checkable

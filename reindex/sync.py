@@ -6,19 +6,23 @@ then `cutover --sync` for a final catch-up immediately before the flip.
 
 from __future__ import annotations
 
+import sqlite3
+import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from reindex.batching import chunks
 from reindex.errors import ConfigError
 from reindex.ledger import DeadLetter, Ledger
 from reindex.pipeline import retrying
-from reindex.ports import AdoptingSink, DeferredEmbedder, Record, Source
-from reindex.validation import excused
-from reindex.verify import Category, Comparison, compare
+from reindex.ports import AdoptingSink, DeferredEmbedder, GuardedSink, IndexSource, Record, Rows, Sink, Source
+from reindex.validation import excused, text_hash
+from reindex.verify import Category, Comparison, compare, load_rows
 
 if TYPE_CHECKING:
     from reindex.commands import Migration
@@ -42,8 +46,10 @@ class SyncReport:
         return asdict(self)
 
 
-def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
-    """Bring the target level with the source now. Idempotent: a second sync finds nothing to do."""
+def catch_up(m: Migration, ledger: Ledger, *, keep: Settled | None = None) -> SyncReport:
+    """Bring the target level with the source now. Idempotent: a second sync finds nothing to do.
+
+    `keep` receives the source as this catch-up read it (`Settled.gaps` tells later writes by it)."""
     started = time.monotonic()
     _refuse_while_jobs_are_open(m, ledger)
     m.sink.prepare(m.spec)
@@ -56,6 +62,8 @@ def catch_up(m: Migration, ledger: Ledger) -> SyncReport:
     with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused(letters)) as comparison:
         kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
         counts = {c: comparison.count(c) for c in kinds}
+        if keep is not None:
+            keep.read(comparison)
         adopted = _adopt(m, comparison)
         stale = chain(*(comparison.ids(c) for c in ("missing", "stale", "invalid_vectors", "conflicting")))
         for chunk in chunks(stale, m.config.run.shard_size):
@@ -113,3 +121,186 @@ def _refuse_while_jobs_are_open(m: Migration, ledger: Ledger) -> None:
 def fetch_records(source: Source, ids: list[str]) -> list[Record]:
     """The records with these ids that still exist, read again after a transient fault."""
     return retrying(lambda: list(source.fetch(ids)))
+
+
+# after a flip the sink could not hold writers for ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AfterFlip:
+    """`cutover --sync` on a sink that cannot hold writers (Qdrant): what reached the old index between the
+    final catch-up and the flip, carried over once the alias serves the new target."""
+
+    read: str  # "previous": the index the alias served (the source is that live index); "source": the source
+    carried: int  # documents written or changed in that window, embedded and written (unless written since)
+    deleted: int  # documents deleted in that window, deleted here too
+    kept: int  # documents the application also wrote through the alias after the flip: its later write stands
+    dead_letters: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Settled:
+    """The target as the final catch-up left it, just verified: each vector's id, content hash and origin,
+    in a scratch database (bounded memory, as verify). After the flip, anything in the target that differs
+    from this was written by the application through the alias."""
+
+    def __init__(self) -> None:
+        self._scratch = tempfile.TemporaryDirectory(prefix="reindex-settled-")
+        self.db = sqlite3.connect(Path(self._scratch.name) / "settled.db", isolation_level=None)
+        self.db.executescript("""
+            PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;
+            CREATE TABLE settled (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
+            CREATE TABLE now (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
+            CREATE TABLE old (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+            CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+            CREATE TABLE read (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+        """)
+        self.taken = False
+
+    def read(self, comparison: Comparison) -> None:
+        """Keep the source as the final catch-up read it."""
+        self.db.execute("DELETE FROM read")
+        load_rows(self.db, "INSERT OR REPLACE INTO read VALUES (?,?)", comparison.source_hashes())
+
+    def gaps(self, m: Migration, ledger: Ledger) -> tuple[int, int]:
+        """(unexplained, later): the documents where source and target differ now, split by whether the
+        source still holds what the final catch-up read (the target should agree: a real gap) or changed
+        since (a write the catch-up could not see: `after_flip` carries it over)."""
+        letters = excused(ledger.dead_letters(m.plan_id))
+        unexplained = later = 0
+        with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=letters) as comparison:
+            kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
+            for chunk in chunks(chain(*(comparison.ids(k) for k in kinds)), 500):
+                now = dict(comparison.source_hashes(chunk))
+                seen = dict(_hashes(self.db, "read", chunk))
+                for doc_id in chunk:
+                    if (doc_id in now, now.get(doc_id)) == (doc_id in seen, seen.get(doc_id)):
+                        unexplained += 1
+                    else:
+                        later += 1
+        return unexplained, later
+
+    def take(self, m: Migration) -> None:
+        self.db.execute("DELETE FROM settled")
+        load_rows(self.db, "INSERT OR REPLACE INTO settled VALUES (?,?,?)", _states(m))
+        self.taken = True
+
+    def close(self) -> None:
+        self.db.close()
+        self._scratch.cleanup()
+
+    def __enter__(self) -> Settled:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Settled) -> AfterFlip:
+    """Carry over what reached the old index between the final catch-up and the flip.
+
+    A source that is not the old index holds every write: catching up with it again is enough. A source
+    that IS the old index (a Qdrant collection read through the alias) stops seeing writes at the flip, so
+    the old index is read by name and compared with `settled`: a document it changed since is carried over
+    (re-embedded, or deleted), unless the application has since written that document through the alias
+    into the new target, whose later write stands."""
+    started = time.monotonic()
+    old = None
+    if isinstance(m.source, IndexSource) and previous is not None and settled.taken:
+        old = m.source.reading(m.sink, m.spec.alias, previous)
+    if old is None:
+        report = catch_up(m, ledger)
+        return AfterFlip(
+            "source",
+            carried=report.added + report.changed + report.repaired,
+            deleted=report.deleted,
+            kept=0,
+            dead_letters=report.dead_letters,
+            seconds=round(time.monotonic() - started, 3),
+        )
+    db = settled.db
+    load_rows(db, "INSERT OR REPLACE INTO old VALUES (?,?)", ((r.id, text_hash(r)) for r in old.scan()))
+    load_rows(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", excused(ledger.dead_letters(m.plan_id)).items())
+    load_rows(db, "INSERT OR REPLACE INTO now VALUES (?,?,?)", _states(m))  # last: the newest view of it
+    carry, gone, kept = [], [], 0
+    for doc_id, in_old, touched in db.execute(_WINDOW):
+        if touched:
+            kept += 1
+        elif in_old:
+            carry.append(doc_id)
+        else:
+            gone.append(doc_id)
+    sink = m.sink
+    if not isinstance(sink, GuardedSink):
+        raise TypeError(f"{type(sink).__name__} cannot write only where nothing changed meanwhile")
+    found = dict(_hashes(db, "settled", [*carry, *gone]))
+    guarded = _Guarded(sink, expected := {i: found.get(i) for i in [*carry, *gone]})
+    pipeline = replace(m, source=old, sink=cast(Sink, guarded)).pipeline(ledger)
+    written: list[str] = []
+    dead: list[DeadLetter] = []
+    for chunk in chunks(carry, m.config.run.shard_size):
+        shard = pipeline.process(fetch_records(old, chunk))
+        written += shard.written_ids
+        dead += shard.dead
+    # a text that failed must not keep the vector of the one before; a point never stored has none to delete
+    failed = {d.doc_id for d in dead}
+    doomed = {i: expected[i] for i in sorted({*gone, *failed}) if expected.get(i) is not None}
+    for chunk in chunks(list(doomed.items()), DELETE_CHUNK):
+        retrying(sink.delete_guarded, m.spec.name, dict(chunk))
+    ledger.record_dead_letters(m.plan_id, dead)
+    return AfterFlip(
+        "previous",
+        carried=len(written),
+        deleted=len(gone),
+        kept=kept,
+        dead_letters=len(dead),
+        seconds=round(time.monotonic() - started, 3),
+    )
+
+
+# Every id the settled target, the target now or the old index holds, where the old index changed since the
+# final catch-up (present or gone, or another text), less a dead letter excused then and unchanged since.
+# `touched`: the target changed too (written, rewritten or deleted through the alias after the flip).
+_WINDOW = """
+    SELECT ids.id, old.id IS NOT NULL,
+           (now.id IS NULL) != (settled.id IS NULL) OR now.state IS NOT settled.state
+    FROM (SELECT id FROM settled UNION SELECT id FROM now UNION SELECT id FROM old) AS ids
+    LEFT JOIN settled ON settled.id = ids.id
+    LEFT JOIN now ON now.id = ids.id
+    LEFT JOIN old ON old.id = ids.id
+    LEFT JOIN dead ON dead.id = ids.id
+    WHERE ((old.id IS NULL) != (settled.id IS NULL) OR old.hash IS NOT settled.hash)
+      AND NOT (settled.id IS NULL AND old.id IS NOT NULL AND dead.id IS NOT NULL AND dead.hash IS old.hash)
+    ORDER BY ids.id
+"""
+
+
+class _Guarded:
+    """The sink, every write guarded by what the settled target held (GuardedSink.write_guarded)."""
+
+    def __init__(self, sink: GuardedSink, expected: Mapping[str, str | None]) -> None:
+        self._sink, self._expected = sink, expected
+
+    def write(self, target: str, rows: Rows) -> None:
+        self._sink.write_guarded(target, rows, self._expected)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
+
+
+def _hashes(db: sqlite3.Connection, table: str, ids: Sequence[str]) -> Iterator[tuple[str, str | None]]:
+    """(id, hash) of the rows of `table` (one of Settled's) with these ids."""
+    for chunk in chunks(ids, 500):
+        yield from db.execute(
+            f"SELECT id, hash FROM {table} WHERE id IN ({','.join('?' * len(chunk))})", chunk
+        )
+
+
+def _states(m: Migration) -> Iterator[tuple[str, str | None, str]]:
+    """(id, content hash, state) of every vector in the target: state also tells the application's from the
+    tool's, so the application rewriting a point with the same text still reads as a change."""
+    for entry in m.sink.scan_index(m.spec.name, m.spec.dim):
+        yield entry.id, entry.content_hash, f"{entry.content_hash}|{entry.fingerprint}|{entry.application}"

@@ -543,6 +543,15 @@ def alias_move(s: Screen, m: dict[str, Any]) -> None:
     s.headline(f"Alias {m['alias']} {verb} {m['target']}{was}.", ok=not m["forced"])
     if m["forced"]:
         s.warn("forced past a failed verification or quality gate; recorded in the alias history")
+    after = m.get("after_flip")
+    if after:
+        where = "the index it replaced" if after["read"] == "previous" else "the source"
+        s.line(
+            f"Caught up after the flip from {where}: {after['carried']} written, {after['deleted']} deleted"
+            + (f", {after['kept']} left as the application rewrote them since" if after["kept"] else "")
+            + (f", {after['dead_letters']} dead letters" if after["dead_letters"] else "")
+            + "."
+        )
     if m["action"] == "rollback":
         s.line(f"Undo with: reindex cutover -c {s.config}")
     else:

@@ -128,6 +128,15 @@ class Comparison:
         for (doc_id,) in self.db.execute(f"SELECT {column} {where} ORDER BY 1{suffix}"):
             yield doc_id
 
+    def source_hashes(self, ids: Sequence[str] | None = None) -> Iterator[tuple[str, str | None]]:
+        """(id, content hash) of the source's documents as read: all, or those of `ids` it holds."""
+        if ids is None:
+            yield from self.db.execute("SELECT id, hash FROM src")
+            return
+        for chunk in chunks(ids, 500):
+            marks = ",".join("?" * len(chunk))
+            yield from self.db.execute(f"SELECT id, hash FROM src WHERE id IN ({marks})", chunk)
+
     def sample_ids(self, n: int) -> list[str]:
         """Up to `n` random ids present on both sides with sane vectors, for the re-embedding check."""
         rows = self.db.execute(
@@ -199,11 +208,11 @@ def compare(
     with tempfile.TemporaryDirectory(prefix="reindex-verify-") as scratch:
         db = _scratch_db(Path(scratch) / "coverage.db")
         try:
-            _load(db, _INSERT_SOURCE, _source_rows(source.scan()))
-            _load(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
+            load_rows(db, _INSERT_SOURCE, _source_rows(source.scan()))
+            load_rows(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
             if exists:  # a target not built yet is an empty one: every source document is missing
                 entries = _target_rows(sink.scan_index(target, dim))
-                _load(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?,?)", entries)
+                load_rows(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?,?)", entries)
             yield Comparison(db, target, time.monotonic() - started, exists=exists)
         finally:
             db.close()
@@ -282,7 +291,7 @@ def _target_rows(
         yield entry.id, entry.content_hash, entry.fingerprint, entry.problem, entry.application
 
 
-def _load(db: sqlite3.Connection, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
+def load_rows(db: sqlite3.Connection, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
     for chunk in chunks(rows, CHUNK):
         db.execute("BEGIN")
         db.executemany(sql, chunk)

@@ -512,3 +512,39 @@ def test_an_api_key_echoed_by_the_server_never_reaches_the_error(monkeypatch: py
         server.server_close()
     printed = "".join(traceback.format_exception(refused.value))
     assert "bad key" in printed and "sekrit-4f1d" not in printed
+
+
+def test_guarded_writes_and_deletes_touch_only_points_still_as_expected() -> None:
+    """After a flip the tool's catch-up writes a point only while it is what the settled target held: the
+    application's rewrite (its upsert drops the tool's keys) or delete since then stands."""
+    client = QdrantClient(":memory:")
+    sink = QdrantSink(client)
+    client.create_collection("t", models.VectorParams(size=4, distance=models.Distance.COSINE))
+    records = [Record(f"d{i}", f"text {i}") for i in range(5)]
+    hashes = [content_hash(r.text) for r in records]
+    sink.write("t", Rows(records, np.ones((5, 4), dtype=np.float32), hashes, "fp"))
+    client.upsert("t", [models.PointStruct(id=point_id("d1"), vector=[0, 1, 0, 0], payload={"app": 1})])
+    client.delete("t", models.PointIdsList(points=[point_id("d2")]))
+    client.upsert("t", [models.PointStruct(id=point_id("d4"), vector=[0, 0, 1, 0], payload={"app": 4})])
+
+    def stored() -> dict[str, Any]:
+        points, _ = client.scroll("t", limit=10, with_payload=True)
+        return {
+            (p.payload or {}).get("reindex_id", f"app{(p.payload or {}).get('app')}"): p.payload
+            for p in points
+        }
+
+    again = [Record(f"d{i}", f"text {i} again") for i in range(5)]
+    rows = Rows(again, np.full((5, 4), 2.0, dtype=np.float32), [content_hash(r.text) for r in again], "fp")
+    # d0 as settled: updated; d1 rewritten and d2 deleted since: left alone; d3 and d4 expected absent:
+    # d3 is there (not inserted over), d4 is the application's (not inserted over either)
+    sink.write_guarded("t", rows, {"d0": hashes[0], "d1": hashes[1], "d2": hashes[2], "d3": None, "d4": None})
+    now = stored()
+    assert now["d0"]["reindex_content_hash"] == content_hash("text 0 again")
+    assert now["d3"]["reindex_content_hash"] == hashes[3]
+    assert "d2" not in now and now["app1"] == {"app": 1} and now["app4"] == {"app": 4}
+    sink.write_guarded("t", Rows(again[2:3], rows.vectors[2:3], rows.content_hashes[2:3], "fp"), {"d2": None})
+    assert stored()["d2"]["reindex_content_hash"] == content_hash("text 2 again")  # absent, so inserted
+
+    sink.delete_guarded("t", {"d0": hashes[0], "d1": hashes[1], "d3": hashes[3]})  # d0 changed, d1 the app's
+    assert sorted(stored()) == ["app1", "app4", "d0", "d2"]

@@ -9,7 +9,9 @@ import json
 import random
 import threading
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -151,6 +153,163 @@ def test_writes_during_run_and_cutover_sync_are_never_lost(tmp_path: Path, pg_ds
             "per_second": round(rate),
             "new_model_writes": writer.new_model_writes,
             "retried_errors": len(writer.errors),
+            "documents_at_end": len(writer.texts),
+        },
+    )
+
+
+# Qdrant -------------------------------------------------------------------------------------------------
+
+
+class QdrantWriter(threading.Thread):
+    """The same application on a Qdrant alias: per write, look up which collection the alias serves, embed
+    with that model, upsert or delete through the alias. Nothing holds it back for the flip: a write that
+    lands in the old collection after the final catch-up is carried over after the flip. A write whose
+    lookup the flip overtook fails on the new collection's dimension and is made again, as an application
+    retries a failed write."""
+
+    def __init__(self, client: Any, old: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.old = client, old
+        self.texts = {f"d{i}": f"document {i} first text" for i in range(START)}
+        self.stop, self.writes, self.errors = threading.Event(), 0, []  # type: ignore[var-annotated]
+        self.new_model_writes = 0
+        self.random = random.Random(12)
+
+    def run(self) -> None:
+        serial = START
+        while not self.stop.is_set():
+            try:
+                serial = self._one(serial)
+            except Exception as exc:  # a write is never silently lost: it is made again
+                self.errors.append(str(exc).splitlines()[0])
+                if len(self.errors) > 50:
+                    raise
+            time.sleep(0.005)
+
+    def _one(self, serial: int) -> int:
+        from qdrant_client import models
+
+        aliases = {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
+        new = aliases["docs"] != self.old
+        model = NEW if new else OLD
+        action = self.random.choice(("insert", "update", "update", "delete"))
+        live = sorted(self.texts)
+        if action == "delete" and live:
+            doc_id = self.random.choice(live)
+            self.client.delete("docs", models.PointIdsList(points=[qdrant_id(doc_id)]), wait=True)
+            del self.texts[doc_id]
+        else:
+            if action == "insert" or not live:
+                doc_id, serial = f"d{serial}", serial + 1
+                text = f"document {doc_id} inserted at write {self.writes}"
+            else:
+                doc_id = self.random.choice(live)
+                text = f"document {doc_id} edited at write {self.writes}"
+            point = models.PointStruct(
+                id=qdrant_id(doc_id),
+                vector=vector(model, text).tolist(),
+                payload={"doc": doc_id, "body": text},
+            )
+            self.client.upsert("docs", [point], wait=True)
+            self.texts[doc_id] = text
+        self.writes += 1
+        self.new_model_writes += new
+        return serial
+
+
+class Serialized:
+    """A client whose calls run one at a time, as a Qdrant server applies concurrent requests safely; local
+    mode's in-process collections are not safe to write from two threads at once."""
+
+    def __init__(self, client: Any) -> None:
+        self._client, self._lock = client, threading.RLock()
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._client, name)
+        if not callable(found):
+            return found
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                return found(*args, **kwargs)
+
+        return call
+
+
+def qdrant_id(doc_id: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, doc_id))
+
+
+def test_writes_during_run_and_cutover_sync_are_never_lost_on_qdrant(tmp_path: Path) -> None:
+    from qdrant_client import models
+
+    from adapters.qdrant import QdrantSink, _acquire, _clients, _release
+
+    storage = ":memory:"  # one process-wide store; local storage on disk takes no writes from two threads
+    config = tmp_path / "docs.toml"
+    config.write_text(
+        f'[source]\nkind = "qdrant"\npath = "{storage}"\ncollection = "docs"\ntext_field = "body"\n\n'
+        '[embedder]\nkind = "hash"\ndim = 24\nlatency_ms = 60\n\n'
+        f'[target]\nkind = "qdrant"\npath = "{storage}"\nalias = "docs"\n\n'
+        f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 40\n'
+    )
+    # the application's client is the one the tool's commands share in this process (local storage takes
+    # one client at a time); held here, it stays open between the commands
+    client, lease = _acquire(QdrantSink.Config(kind="qdrant", path=storage, alias="docs"))
+    _clients[lease].client = client = Serialized(client)  # type: ignore[assignment]
+    try:
+        client.create_collection("docs_v1", models.VectorParams(size=16, distance=models.Distance.COSINE))
+        client.update_collection_aliases(
+            change_aliases_operations=[
+                models.CreateAliasOperation(
+                    create_alias=models.CreateAlias(collection_name="docs_v1", alias_name="docs")
+                )
+            ]
+        )
+        writer = QdrantWriter(client, "docs_v1")
+        client.upsert(
+            "docs",
+            [
+                models.PointStruct(
+                    id=qdrant_id(d), vector=vector(OLD, t).tolist(), payload={"doc": d, "body": t}
+                )
+                for d, t in writer.texts.items()
+            ],
+            wait=True,
+        )
+        started = time.monotonic()
+        writer.start()
+        invoke("run", "-c", str(config))
+        moved = invoke("cutover", "-c", str(config), "--sync")
+        time.sleep(1.0)  # the application goes on writing through the alias, with the new model
+        writer.stop.set()
+        writer.join(timeout=30)
+        rate = writer.writes / (time.monotonic() - started)
+        assert moved["changed"] and moved["after_flip"]["read"] == "previous"
+        assert rate >= 50, f"{writer.writes} writes at {rate:.0f}/s"
+        assert writer.new_model_writes > 10 and not writer.is_alive()
+
+        points, _ = client.scroll("docs", limit=10_000, with_payload=True, with_vectors=True)
+        served = {str(p.id): p for p in points}
+        assert set(served) == {qdrant_id(d) for d in writer.texts}, (
+            "a write was lost, or a deleted one is back"
+        )
+        for doc_id, text in writer.texts.items():
+            point = served[qdrant_id(doc_id)]
+            assert (point.payload or {})["body"] == text
+            np.testing.assert_allclose(np.asarray(point.vector), vector(NEW, text), atol=1e-5)
+        assert invoke("verify", "-c", str(config))["complete"]
+    finally:
+        _release(lease)
+    report_figure(
+        "writes_through_cutover_sync_qdrant",
+        {
+            "writes": writer.writes,
+            "per_second": round(rate),
+            "new_model_writes": writer.new_model_writes,
+            "retried_errors": len(writer.errors),
+            "carried_after_flip": moved["after_flip"]["carried"],
             "documents_at_end": len(writer.texts),
         },
     )
