@@ -120,7 +120,7 @@ class BedrockBatchEmbedder:
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["bedrock-batch"]
-        model: Literal["amazon.titan-embed-text-v2:0"] = TITAN_V2
+        model: Literal["amazon.titan-embed-text-v2:0"] = "amazon.titan-embed-text-v2:0"
         region: str
         role_arn: str  # the service role Bedrock assumes to read the input and write the output
         input_s3_uri: str  # s3://bucket/prefix: each job's records go under <prefix>/<job name>/
