@@ -25,6 +25,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from adapters.openai import Pacer, ProviderBusy, ProviderNotFound, ProviderRejected, encoding, tokenize_texts
+from reindex.deferred import ONLINE  # the job id of lines sent through InvokeModel
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from botocore.exceptions import ClientError
 
 T = TypeVar("T")
-ONLINE = "online"  # reindex.deferred.ONLINE: the job id of lines sent through InvokeModel
 TITAN_V2 = "amazon.titan-embed-text-v2:0"
 DIMENSIONS = (256, 512, 1024)  # Titan Text Embeddings V2's output sizes
 PRICES_TAKEN = "2026-12-02"
