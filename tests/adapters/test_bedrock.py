@@ -17,10 +17,10 @@ from adapters.bedrock import (
     PRICES_TAKEN,
     TITAN_V2,
     BedrockBatchEmbedder,
-    collect_records,
     job_name,
 )
-from adapters.bedrock_emulator import BedrockEmulator
+from adapters.bedrock.emulator import BedrockEmulator
+from adapters.bedrock.records import collect_records
 from adapters.memory import HashEmbedder
 from adapters.openai import Pacer
 from adapters.openai_emulator import shorten

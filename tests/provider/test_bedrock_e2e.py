@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
-from adapters.bedrock_emulator import BedrockEmulator
+from adapters.bedrock.emulator import BedrockEmulator
 from adapters.memory import HashEmbedder
 from adapters.openai_emulator import shorten
 from tests.durability.support import Tool

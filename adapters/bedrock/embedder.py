@@ -16,22 +16,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from adapters.bedrock.connection import (
+    S3_URI,
+    JobNameTaken,
+    make_clients,
+    once,
+    split_s3_uri,
+)
+from adapters.bedrock.records import collect_records, embedding
 from adapters.openai import Pacer, ProviderBusy, ProviderNotFound, ProviderRejected, encoding, tokenize_texts
 from reindex.deferred import ONLINE  # the job id of lines sent through InvokeModel
-from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
+from reindex.errors import BackendError, ConfigError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
-
-if TYPE_CHECKING:
-    from botocore.exceptions import ClientError
 
 T = TypeVar("T")
 TITAN_V2 = "amazon.titan-embed-text-v2:0"
@@ -43,72 +45,11 @@ PRICES: dict[str, dict[str, float]] = {  # USD per 1M input tokens; see configs/
 TERMINAL = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"})
 JOB_PREFIX = "reindex-"
 RECORDS, RECORD_MAP = "records.jsonl", "records.json"
-S3_URI = re.compile(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?")
-BUSY_CODES = frozenset(
-    {"ThrottlingException", "ServiceUnavailableException", "ModelNotReadyException", "ModelTimeoutException"}
-)
 
 
 def job_name(key: str) -> str:
     """The job's name, unique per account: `reindex-` and 40 hex digits of the key (a name is at most 63)."""
     return f"{JOB_PREFIX}{hashlib.sha256(key.encode()).hexdigest()[:40]}"
-
-
-def split_s3_uri(uri: str) -> tuple[str, str]:
-    """(bucket, prefix without slashes at either end)."""
-    match = S3_URI.fullmatch(uri)
-    if match is None:
-        raise ConfigError(f"{uri!r} is not an S3 URI", hint="write s3://<bucket>/<prefix>")
-    return match.group(1), (match.group(2) or "").strip("/")
-
-
-# errors -------------------------------------------------------------------------------------------------
-
-
-@contextmanager
-def translated_errors() -> Iterator[None]:
-    """botocore's exceptions, made ours once: 429/5xx/timeouts retried, refusals of an input kept by code."""
-    from botocore import exceptions
-
-    try:
-        yield
-    except exceptions.ClientError as exc:
-        raise _client_error(exc) from None
-    except (exceptions.NoCredentialsError, exceptions.PartialCredentialsError) as exc:
-        raise ConfigError(f"AWS credentials: {exc}", hint="set AWS_PROFILE or the AWS_* variables") from None
-    except (exceptions.ConnectionError, exceptions.HTTPClientError) as exc:  # timeouts included
-        raise ProviderBusy(f"{type(exc).__name__}: {exc}") from None
-
-
-def _client_error(exc: ClientError) -> ReindexError:
-    error = exc.response.get("Error", {})
-    meta = exc.response.get("ResponseMetadata", {})
-    code, status = str(error.get("Code") or "unknown"), int(meta.get("HTTPStatusCode") or 0)
-    message = f"HTTP {status} {code}: {error.get('Message', '')}"
-    if status == 429 or status >= 500 or code in BUSY_CODES:
-        hint = _retry_after(meta.get("HTTPHeaders", {}))
-        return ProviderBusy(
-            message, retry_after=hint, status=429 if code == "ThrottlingException" else status
-        )
-    if status in (401, 403) or code in ("AccessDeniedException", "UnrecognizedClientException"):
-        return ConfigError(f"AWS refused the request: {message}", hint="check the credentials and role_arn")
-    if code == "ResourceNotFoundException" or status == 404:  # S3: NoSuchKey, NoSuchBucket
-        return ProviderNotFound(message, hint="check model, region and endpoint_url")
-    if code == "ConflictException":
-        return JobNameTaken(message)
-    return ProviderRejected(message, code=code)
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None
-
-
-class JobNameTaken(BackendError):
-    """CreateModelInvocationJob's ConflictException: a job with this name exists; adopt it."""
 
 
 # the embedder -------------------------------------------------------------------------------------------
@@ -246,7 +187,7 @@ class BedrockBatchEmbedder:
             outputDataConfig={"s3OutputDataConfig": {"s3Uri": self.config.output_s3_uri}},
         )
         try:
-            return str(_once(create)["jobArn"])
+            return str(once(create)["jobArn"])
         except (JobNameTaken, ProviderBusy) as exc:
             found = self._find(name)
             if found is None:
@@ -320,7 +261,7 @@ class BedrockBatchEmbedder:
             except ProviderRejected as exc:
                 failed[item.custom_id] = exc.code
                 continue
-            result = _embedding(body, self.info.dim)
+            result = embedding(body, self.info.dim)
             if isinstance(result, str):
                 failed[item.custom_id] = result
             else:
@@ -376,103 +317,10 @@ class BedrockBatchEmbedder:
 
     def _call(self, request: Callable[[], T], *, tokens: int = 0) -> T:
         """Paced and retried (reads, and writes safe to repeat)."""
-        return self._pacer.call(functools.partial(_once, request), tokens=tokens)
-
-
-def _once(request: Callable[[], T]) -> T:
-    with translated_errors():
-        return request()
+        return self._pacer.call(functools.partial(once, request), tokens=tokens)
 
 
 def _output_folder(job: Mapping[str, Any]) -> tuple[str, str]:
     bucket, prefix = split_s3_uri(job["outputDataConfig"]["s3OutputDataConfig"]["s3Uri"])
     job_id = str(job["jobArn"]).rsplit("/", 1)[-1]
     return bucket, "/".join(filter(None, [prefix, job_id])) + "/"
-
-
-def make_clients(config: BedrockBatchEmbedder.Config) -> dict[str, Any]:
-    """boto3 clients with their own retries off (pacing is ours); credentials from boto3's usual chain."""
-    try:
-        import boto3
-        from botocore.config import Config
-    except ImportError as exc:
-        raise MissingDependency("boto3", extra="bedrock") from exc
-
-    def client(service: str, endpoint: str | None, timeout: float) -> Any:
-        options = Config(retries={"total_max_attempts": 1}, connect_timeout=timeout, read_timeout=timeout)
-        return boto3.client(service, region_name=config.region, endpoint_url=endpoint, config=options)
-
-    return {
-        "bedrock": client("bedrock", config.endpoint_url, config.timeout_s),
-        "bedrock-create": client("bedrock", config.endpoint_url, config.create_timeout_s),
-        "bedrock-runtime": client("bedrock-runtime", config.endpoint_url, config.timeout_s),
-        "s3": client("s3", config.s3_endpoint_url, config.timeout_s),
-    }
-
-
-def collect_records(
-    mapping: Mapping[str, str], outputs: Sequence[bytes] | None, dim: int, *, missing: str | None
-) -> tuple[dict[str, Vectors], dict[str, str], int]:
-    """Join output records on recordId, in any order, duplicates tolerated: (vectors, failed, billed tokens).
-
-    A record with `error` fails with its code (429 → rate_limit_exceeded, 408/5xx → server_error, another
-    4xx → `http_<code>`, a refusal of the input). Records that never appear fail with `missing` (a job that
-    ran out of time), else "output_deleted" (no output file at all), "malformed_output" (an unreadable line
-    was seen) or "missing_output". Billed tokens are the successes' `inputTextTokenCount`.
-    """
-    vectors: dict[str, Vectors] = {}
-    failed: dict[str, str] = {}
-    billed, is_malformed = 0, False
-    for raw in (raw for content in outputs or [] for raw in content.splitlines() if raw.strip()):
-        record = _json_record(raw)
-        custom_id = mapping.get(str(record.get("recordId"))) if record is not None else None
-        is_malformed = is_malformed or record is None
-        if record is None or custom_id is None or custom_id in vectors:
-            continue
-        result = _record_result(record, dim)
-        if isinstance(result, str):
-            failed.setdefault(custom_id, result)
-        else:
-            vectors[custom_id] = result
-            failed.pop(custom_id, None)
-            billed += int(record["modelOutput"].get("inputTextTokenCount", 0))
-    leftover = missing or ("output_deleted" if outputs is None else None)
-    leftover = leftover or ("malformed_output" if is_malformed else "missing_output")
-    for custom_id in mapping.values():
-        if custom_id not in vectors:
-            failed.setdefault(custom_id, leftover)
-    return vectors, failed, billed
-
-
-def _json_record(raw: bytes) -> dict[str, Any] | None:
-    try:
-        record = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def _record_result(record: Mapping[str, Any], dim: int) -> Vectors | str:
-    output, error = record.get("modelOutput"), record.get("error")
-    if isinstance(output, dict):
-        return _embedding(output, dim)
-    if isinstance(error, dict):
-        return _error_code(error.get("errorCode"))
-    return "malformed_output"
-
-
-def _error_code(code: Any) -> str:
-    status = int(code) if isinstance(code, int) or str(code).isdigit() else None
-    if status == 429:
-        return "rate_limit_exceeded"
-    if status is None or status in (408, 409) or status >= 500:
-        return "server_error"
-    return f"http_{status}"
-
-
-def _embedding(body: Mapping[str, Any], dim: int) -> Vectors | str:
-    try:
-        vector = np.asarray(body["embedding"], dtype=np.float32)
-    except (KeyError, TypeError, ValueError):
-        return "malformed_output"
-    return vector if vector.shape == (dim,) else "wrong_dimension"
