@@ -147,12 +147,12 @@ class BedrockBatchEmbedder:
                 f"a Bedrock batch job takes at most {self.config.max_records} records, got {len(items)}",
                 hint=f"set [run] shard_size to at most {self.config.max_records}",
             )
-        if len(items) < self.config.min_records:
-            return ONLINE
         name = job_name(key)
-        found = self._find(name)
+        found = self._find(name)  # first: a job made before the shard lost documents is still adopted
         if found is not None:
             return found
+        if len(items) < self.config.min_records:
+            return ONLINE
         bucket, prefix = split_s3_uri(self.config.input_s3_uri)
         folder = "/".join(filter(None, [prefix, name]))
         records, mapping = self._records(items)

@@ -192,6 +192,8 @@ def test_a_shard_below_the_minimum_goes_online_and_over_the_maximum_is_refused(
     embedder = make()
     assert embedder.submit("key-small", items(embedder)[: MINIMUM - 1]) == "online"
     assert created(emulator, "key-small") == 0
+    job = embedder.submit("key-shrunk", items(embedder))
+    assert embedder.submit("key-shrunk", items(embedder)[:2]) == job  # recovered with fewer: still adopted
     with pytest.raises(ConfigError, match="shard_size"):
         make(max_records=5).submit("key-big", items(embedder))
 
