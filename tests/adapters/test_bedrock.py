@@ -132,6 +132,18 @@ def test_a_create_that_times_out_is_adopted_by_name(make: Make, emulator: Bedroc
     assert finish(embedder, job).status == "Completed"
 
 
+def test_a_conflict_on_create_adopts_the_job_that_holds_the_name(
+    make: Make, emulator: BedrockEmulator
+) -> None:
+    embedder = make()
+    job = embedder.submit("key-conflict", items(embedder))
+    input_uri = f"s3://inputs/reindex/{job_name('key-conflict')}/records.jsonl"
+    assert (
+        embedder._create_job("another-key", job_name("key-conflict"), input_uri) == job
+    )  # ConflictException
+    assert created(emulator, "key-conflict") == 1
+
+
 def test_throttling_is_waited_out_after_the_retry_hint(make: Make, emulator: BedrockEmulator) -> None:
     faults = {
         "rate_limit": 2,

@@ -20,6 +20,7 @@ from pgvector.psycopg import register_vector
 from adapters.bedrock.emulator import BedrockEmulator
 from adapters.memory import HashEmbedder
 from adapters.openai_emulator import shorten
+from adapters.openai_faults import FaultPlan
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, unique_tokens
 
@@ -120,7 +121,7 @@ def test_a_run_is_verified_with_the_models_vectors_and_billed_once_per_unique_te
 def test_a_refused_input_is_dead_lettered_with_bedrocks_reason(
     tmp_path: Path, emulator: BedrockEmulator, pg_dsn: str
 ) -> None:
-    emulator.set_faults(type(emulator.state.gate.plan)(poison_substring=POISON))
+    emulator.set_faults(FaultPlan(poison_substring=POISON))
     tool, documents = make_tool(tmp_path, emulator, pg_dsn, poison=True)
     run_to_end(tool)
     letters = tool.json("dlq", "list")["dead_letters"]
