@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -155,7 +155,7 @@ def encode_vector(vector: Vectors, encoding_format: str) -> list[float] | str:
     return [float(x) for x in vector]
 
 
-def _shorten(vectors: Vectors, dimensions: Any) -> Vectors:
+def shorten(vectors: Vectors, dimensions: Any) -> Vectors:
     """text-embedding-3 style `dimensions`: keep the first d components and renormalise."""
     if dimensions is None:
         return vectors
@@ -280,7 +280,7 @@ class EmulatorState:
             if poison and any(poison in text for text, _ in parsed):
                 raise ApiError(400, INVALID_INPUT)
             vectors = self.embedder.embed(self.embedder.tokenize([text for text, _ in parsed]))
-            vectors = _shorten(vectors, body.get("dimensions"))
+            vectors = shorten(vectors, body.get("dimensions"))
             tokens = sum(count for _, count in parsed)
             self.ledger.billed.append((tokens, batch_id))
         data = [
@@ -643,8 +643,60 @@ def _client(request: Request) -> str:
     return key.strip() or "anonymous"
 
 
-class Emulator:
-    """The emulator served by uvicorn on a free local port, in a background thread.
+class LocalServer:
+    """An ASGI app served by uvicorn on a free local port, in a background thread (every emulator's)."""
+
+    def __init__(
+        self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, name: str = "emulator"
+    ) -> None:
+        self.app, self.host, self.name = app, host, name
+        self.port = port  # 0: a free port, known once started
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 10.0) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="off", ws="none", timeout_graceful_shutdown=1
+        )
+        listener = socket.create_server((self.host, self.port))
+        self.port = int(listener.getsockname()[1])
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._serve, args=(self._server, listener), name=self.name, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise BackendError(f"the {self.name} did not start on {self.url}")
+            time.sleep(0.01)
+
+    @staticmethod
+    def _serve(server: uvicorn.Server, listener: socket.socket) -> None:
+        with listener:
+            server.run(sockets=[listener])
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+
+class Emulator(LocalServer):
+    """The OpenAI emulator, served on a free local port in a background thread.
 
     with Emulator(HashEmbedder()) as emu:
         client = OpenAI(base_url=emu.base_url, api_key="test", max_retries=0)
@@ -664,56 +716,16 @@ class Emulator:
         deployments: Mapping[str, str] | None = None,
     ) -> None:
         self.state = EmulatorState(embedder, faults or FaultPlan(), deployments)
-        self.app = _build_app(self.state)
-        self.host = host
-        self.port = port  # 0: a free port, known once started
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        super().__init__(_build_app(self.state), host=host, port=port, name="OpenAI emulator")
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        return f"{self.url}/v1"
 
     @property
     def azure_endpoint(self) -> str:
         """What `AzureOpenAI(azure_endpoint=...)` takes: the SDK adds `/openai/...` and `api-version`."""
-        return f"http://{self.host}:{self.port}"
-
-    def __enter__(self) -> Emulator:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def start(self, timeout: float = 10.0) -> None:
-        import uvicorn
-
-        config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", ws="none", timeout_graceful_shutdown=1
-        )
-        listener = socket.create_server((self.host, self.port))
-        self.port = int(listener.getsockname()[1])
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._serve, args=(self._server, listener), name="openai-emulator", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise BackendError(f"the OpenAI emulator did not start on {self.base_url}")
-            time.sleep(0.01)
-
-    @staticmethod
-    def _serve(server: uvicorn.Server, listener: socket.socket) -> None:
-        with listener:
-            server.run(sockets=[listener])
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
+        return self.url
 
     def stats(self) -> dict[str, Any]:
         return self.state.stats()
