@@ -1,0 +1,438 @@
+"""Google Gemini's Batch API for embeddings, through the official `google-genai` SDK (Gemini Developer API).
+
+One job is one uploaded JSONL file, one input per line: `{"key": <custom_id>, "request": {"content": {"parts":
+[{"text": ...}]}, "output_dimensionality": d}}`, created by `client.batches.create_embeddings(model=...,
+src={"file_name": ...}, config={"display_name": <key>})` (`POST models/{model}:asyncBatchEmbedContent`).
+The job's display name is the deterministic key: `submit` lists the batches and adopts the one carrying it
+before creating anything, and again after a create that timed out. Results come back as a responses file
+whose lines carry the same `key` with a `response` (the embedding) or an `error` (a google.rpc.Status), in
+any order; lines missing from it (an expired job, a lost file, an unreadable line) are left for the run to
+send again. Vertex AI has no such method (the SDK refuses it there), so this kind is the Developer API only.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import re
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from adapters.openai import Pacer, ProviderBusy, ProviderNotFound, encoding, redact, tokenize_texts
+from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
+from reindex.fingerprint import fingerprint
+from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
+
+if TYPE_CHECKING:
+    from google.genai import Client
+    from google.genai.errors import APIError
+    from google.genai.types import BatchJob
+
+T = TypeVar("T")
+API_VERSION = "v1beta"  # where the Batch API's REST reference places models.asyncBatchEmbedContent
+KNOWN_DIMS = {"gemini-embedding-001": 3072}
+MAX_INPUT_TOKENS = 2048  # gemini-embedding-001's input limit
+MAX_FILE_BYTES = 2_000_000_000  # the Files API's limit per file
+PRICES_TAKEN = "2026-12-02"
+PRICES: dict[str, dict[str, float]] = {  # USD per 1M input tokens (configs/pricing.toml, [gemini])
+    "gemini-embedding-001": {"online": 0.15, "batch": 0.075},
+}
+TERMINAL = frozenset(
+    {
+        "JOB_STATE_SUCCEEDED",
+        "JOB_STATE_PARTIALLY_SUCCEEDED",
+        "JOB_STATE_FAILED",
+        "JOB_STATE_CANCELLED",
+        "JOB_STATE_EXPIRED",
+    }
+)
+# google.rpc.Code names of a line that may succeed when sent again -> reindex.deferred.RETRYABLE codes
+RETRY_CODES = {
+    "RESOURCE_EXHAUSTED": "rate_limit_exceeded",
+    "UNAVAILABLE": "server_error",
+    "INTERNAL": "server_error",
+    "ABORTED": "server_error",
+    "UNKNOWN": "server_error",
+    "DEADLINE_EXCEEDED": "request_timeout",
+}
+RETRY_DELAY = re.compile(r"^(\d+(?:\.\d+)?)s$")
+KEY_PATTERN = re.compile(r"\bAIza[0-9A-Za-z_\-]{8,}")
+
+
+class GeminiBatchEmbedder:
+    """`gemini-batch`: a provider batch job per shard, adopted by display name; see the module docstring."""
+
+    class Config(BaseModel):
+        model_config = ConfigDict(extra="forbid", frozen=True)
+        kind: Literal["gemini-batch"]
+        model: str = "gemini-embedding-001"
+        api_key_env: str = "GEMINI_API_KEY"
+        base_url: str | None = None  # the SDK's HttpOptions.base_url (a local emulator); default Google's
+        output_dimensionality: int | None = Field(default=None, gt=0)  # sent with every line
+        dim: int | None = Field(default=None, gt=0)  # the output size of a model whose size is not known
+        task_type: str | None = None  # e.g. RETRIEVAL_DOCUMENT; sent with every line, part of the identity
+        normalize: bool = True  # unit length here: below 3072 dimensions the model's vectors are not
+        max_tokens: int = Field(default=MAX_INPUT_TOKENS, gt=0)
+        tokenizer: str = "cl100k_base"  # an estimate: Gemini's own tokenizer is not available offline
+        timeout_s: float = Field(default=60.0, gt=0)
+        create_timeout_s: float = Field(default=60.0, gt=0)
+        requests_per_minute: int | None = Field(default=None, gt=0)
+        max_attempts: int = Field(default=8, gt=0)
+        backoff_s: float = Field(default=1.0, gt=0)
+        max_backoff_s: float = Field(default=60.0, gt=0)
+        prices: dict[str, float] | None = None  # {"online": x, "batch": y} USD per 1M tokens
+
+    is_remote = True
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        model: str = "gemini-embedding-001",
+        output_dimensionality: int | None = None,
+        dim: int | None = None,
+        task_type: str | None = None,
+        normalize: bool = True,
+        max_tokens: int = MAX_INPUT_TOKENS,
+        tokenizer: str = "cl100k_base",
+        create_timeout_s: float = 60.0,
+        pacer: Pacer | None = None,
+        api_key_env: str = "GEMINI_API_KEY",
+        prices: Mapping[str, float] | None = None,
+    ) -> None:
+        self._client, self._pacer, self._key_env = client, pacer or Pacer(), api_key_env
+        self._secret = str(getattr(getattr(client, "_api_client", None), "api_key", "") or "")
+        self._model, self._dimensions, self._task_type = model, output_dimensionality, task_type
+        self._is_normalized, self._create_timeout_s = normalize, create_timeout_s
+        self._codec = encoding(tokenizer)
+        size = _resolve_dim(model, output_dimensionality, dim)
+        options = {
+            "output_dimensionality": output_dimensionality,
+            "task_type": task_type,
+            "normalize": normalize,
+            "max_tokens": max_tokens,
+            "tokenizer": tokenizer,
+        }
+        identity = fingerprint("gemini", model, size, options)
+        self.info = EmbedderInfo("gemini-batch", model, size, max_tokens, identity, options)
+        table = {"online": None, "batch": None, **PRICES.get(model, {}), **(prices or {})}
+        self.prices: dict[str, float | None] = {tier: table[tier] for tier in ("online", "batch")}
+        self.price_per_million = self.prices["batch"]
+
+    @classmethod
+    def from_config(cls, config: Config) -> GeminiBatchEmbedder:
+        pacer = Pacer(
+            requests_per_minute=config.requests_per_minute,
+            attempts=config.max_attempts,
+            backoff_s=config.backoff_s,
+            max_backoff_s=config.max_backoff_s,
+        )
+        return cls(
+            make_client(config.base_url, config.api_key_env, config.timeout_s),
+            model=config.model,
+            output_dimensionality=config.output_dimensionality,
+            dim=config.dim,
+            task_type=config.task_type,
+            normalize=config.normalize,
+            max_tokens=config.max_tokens,
+            tokenizer=config.tokenizer,
+            create_timeout_s=config.create_timeout_s,
+            pacer=pacer,
+            api_key_env=config.api_key_env,
+            prices=config.prices,
+        )
+
+    @property
+    def traffic(self) -> dict[str, float | int | None]:
+        return self._pacer.traffic.describe()
+
+    def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
+        """Estimated counts (see `Config.tokenizer`); texts longer than `max_tokens` are cut by that count."""
+        return tokenize_texts(texts, self._codec, self.info.max_tokens)
+
+    def submit(self, key: str, items: Sequence[JobItem], *, isolate: bool = False) -> str:
+        """Adopt the batch whose display name is `key`, else upload the file and create one (no retry).
+
+        Every line carries one input already, so `isolate` changes nothing here.
+        """
+        content = self._input_file(items)
+        found = self._find(key)
+        if found is not None:
+            return str(found.name)
+        return self._create(key, self._upload(key, content))
+
+    def poll(self, job_id: str) -> JobResult:
+        job = self._call(functools.partial(self._client.batches.get, name=job_id))
+        state = _state(job)
+        if state not in TERMINAL:
+            return JobResult(state, False)
+        file_name = job.dest.file_name if job.dest else None
+        content = self._download(file_name) if file_name else None
+        vectors, failed, billed = read_responses(content or b"", self.info.dim)
+        if self._is_normalized:
+            vectors = {key: _unit(vector) for key, vector in vectors.items()}
+        return JobResult(state, True, vectors, failed, billed)
+
+    def release(self, job_id: str) -> None:
+        """Delete the job's responses file; gone is fine. Uploaded input files are not deleted: the batch
+        object does not name them, and the Files API removes uploads after 48 hours."""
+        job = self._call(functools.partial(self._client.batches.get, name=job_id))
+        if job.dest and job.dest.file_name:
+            self._delete_file(job.dest.file_name)
+
+    # submitting ------------------------------------------------------------------------------------------
+
+    def _input_file(self, items: Sequence[JobItem]) -> bytes:
+        if not items:
+            raise ConfigError("a batch job takes at least one input")
+        request: dict[str, Any] = {}
+        if self._dimensions:
+            request["output_dimensionality"] = self._dimensions
+        if self._task_type:
+            request["task_type"] = self._task_type
+        lines = (
+            {
+                "key": item.custom_id,
+                "request": {"content": {"parts": [{"text": str(item.tokens.data)}]}, **request},
+            }
+            for item in items
+        )
+        content = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
+        if len(content) > MAX_FILE_BYTES:
+            raise ConfigError(
+                f"the batch input file would be {len(content):,} bytes, over the Files API's 2 GB",
+                hint="lower [run] shard_size",
+            )
+        return content
+
+    def _find(self, key: str) -> BatchJob | None:
+        """The batch whose display name is `key` and that did not fail, over every page of the listing."""
+        pager = self._call(functools.partial(self._client.batches.list, config={"page_size": 100}))
+        while True:
+            for job in pager.page:
+                if job.display_name == key and _state(job) != "JOB_STATE_FAILED":
+                    return job
+            if not pager.config.get("page_token"):
+                return None
+            self._call(pager.next_page)
+
+    def _upload(self, key: str, content: bytes) -> str:
+        config = {"mime_type": "jsonl", "display_name": key}
+        upload = functools.partial(self._client.files.upload, file=io.BytesIO(content), config=config)
+        return str(self._call(upload).name)
+
+    def _create(self, key: str, file_name: str) -> str:
+        """Create once; after a timeout or 5xx, adopt the batch if it was made anyway."""
+        from google.genai.errors import ExperimentalWarning
+
+        timeout_ms = int(self._create_timeout_s * 1000)
+        create = functools.partial(
+            self._client.batches.create_embeddings,
+            model=self._model,
+            src={"file_name": file_name},
+            config={"display_name": key, "http_options": {"timeout": timeout_ms}},
+        )
+        try:
+            with warnings.catch_warnings():  # the SDK marks create_embeddings experimental, once per call
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                return str(self._once(create).name)
+        except ProviderBusy as exc:
+            found = self._find(key)
+            if found is None:
+                raise TransientError(
+                    f"creating the batch for key {key!r} failed: {exc}; rerun to retry"
+                ) from exc
+            return str(found.name)
+
+    # files and calls ---------------------------------------------------------------------------------------
+
+    def _download(self, file_name: str) -> bytes | None:
+        try:
+            return self._call(functools.partial(self._client.files.download, file=file_name))
+        except ProviderNotFound:
+            return None
+
+    def _delete_file(self, file_name: str) -> None:
+        try:
+            self._call(functools.partial(self._client.files.delete, name=file_name))
+        except ProviderNotFound:
+            return
+
+    def _call(self, request: Callable[[], T]) -> T:
+        """Paced and retried (429 and 5xx, after the server's RetryInfo delay when it gives one)."""
+        return self._pacer.call(functools.partial(self._once, request))
+
+    def _once(self, request: Callable[[], T]) -> T:
+        with translated_errors(self._secret, self._key_env):
+            return request()
+
+
+# results ---------------------------------------------------------------------------------------------------
+
+
+def read_responses(content: bytes, dim: int) -> tuple[dict[str, Vectors], dict[str, str], int]:
+    """(vectors, failed codes, billed tokens) by line key; a success wins over a duplicate's failure.
+
+    Unreadable lines are skipped (their keys are missing, so the run sends them again). A line's billed
+    tokens are its `tokenCount`, else its `usageMetadata.promptTokenCount`, else none.
+    """
+    vectors: dict[str, Vectors] = {}
+    failed: dict[str, str] = {}
+    billed = 0
+    for raw in (raw for raw in content.splitlines() if raw.strip()):
+        line = _json_line(raw)
+        key = line.get("key") if line else None
+        if line is None or not isinstance(key, str) or key in vectors:
+            continue
+        result = _line_result(line, dim)
+        if isinstance(result, str):
+            failed.setdefault(key, result)
+            continue
+        vectors[key], tokens = result
+        failed.pop(key, None)
+        billed += tokens
+    return vectors, failed, billed
+
+
+def _json_line(raw: bytes) -> dict[str, Any] | None:
+    try:
+        line = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return line if isinstance(line, dict) else None
+
+
+def _line_result(line: Mapping[str, Any], dim: int) -> tuple[Vectors, int] | str:
+    response, error = line.get("response"), line.get("error")
+    if isinstance(error, dict):
+        return line_code(error)
+    if not isinstance(response, dict):
+        return "malformed_output"
+    try:
+        vector = np.asarray(response["embedding"]["values"], dtype=np.float32)
+    except (KeyError, TypeError, ValueError):
+        return "malformed_output"
+    if vector.shape != (dim,):
+        return "wrong_dimension"
+    return vector, _tokens(response)
+
+
+def _tokens(response: Mapping[str, Any]) -> int:
+    usage = response.get("usageMetadata")
+    count = response.get("tokenCount", usage.get("promptTokenCount") if isinstance(usage, dict) else None)
+    try:
+        return int(count) if count is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def line_code(error: Mapping[str, Any]) -> str:
+    """A failed line's code: retryable ones in reindex.deferred's words, else the provider's status name."""
+    status = str(error.get("status") or "")
+    code = error.get("code")
+    if status in RETRY_CODES:
+        return RETRY_CODES[status]
+    if code == 429:
+        return "rate_limit_exceeded"
+    if isinstance(code, int) and (code >= 500 or code == 408):
+        return "server_error"
+    return status.lower() or (f"http_{code}" if code else "batch_error")
+
+
+def _state(job: BatchJob) -> str:
+    state = job.state
+    return str(state.value if state is not None and hasattr(state, "value") else state)
+
+
+def _unit(vector: Vectors) -> Vectors:
+    norm = float(np.linalg.norm(vector))
+    return (vector / norm).astype(np.float32) if norm > 0 else vector
+
+
+def _resolve_dim(model: str, output_dimensionality: int | None, dim: int | None) -> int:
+    if output_dimensionality is not None and dim is not None and output_dimensionality != dim:
+        raise ConfigError(
+            f"output_dimensionality={output_dimensionality} and dim={dim} disagree",
+            hint="set only output_dimensionality",
+        )
+    resolved = output_dimensionality or dim or KNOWN_DIMS.get(model)
+    if resolved is None:
+        raise ConfigError(f"the output dimension of model {model!r} is unknown", hint="set dim in [embedder]")
+    return resolved
+
+
+# errors and the client --------------------------------------------------------------------------------------
+
+
+@contextmanager
+def translated_errors(secret: str, key_env: str) -> Iterator[None]:
+    """The SDK's errors as ours, once; no message carries the key."""
+    from google.genai import errors
+
+    try:
+        yield
+    except errors.APIError as exc:  # not chained: its message may echo the request
+        raise _status_error(exc, secret, key_env) from None
+    except _transport_errors() as exc:  # timeouts, refused and dropped connections
+        raise ProviderBusy(f"{type(exc).__name__}: {_clean(str(exc), secret)}") from None
+
+
+def _status_error(exc: APIError, secret: str, key_env: str) -> ReindexError:
+    code = int(exc.code or 0)
+    message = f"HTTP {code} {exc.status or ''}: {_clean(str(exc.message or ''), secret)}".replace(" :", ":")
+    if code in (408, 409, 429) or code >= 500:
+        return ProviderBusy(message, retry_after=retry_delay(exc.details), status=code)
+    if code in (401, 403) or "API key not valid" in message:
+        return ConfigError(f"the Gemini API refused the API key (HTTP {code})", hint=f"check ${key_env}")
+    if code == 404:
+        return ProviderNotFound(message, hint="check model and base_url")
+    if code == 400:
+        return ConfigError(f"the Gemini API refused the request: {message}", hint="check [embedder]")
+    return BackendError(message)
+
+
+def retry_delay(body: Any) -> float | None:
+    """Seconds from the google.rpc.RetryInfo detail of an error body (`"retryDelay": "12s"`), if any."""
+    error = body.get("error", body) if isinstance(body, dict) else {}
+    details = error.get("details") if isinstance(error, dict) else None
+    for detail in details if isinstance(details, list) else []:
+        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.RetryInfo"):
+            match = RETRY_DELAY.match(str(detail.get("retryDelay", "")))
+            if match:
+                return float(match.group(1))
+    return None
+
+
+def _clean(message: str, secret: str) -> str:
+    return KEY_PATTERN.sub("AIza***", redact(message, secret))
+
+
+@functools.cache
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    found: list[type[BaseException]] = []
+    for module in ("httpx2", "httpx"):
+        try:
+            found.append(__import__(module).TransportError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def make_client(base_url: str | None, key_env: str, timeout_s: float) -> Client:
+    """The SDK's client for the Gemini Developer API (its retries are off by default: pacing is ours)."""
+    try:
+        import google.genai as genai
+    except ImportError as exc:
+        raise MissingDependency("google-genai", extra="gemini") from exc
+    from adapters.openai import api_key
+
+    options: dict[str, Any] = {"api_version": API_VERSION, "timeout": int(timeout_s * 1000)}
+    if base_url:
+        options["base_url"] = base_url
+    return genai.Client(api_key=api_key(key_env), http_options=options)
