@@ -223,20 +223,23 @@ class GeminiBatchEmbedder:
             self._call(pager.next_page)
 
     def _upload(self, key: str, content: bytes) -> str:
-        config = {"mime_type": "jsonl", "display_name": key}
+        from google.genai import types
+
+        config = types.UploadFileConfig(mime_type="jsonl", display_name=key)
         upload = functools.partial(self._client.files.upload, file=io.BytesIO(content), config=config)
         return str(self._call(upload).name)
 
     def _create(self, key: str, file_name: str) -> str:
         """Create once; after a timeout or 5xx, adopt the batch if it was made anyway."""
+        from google.genai import types
         from google.genai.errors import ExperimentalWarning
 
-        timeout_ms = int(self._create_timeout_s * 1000)
+        timeout = types.HttpOptions(timeout=int(self._create_timeout_s * 1000))
         create = functools.partial(
             self._client.batches.create_embeddings,
             model=self._model,
-            src={"file_name": file_name},
-            config={"display_name": key, "http_options": {"timeout": timeout_ms}},
+            src=types.EmbeddingsBatchJobSource(file_name=file_name),
+            config=types.CreateEmbeddingsBatchJobConfig(display_name=key, http_options=timeout),
         )
         try:
             with warnings.catch_warnings():  # the SDK marks create_embeddings experimental, once per call
@@ -432,7 +435,7 @@ def make_client(base_url: str | None, key_env: str, timeout_s: float) -> Client:
         raise MissingDependency("google-genai", extra="gemini") from exc
     from adapters.openai import api_key
 
-    options: dict[str, Any] = {"api_version": API_VERSION, "timeout": int(timeout_s * 1000)}
-    if base_url:
-        options["base_url"] = base_url
+    options = genai.types.HttpOptions(
+        api_version=API_VERSION, timeout=int(timeout_s * 1000), base_url=base_url
+    )
     return genai.Client(api_key=api_key(key_env), http_options=options)

@@ -183,7 +183,8 @@ class GeminiState:
     # batches -----------------------------------------------------------------------------------------------
 
     def create_batch(self, model: str, body: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
-        batch = body.get("batch") if isinstance(body.get("batch"), dict) else {}
+        found = body.get("batch")
+        batch: dict[str, Any] = found if isinstance(found, dict) else {}
         source = batch.get("inputConfig") or {}
         file_name = str(source.get("file_name") or source.get("fileName") or "")
         with self.lock:
@@ -205,7 +206,7 @@ class GeminiState:
             operation = {"name": name, "metadata": metadata, "done": False}
             self.batches[name] = Batch(operation, self.gate.plan.for_batch(len(self.batches)), file_name)
             self.ledger.batches.append({"name": name, "display_name": str(batch["displayName"])})
-            return json.loads(json.dumps(operation)), self.gate.create_delay()
+            return _copy(operation), self.gate.create_delay()
 
     def retrieve(self, name: str) -> dict[str, Any]:
         """Each get is one tick of the emulated clock; the batch steps every `polls_per_step` ticks."""
@@ -218,7 +219,7 @@ class GeminiState:
                     self._advance(batch)
             elif batch.polls % steps == 0 and not batch.operation["done"]:
                 self._advance(batch)
-            return json.loads(json.dumps(batch.operation))
+            return _copy(batch.operation)
 
     def list_batches(self, page_size: int, token: str | None) -> dict[str, Any]:
         with self.lock:
@@ -306,6 +307,12 @@ class GeminiState:
         self.ledger.billed.append((tokens, batch))
         values = [float(x) for x in (vector[:size] if size else vector)]  # cut, not renormalised
         return {"embedding": {"values": values}, "tokenCount": str(tokens)}
+
+
+def _copy(operation: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy to hand out: the state keeps changing the stored one."""
+    copied: dict[str, Any] = json.loads(json.dumps(operation))
+    return copied
 
 
 def _parse_line(raw: str) -> dict[str, Any]:

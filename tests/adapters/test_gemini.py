@@ -109,7 +109,7 @@ def test_a_create_that_times_out_is_adopted_by_its_display_name(serve: Serve) ->
 
 
 def test_a_failed_batch_is_not_adopted(serve: Serve) -> None:
-    emulator, embedder = serve(fail_validation=True, faulty_batches=1)
+    _, embedder = serve(fail_validation=True, faulty_batches=1)
     failed = embedder.submit("plan-1-0", items(embedder))
     result = finish(embedder, failed)
     assert result.status == "JOB_STATE_FAILED" and not result.vectors  # every line is sent again
