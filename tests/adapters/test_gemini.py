@@ -21,7 +21,7 @@ from adapters.gemini import (
     read_responses,
     retry_delay,
 )
-from adapters.gemini_emulator import GeminiEmulator
+from adapters.gemini.emulator import GeminiEmulator
 from adapters.memory import HashEmbedder
 from adapters.openai import Pacer, cl100k
 from adapters.openai_faults import FaultPlan

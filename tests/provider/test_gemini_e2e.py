@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from adapters.gemini_emulator import GeminiEmulator
+from adapters.gemini.emulator import GeminiEmulator
 from adapters.memory import HashEmbedder
 from adapters.openai_faults import FaultPlan
 from reindex.cli import app

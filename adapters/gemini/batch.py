@@ -1,4 +1,4 @@
-"""Google Gemini's Batch API for embeddings, through the official `google-genai` SDK (Gemini Developer API).
+"""The `gemini-batch` embedder: Gemini's Batch API for embeddings through the official `google-genai` SDK.
 
 One job is one uploaded JSONL file, one input per line: `{"key": <custom_id>, "request": {"content": {"parts":
 [{"text": ...}]}, "output_dimensionality": d}}`, created by `client.batches.create_embeddings(model=...,
@@ -15,27 +15,25 @@ from __future__ import annotations
 import functools
 import io
 import json
-import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from adapters.openai import Pacer, ProviderBusy, ProviderNotFound, encoding, redact, tokenize_texts
-from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
+from adapters.gemini.client import make_client, translated_errors
+from adapters.gemini.responses import read_responses
+from adapters.openai import Pacer, ProviderBusy, ProviderNotFound, encoding, tokenize_texts
+from reindex.errors import ConfigError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 
 if TYPE_CHECKING:
     from google.genai import Client
-    from google.genai.errors import APIError
     from google.genai.types import BatchJob
 
 T = TypeVar("T")
-API_VERSION = "v1beta"  # where the Batch API's REST reference places models.asyncBatchEmbedContent
 KNOWN_DIMS = {"gemini-embedding-001": 3072}
 MAX_INPUT_TOKENS = 2048  # gemini-embedding-001's input limit
 MAX_FILE_BYTES = 2_000_000_000  # the Files API's limit per file
@@ -52,17 +50,6 @@ TERMINAL = frozenset(
         "JOB_STATE_EXPIRED",
     }
 )
-# google.rpc.Code names of a line that may succeed when sent again -> reindex.deferred.RETRYABLE codes
-RETRY_CODES = {
-    "RESOURCE_EXHAUSTED": "rate_limit_exceeded",
-    "UNAVAILABLE": "server_error",
-    "INTERNAL": "server_error",
-    "ABORTED": "server_error",
-    "UNKNOWN": "server_error",
-    "DEADLINE_EXCEEDED": "request_timeout",
-}
-RETRY_DELAY = re.compile(r"^(\d+(?:\.\d+)?)s$")
-KEY_PATTERN = re.compile(r"\bAIza[0-9A-Za-z_\-]{8,}")
 
 
 class GeminiBatchEmbedder:
@@ -276,78 +263,6 @@ class GeminiBatchEmbedder:
             return request()
 
 
-# results ---------------------------------------------------------------------------------------------------
-
-
-def read_responses(content: bytes, dim: int) -> tuple[dict[str, Vectors], dict[str, str], int]:
-    """(vectors, failed codes, billed tokens) by line key; a success wins over a duplicate's failure.
-
-    Unreadable lines are skipped (their keys are missing, so the run sends them again). A line's billed
-    tokens are its `tokenCount`, else its `usageMetadata.promptTokenCount`, else none.
-    """
-    vectors: dict[str, Vectors] = {}
-    failed: dict[str, str] = {}
-    billed = 0
-    for raw in (raw for raw in content.splitlines() if raw.strip()):
-        line = _json_line(raw)
-        key = line.get("key") if line else None
-        if line is None or not isinstance(key, str) or key in vectors:
-            continue
-        result = _line_result(line, dim)
-        if isinstance(result, str):
-            failed.setdefault(key, result)
-            continue
-        vectors[key], tokens = result
-        failed.pop(key, None)
-        billed += tokens
-    return vectors, failed, billed
-
-
-def _json_line(raw: bytes) -> dict[str, Any] | None:
-    try:
-        line = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return line if isinstance(line, dict) else None
-
-
-def _line_result(line: Mapping[str, Any], dim: int) -> tuple[Vectors, int] | str:
-    response, error = line.get("response"), line.get("error")
-    if isinstance(error, dict):
-        return line_code(error)
-    if not isinstance(response, dict):
-        return "malformed_output"
-    try:
-        vector = np.asarray(response["embedding"]["values"], dtype=np.float32)
-    except (KeyError, TypeError, ValueError):
-        return "malformed_output"
-    if vector.shape != (dim,):
-        return "wrong_dimension"
-    return vector, _tokens(response)
-
-
-def _tokens(response: Mapping[str, Any]) -> int:
-    usage = response.get("usageMetadata")
-    count = response.get("tokenCount", usage.get("promptTokenCount") if isinstance(usage, dict) else None)
-    try:
-        return int(count) if count is not None else 0
-    except (TypeError, ValueError):
-        return 0
-
-
-def line_code(error: Mapping[str, Any]) -> str:
-    """A failed line's code: retryable ones in reindex.deferred's words, else the provider's status name."""
-    status = str(error.get("status") or "")
-    code = error.get("code")
-    if status in RETRY_CODES:
-        return RETRY_CODES[status]
-    if code == 429:
-        return "rate_limit_exceeded"
-    if isinstance(code, int) and (code >= 500 or code == 408):
-        return "server_error"
-    return status.lower() or (f"http_{code}" if code else "batch_error")
-
-
 def _state(job: BatchJob) -> str:
     state = job.state
     return str(state.value if state is not None and hasattr(state, "value") else state)
@@ -368,74 +283,3 @@ def _resolve_dim(model: str, output_dimensionality: int | None, dim: int | None)
     if resolved is None:
         raise ConfigError(f"the output dimension of model {model!r} is unknown", hint="set dim in [embedder]")
     return resolved
-
-
-# errors and the client --------------------------------------------------------------------------------------
-
-
-@contextmanager
-def translated_errors(secret: str, key_env: str) -> Iterator[None]:
-    """The SDK's errors as ours, once; no message carries the key."""
-    from google.genai import errors
-
-    try:
-        yield
-    except errors.APIError as exc:  # not chained: its message may echo the request
-        raise _status_error(exc, secret, key_env) from None
-    except _transport_errors() as exc:  # timeouts, refused and dropped connections
-        raise ProviderBusy(f"{type(exc).__name__}: {_clean(str(exc), secret)}") from None
-
-
-def _status_error(exc: APIError, secret: str, key_env: str) -> ReindexError:
-    code = int(exc.code or 0)
-    message = f"HTTP {code} {exc.status or ''}: {_clean(str(exc.message or ''), secret)}".replace(" :", ":")
-    if code in (408, 409, 429) or code >= 500:
-        return ProviderBusy(message, retry_after=retry_delay(exc.details), status=code)
-    if code in (401, 403) or "API key not valid" in message:
-        return ConfigError(f"the Gemini API refused the API key (HTTP {code})", hint=f"check ${key_env}")
-    if code == 404:
-        return ProviderNotFound(message, hint="check model and base_url")
-    if code == 400:
-        return ConfigError(f"the Gemini API refused the request: {message}", hint="check [embedder]")
-    return BackendError(message)
-
-
-def retry_delay(body: Any) -> float | None:
-    """Seconds from the google.rpc.RetryInfo detail of an error body (`"retryDelay": "12s"`), if any."""
-    error = body.get("error", body) if isinstance(body, dict) else {}
-    details = error.get("details") if isinstance(error, dict) else None
-    for detail in details if isinstance(details, list) else []:
-        if isinstance(detail, dict) and str(detail.get("@type", "")).endswith("google.rpc.RetryInfo"):
-            match = RETRY_DELAY.match(str(detail.get("retryDelay", "")))
-            if match:
-                return float(match.group(1))
-    return None
-
-
-def _clean(message: str, secret: str) -> str:
-    return KEY_PATTERN.sub("AIza***", redact(message, secret))
-
-
-@functools.cache
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    found: list[type[BaseException]] = []
-    for module in ("httpx2", "httpx"):
-        try:
-            found.append(__import__(module).TransportError)
-        except (ImportError, AttributeError):
-            continue
-    return tuple(found)
-
-
-def make_client(base_url: str | None, key_env: str, timeout_s: float) -> Client:
-    """The SDK's client for the Gemini Developer API (its retries are off by default: pacing is ours)."""
-    try:
-        import google.genai as genai
-    except ImportError as exc:
-        raise MissingDependency("google-genai", extra="gemini") from exc
-    from adapters.openai import api_key
-
-    options = genai.types.HttpOptions(
-        api_version=API_VERSION, timeout=int(timeout_s * 1000), base_url=base_url
-    )
-    return genai.Client(api_key=api_key(key_env), http_options=options)
