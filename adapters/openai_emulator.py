@@ -14,17 +14,17 @@ import functools
 import json
 import re
 import secrets
-import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from adapters.local_server import LocalServer, in_thread
 from adapters.openai_faults import (
     INVALID_INPUT,
     ApiError,
@@ -37,11 +37,10 @@ from adapters.openai_faults import (
     parse_inputs,
     shape_output,
 )
-from reindex.errors import BackendError, MissingDependency
+from reindex.errors import MissingDependency
 from reindex.ports import Embedder, Vectors
 
 if TYPE_CHECKING:
-    import uvicorn
     from fastapi import FastAPI
     from starlette.requests import Request
     from starlette.responses import Response
@@ -507,17 +506,11 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _threaded(function: Callable[..., Any], *args: Any) -> Any:
-    from starlette.concurrency import run_in_threadpool
-
-    return await run_in_threadpool(function, *args)
-
-
 async def _embeddings(state: EmulatorState, request: Request) -> Any:
     with state.traffic.serving() as arrived:
         body = await _json(request)
         embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
-        return await _threaded(embed)
+        return await in_thread(embed)
 
 
 async def _azure_embeddings(state: EmulatorState, request: Request) -> Any:
@@ -528,7 +521,7 @@ async def _azure_embeddings(state: EmulatorState, request: Request) -> Any:
     with state.traffic.serving() as arrived:
         body = {**await _json(request), "model": deployment}
         embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
-        answer = await _threaded(embed)
+        answer = await in_thread(embed)
     served = (state.deployments or {}).get(deployment)
     return {**answer, "model": served} if served else answer
 
@@ -588,7 +581,7 @@ ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
         "GET",
         "/v1/batches/{batch_id}",
         "batch_retrieve",
-        lambda s, r: _threaded(s.retrieve_batch, _batch_id(r)),
+        lambda s, r: in_thread(s.retrieve_batch, _batch_id(r)),
     ),
     ("POST", "/v1/batches/{batch_id}/cancel", "batch_cancel", lambda s, r: s.cancel_batch(_batch_id(r))),
     ("POST", "/_emulator/faults", None, _set_faults),
@@ -641,58 +634,6 @@ def _client(request: Request) -> str:
     """Clients are told apart by their API key (Azure's `api-key` header too), as the real rate limits are."""
     key = request.headers.get("api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
     return key.strip() or "anonymous"
-
-
-class LocalServer:
-    """An ASGI app served by uvicorn on a free local port, in a background thread (every emulator's)."""
-
-    def __init__(
-        self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, name: str = "emulator"
-    ) -> None:
-        self.app, self.host, self.name = app, host, name
-        self.port = port  # 0: a free port, known once started
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-    def start(self, timeout: float = 10.0) -> None:
-        import uvicorn
-
-        config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="off", ws="none", timeout_graceful_shutdown=1
-        )
-        listener = socket.create_server((self.host, self.port))
-        self.port = int(listener.getsockname()[1])
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._serve, args=(self._server, listener), name=self.name, daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise BackendError(f"the {self.name} did not start on {self.url}")
-            time.sleep(0.01)
-
-    @staticmethod
-    def _serve(server: uvicorn.Server, listener: socket.socket) -> None:
-        with listener:
-            server.run(sockets=[listener])
-
-    def stop(self) -> None:
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
 
 
 class Emulator(LocalServer):

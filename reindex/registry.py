@@ -33,6 +33,7 @@ EMBEDDERS: dict[str, str] = {
     "openai-batch": "adapters.openai:OpenAIBatchEmbedder",
     "azure-openai": "adapters.azure_openai:AzureOpenAIEmbedder",
     "bedrock-batch": "adapters.bedrock:BedrockBatchEmbedder",
+    "gemini-batch": "adapters.gemini:GeminiBatchEmbedder",
     "vllm": "adapters.vllm:VllmEmbedder",
 }
 SINKS: dict[str, str] = {

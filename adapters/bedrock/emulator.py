@@ -22,8 +22,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from adapters.local_server import LocalServer
 from adapters.openai import cl100k
-from adapters.openai_emulator import LocalServer, shorten
+from adapters.openai_emulator import shorten
 from adapters.openai_faults import ApiError, FaultGate, FaultPlan, shape_output
 from reindex.errors import MissingDependency
 from reindex.ports import Embedder

@@ -1,0 +1,23 @@
+"""Google Gemini's Batch API for embeddings, through the official `google-genai` SDK (Gemini Developer API).
+
+batch.py      the `gemini-batch` embedder: input files, create or adopt by display name, poll, release
+responses.py  a responses file read: vectors by line key, refused lines in the run's codes, billed tokens
+client.py     the SDK's client, and its errors made ours (RetryInfo delays; the key never shown)
+emulator.py   a local emulator of the wire format for tests and dry runs; service.py holds its state
+"""
+
+from __future__ import annotations
+
+from adapters.gemini.batch import PRICES, PRICES_TAKEN, GeminiBatchEmbedder
+from adapters.gemini.client import make_client, retry_delay
+from adapters.gemini.responses import line_code, read_responses
+
+__all__ = [
+    "PRICES",
+    "PRICES_TAKEN",
+    "GeminiBatchEmbedder",
+    "line_code",
+    "make_client",
+    "read_responses",
+    "retry_delay",
+]
