@@ -417,9 +417,9 @@ class QdrantSink:
                 payload = texts.get(str(point.id), point.payload or {})
                 digest, fingerprint, application = bookkeeping.read(payload)
                 vector = _stored_vector(point, name)
-                yield IndexEntry(
-                    _document_id(point), digest, fingerprint, vector_problem(vector, dim), application
-                )
+                derived = "reindex_content_hash" not in payload
+                problem = vector_problem(vector, dim)
+                yield IndexEntry(_document_id(point), digest, fingerprint, problem, application, derived)
 
     def _texts_of_unhashed(
         self, target: str, points: Sequence[models.Record], bookkeeping: _Bookkeeping

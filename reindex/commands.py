@@ -33,7 +33,16 @@ from reindex.migration import (
 from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate, spread
 from reindex.ports import DeferredEmbedder
-from reindex.sync import Settled, SyncReport, after_flip, catch_up, fetch_records
+from reindex.sync import (
+    AfterFlip,
+    Settled,
+    SyncReport,
+    after_flip,
+    catch_up,
+    fetch_records,
+    mark_after_flip,
+    pending_after_flip,
+)
 from reindex.units import iso_utc
 from reindex.validation import excused
 from reindex.verify import Coverage, coverage
@@ -390,6 +399,9 @@ def _verify(m: Migration, ledger: Ledger, *, sample: int = 0) -> Coverage:
         sample=sample,
         ceiling=m.config.run.dead_letter_ceiling,
     )
+    previous = pending_after_flip(m, ledger)
+    if previous is not None:
+        report = replace(report, complete=False, after_flip_pending=previous)
     ledger.record_verification(m.plan_id, report.complete, report.to_json())
     return report
 
@@ -432,6 +444,7 @@ def _cutover(
     """Gate, verify, move. With `sync`, catch up first with the application's writers running, then catch
     up again and verify while the sink holds them back (`Sink.move_alias` settle): the flip then serves
     every write, and a write that waited lands in the new target."""
+    finished = _finish_pending_flip(m, ledger) if sync else None
     if sync:
         catch_up(m, ledger)  # the bulk of the changes, writers running
     failures: list[str] = []
@@ -450,6 +463,7 @@ def _cutover(
                 catch_up(m, ledger, keep=settled)  # what came since; writers go on
                 checked.append(_complete_but_later_writes_or_refused(m, ledger, force, sample, settled))
                 settled.take(m)  # what the flip will serve, to tell a write that missed it after the flip
+                mark_after_flip(m, ledger, previous=m.sink.alias(m.spec.alias).target)
                 return
             if sync:
                 catch_up(m, ledger)  # what came since, writers held
@@ -472,7 +486,20 @@ def _cutover(
         )
         if sync and moved.changed and not m.sink.holds_writers:
             moved = replace(moved, after_flip=after_flip(m, ledger, moved.previous, settled).to_json())
+        elif finished is not None and not moved.changed:
+            moved = replace(moved, after_flip=finished.to_json())
     return moved
+
+
+def _finish_pending_flip(m: Migration, ledger: Ledger) -> AfterFlip | None:
+    """A `cutover --sync` killed between its flip and the catch-up after it: finish that catch-up first,
+    before a catch-up adopts what the application wrote through the alias since, which would hide it."""
+    previous = pending_after_flip(m, ledger)
+    if previous is None:
+        return None
+    with Settled() as settled:
+        settled.rebuild(m)  # the view kept before the flip died with the process that took it
+        return after_flip(m, ledger, previous, settled)
 
 
 def _complete_but_later_writes_or_refused(
@@ -757,4 +784,7 @@ def sync(config: Config) -> SyncReport:
         open_migration(config) as m,
         stop_on_lost_lease(lease, threading.Event()),
     ):
-        return catch_up(attach(m, ledger), ledger)
+        m = attach(m, ledger)
+        finished = _finish_pending_flip(m, ledger)
+        report = catch_up(m, ledger)
+        return report if finished is None else replace(report, after_flip=finished.to_json())

@@ -199,6 +199,9 @@ class IndexEntry:
     # hash and fingerprint from its text and the target: Qdrant as it reads, pgvector's trigger as the row
     # is written); None: the sink cannot tell (a pgvector target older than its origin column)
     application: bool | None = None
+    # True: nothing is stored on the vector yet, hash and fingerprint were derived as it was read (a Qdrant
+    # point the application upserted since the tool last wrote or adopted it)
+    derived: bool = False
 
 
 @dataclass(frozen=True, slots=True)

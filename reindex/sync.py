@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from reindex.commands import Migration
 
 DELETE_CHUNK = 1000
+AFTER_FLIP = "after_flip"  # the ledger's verification kind for the catch-up after a flip (pending, then done)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class SyncReport:
     seconds: float
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     adopted: int = 0  # application-written vectors given their bookkeeping (Qdrant), nothing re-embedded
+    # a catch-up after a flip that a killed cutover left, finished first
+    after_flip: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,6 +140,10 @@ class AfterFlip:
     kept: int  # documents the application also wrote through the alias after the flip: its later write stands
     dead_letters: int
     seconds: float
+    # finishing a pass that a killed cutover left (`Settled.rebuild`): documents only the old index holds,
+    # which may be inserts of the window or deletes through the alias since; left alone, listed
+    uncertain: int = 0
+    examples: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,7 +165,7 @@ class Settled:
             CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
             CREATE TABLE read (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
         """)
-        self.taken = False
+        self.taken = self.rebuilt = False
 
     def read(self, comparison: Comparison) -> None:
         """Keep the source as the final catch-up read it."""
@@ -188,6 +195,15 @@ class Settled:
         load_rows(self.db, "INSERT OR REPLACE INTO settled VALUES (?,?,?)", _states(m))
         self.taken = True
 
+    def rebuild(self, m: Migration) -> None:
+        """After a kill between the flip and the end of `after_flip`: the settled target as far as the
+        target itself still tells it. A vector that keeps the bookkeeping the tool stored is as it was (an
+        upsert through the alias drops it), and one without was written through the alias since; what the
+        application deleted since cannot be told from what the window inserted (`AfterFlip.uncertain`)."""
+        self.db.execute("DELETE FROM settled")
+        load_rows(self.db, "INSERT OR REPLACE INTO settled VALUES (?,?,?)", _states(m, derived=False))
+        self.taken = self.rebuilt = True
+
     def close(self) -> None:
         self.db.close()
         self._scratch.cleanup()
@@ -212,22 +228,26 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
     if isinstance(m.source, IndexSource) and previous is not None and settled.taken:
         old = m.source.reading(m.sink, m.spec.alias, previous)
     if old is None:
-        report = catch_up(m, ledger)
-        return AfterFlip(
+        again = catch_up(m, ledger)
+        done = AfterFlip(
             "source",
-            carried=report.added + report.changed + report.repaired,
-            deleted=report.deleted,
+            carried=again.added + again.changed + again.repaired,
+            deleted=again.deleted,
             kept=0,
-            dead_letters=report.dead_letters,
+            dead_letters=again.dead_letters,
             seconds=round(time.monotonic() - started, 3),
         )
+        ledger.record_verification(m.plan_id, True, done.to_json(), kind=AFTER_FLIP)
+        return done
     db = settled.db
     load_rows(db, "INSERT OR REPLACE INTO old VALUES (?,?)", ((r.id, text_hash(r)) for r in old.scan()))
     load_rows(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", excused(ledger.dead_letters(m.plan_id)).items())
     load_rows(db, "INSERT OR REPLACE INTO now VALUES (?,?,?)", _states(m))  # last: the newest view of it
-    carry, gone, kept = [], [], 0
-    for doc_id, in_old, touched in db.execute(_WINDOW):
-        if touched:
+    carry, gone, uncertain, kept = [], [], [], 0
+    for doc_id, in_old, touched, unseen in db.execute(_WINDOW):
+        if settled.rebuilt and unseen:
+            uncertain.append(doc_id)
+        elif touched:
             kept += 1
         elif in_old:
             carry.append(doc_id)
@@ -251,14 +271,34 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
     for chunk in chunks(list(doomed.items()), DELETE_CHUNK):
         retrying(sink.delete_guarded, m.spec.name, dict(chunk))
     ledger.record_dead_letters(m.plan_id, dead)
-    return AfterFlip(
+    report = AfterFlip(
         "previous",
         carried=len(written),
         deleted=len(gone),
         kept=kept,
         dead_letters=len(dead),
         seconds=round(time.monotonic() - started, 3),
+        uncertain=len(uncertain),
+        examples=uncertain[:5],
     )
+    ledger.record_verification(m.plan_id, True, report.to_json(), kind=AFTER_FLIP)
+    return report
+
+
+def mark_after_flip(m: Migration, ledger: Ledger, *, previous: str | None) -> None:
+    """Before a flip the sink cannot hold writers for: its catch-up is pending until `after_flip` ends, so
+    a kill in between is seen (verify is incomplete) and finished by the next `cutover --sync`."""
+    ledger.record_verification(m.plan_id, False, {"previous": previous}, kind=AFTER_FLIP)
+
+
+def pending_after_flip(m: Migration, ledger: Ledger) -> str | None:
+    """The index the alias served before the flip to this target, while the catch-up after it is pending."""
+    marks = ledger.verifications(m.plan_id, kind=AFTER_FLIP)
+    if not marks or marks[-1].passed or marks[-1].report.get("previous") is None:
+        return None
+    if m.sink.alias(m.spec.alias).target != m.spec.name:  # the flip never landed, or was rolled back
+        return None
+    return str(marks[-1].report["previous"])
 
 
 # Every id the settled target, the target now or the old index holds, where the old index changed since the
@@ -266,7 +306,8 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
 # `touched`: the target changed too (written, rewritten or deleted through the alias after the flip).
 _WINDOW = """
     SELECT ids.id, old.id IS NOT NULL,
-           (now.id IS NULL) != (settled.id IS NULL) OR now.state IS NOT settled.state
+           (now.id IS NULL) != (settled.id IS NULL) OR now.state IS NOT settled.state,
+           settled.id IS NULL AND now.id IS NULL
     FROM (SELECT id FROM settled UNION SELECT id FROM now UNION SELECT id FROM old) AS ids
     LEFT JOIN settled ON settled.id = ids.id
     LEFT JOIN now ON now.id = ids.id
@@ -299,8 +340,11 @@ def _hashes(db: sqlite3.Connection, table: str, ids: Sequence[str]) -> Iterator[
         )
 
 
-def _states(m: Migration) -> Iterator[tuple[str, str | None, str]]:
-    """(id, content hash, state) of every vector in the target: state also tells the application's from the
-    tool's, so the application rewriting a point with the same text still reads as a change."""
+def _states(m: Migration, *, derived: bool = True) -> Iterator[tuple[str, str | None, str]]:
+    """(id, content hash, state) of every vector in the target (less those whose bookkeeping was derived as
+    read, unless `derived`): state also tells the application's from the tool's, so the application
+    rewriting a point with the same text still reads as a change."""
     for entry in m.sink.scan_index(m.spec.name, m.spec.dim):
+        if entry.derived and not derived:
+            continue
         yield entry.id, entry.content_hash, f"{entry.content_hash}|{entry.fingerprint}|{entry.application}"

@@ -283,6 +283,7 @@ def sync(s: Screen, r: dict[str, Any]) -> None:
             f"Adopted {count(r['adopted'], 'vector')} the application wrote: content hashes stored, nothing"
             " re-embedded"
         )
+    _after_flip(s, r.get("after_flip"))
     _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
 
 
@@ -390,6 +391,8 @@ def verify(s: Screen, c: dict[str, Any]) -> None:
     _coverage(s, c)
     if c["complete"]:
         s.next("reindex cutover")
+    elif c.get("after_flip_pending"):
+        s.next("reindex cutover --sync")
 
 
 def _coverage(s: Screen, c: dict[str, Any]) -> None:
@@ -543,19 +546,30 @@ def alias_move(s: Screen, m: dict[str, Any]) -> None:
     s.headline(f"Alias {m['alias']} {verb} {m['target']}{was}.", ok=not m["forced"])
     if m["forced"]:
         s.warn("forced past a failed verification or quality gate; recorded in the alias history")
-    after = m.get("after_flip")
-    if after:
-        where = "the index it replaced" if after["read"] == "previous" else "the source"
-        s.line(
-            f"Caught up after the flip from {where}: {after['carried']} written, {after['deleted']} deleted"
-            + (f", {after['kept']} left as the application rewrote them since" if after["kept"] else "")
-            + (f", {after['dead_letters']} dead letters" if after["dead_letters"] else "")
-            + "."
-        )
+    _after_flip(s, m.get("after_flip"))
     if m["action"] == "rollback":
         s.line(f"Undo with: reindex cutover -c {s.config}")
     else:
         s.line(f"Roll back with: reindex rollback -c {s.config}")
+
+
+def _after_flip(s: Screen, after: dict[str, Any] | None) -> None:
+    """The catch-up after a flip nothing held the writers for (`reindex.sync.AfterFlip`)."""
+    if not after:
+        return
+    where = "the index it replaced" if after["read"] == "previous" else "the source"
+    s.line(
+        f"Caught up after the flip from {where}: {after['carried']} written, {after['deleted']} deleted"
+        + (f", {after['kept']} left as the application rewrote them since" if after["kept"] else "")
+        + (f", {after['dead_letters']} dead letters" if after["dead_letters"] else "")
+        + "."
+    )
+    if after.get("uncertain"):
+        s.warn(
+            f"{count(after['uncertain'], 'document')} only in {where}, left alone: inserted there just before"
+            " the flip, or deleted through the alias since (the cutover that flipped was killed before its"
+            f" catch-up, so nothing tells which): {', '.join(after['examples'][:3])}"
+        )
 
 
 def prune(s: Screen, r: dict[str, Any]) -> None:

@@ -54,6 +54,9 @@ class Coverage:
     # vectors the application wrote through the alias, without the tool's bookkeeping (Qdrant: no reindex_*
     # payload; pgvector: reindex_origin set by the trigger); None where the target cannot tell for some
     application_rows: int | None = None
+    # the index the alias served before its last flip, while the catch-up after that flip has not finished
+    # (a `cutover --sync` on Qdrant killed in between): what reached it in the window may be missing
+    after_flip_pending: str | None = None
 
     @property
     def over_ceiling(self) -> bool:
@@ -77,6 +80,8 @@ class Coverage:
                 f"{self.dead_letters:,} dead letters exceed the ceiling [run] max_dead_letters"
                 f" ({self.dead_letter_ceiling:,} for {self.source_documents:,} documents)"
             )
+        if self.after_flip_pending:
+            parts.append(f"the catch-up after the flip from {self.after_flip_pending!r} did not finish")
         others = {fp: n for fp, n in self.fingerprints.items() if fp != self.expected_fingerprint}
         if others:
             parts.append(f"{sum(others.values()):,} vectors of other fingerprints {sorted(others)}")

@@ -171,3 +171,63 @@ def test_a_gap_no_later_write_explains_still_refuses_the_flip(
     assert "not complete (1 missing)" in refused["error"]["message"]
     monkeypatch.undo()
     assert invoke("resolve", "-c", str(migration))["target"] == "notes"
+
+
+@pytest.mark.parametrize("finish", ["cutover", "sync"])
+def test_a_cutover_killed_after_the_flip_is_seen_by_verify_and_finished_by_the_next_one(
+    migration: Path, monkeypatch: pytest.MonkeyPatch, finish: str
+) -> None:
+    """The view of the target kept before the flip dies with the process. Until a `cutover --sync` finishes
+    the catch-up, verify says it is pending; the next one rebuilds what it can from the target itself:
+    changes and deletes of the window are carried, and a document only the old collection holds (inserted
+    in the window, or deleted through the alias since: nothing tells which) is left alone and listed."""
+
+    def window(client: QdrantClient) -> None:
+        upsert(client, OLD, {"w": "note w, written in the window", "n1": "note 1, edited in the window"})
+        delete(client, "n4")
+
+    def killed(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # the process dies between the flip and the catch-up after it
+
+    at(monkeypatch, sync.Settled, "take", window)
+    monkeypatch.setattr(commands, "after_flip", killed)
+    assert runner.invoke(app, ["cutover", "-c", str(migration), "--sync", "--json"]).exit_code != 0
+    monkeypatch.undo()
+    assert invoke("resolve", "-c", str(migration))["target"] != "notes"  # the flip landed
+    pending = invoke("verify", "-c", str(migration), exit_code=3)
+    assert pending["after_flip_pending"] == "notes" and not pending["complete"]
+    shown = runner.invoke(app, ["verify", "-c", str(migration)]).stdout
+    assert "the catch-up after the flip from 'notes' did not finish" in shown and "cutover --sync" in shown
+
+    client = QdrantClient(path=str(migration.parent / "qdrant"))
+    try:  # the application goes on through the alias, with the new model
+        upsert(client, NEW, {"n2": "note 2, edited after the flip"})
+        delete(client, "n5")
+    finally:
+        client.close()
+    # finished first, before a catch-up adopts the application's writes since (which would hide them)
+    finished = invoke(
+        *(
+            ["cutover", "-c", str(migration), "--sync"]
+            if finish == "cutover"
+            else ["sync", "-c", str(migration)]
+        )
+    )
+    assert not finished.get("changed")
+    after = finished["after_flip"]
+    assert (after["carried"], after["deleted"], after["kept"], after["uncertain"]) == (1, 1, 1, 2)
+    assert sorted(after["examples"]) == sorted([uid("w"), uid("n5")])
+    report = invoke("verify", "-c", str(migration))
+    assert report["complete"] and report["after_flip_pending"] is None
+
+    client = QdrantClient(path=str(migration.parent / "qdrant"))
+    try:
+        now = served(client)
+    finally:
+        client.close()
+    assert uid("n4") not in now and uid("n5") not in now and uid("w") not in now
+    assert now[uid("n1")][0] == "note 1, edited in the window"
+    assert np.allclose(now[uid("n1")][1], vector(NEW, "note 1, edited in the window"), atol=1e-6)
+    assert now[uid("n2")][0] == "note 2, edited after the flip"
+    again = invoke("cutover", "-c", str(migration), "--sync")
+    assert again["after_flip"] is None  # nothing pending any more
