@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
@@ -497,7 +497,7 @@ def _header_param(header: str, name: str) -> str | None:
     return match.group(1) if match else None
 
 
-async def _json(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, Any]:
     try:
         body = json.loads(await request.body())
     except json.JSONDecodeError:
@@ -507,7 +507,7 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _threaded(function: Callable[..., Any], *args: Any) -> Any:
+async def threaded(function: Callable[..., Any], *args: Any) -> Any:
     from starlette.concurrency import run_in_threadpool
 
     return await run_in_threadpool(function, *args)
@@ -515,9 +515,9 @@ async def _threaded(function: Callable[..., Any], *args: Any) -> Any:
 
 async def _embeddings(state: EmulatorState, request: Request) -> Any:
     with state.traffic.serving() as arrived:
-        body = await _json(request)
+        body = await json_body(request)
         embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
-        return await _threaded(embed)
+        return await threaded(embed)
 
 
 async def _azure_embeddings(state: EmulatorState, request: Request) -> Any:
@@ -526,9 +526,9 @@ async def _azure_embeddings(state: EmulatorState, request: Request) -> Any:
     if state.deployments is not None and deployment not in state.deployments:
         raise ApiError(404, AZURE_NO_DEPLOYMENT, type=None, code="DeploymentNotFound")
     with state.traffic.serving() as arrived:
-        body = {**await _json(request), "model": deployment}
+        body = {**await json_body(request), "model": deployment}
         embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
-        answer = await _threaded(embed)
+        answer = await threaded(embed)
     served = (state.deployments or {}).get(deployment)
     return {**answer, "model": served} if served else answer
 
@@ -548,7 +548,7 @@ async def _create_file(state: EmulatorState, request: Request) -> Any:
 
 
 async def _create_batch(state: EmulatorState, request: Request) -> Any:
-    batch, delay = state.create_batch(await _json(request))
+    batch, delay = state.create_batch(await json_body(request))
     await asyncio.sleep(delay)
     return batch
 
@@ -561,7 +561,7 @@ async def _list_batches(state: EmulatorState, request: Request) -> Any:
 
 
 async def _set_faults(state: EmulatorState, request: Request) -> Any:
-    plan = FaultPlan.from_mapping(await _json(request))
+    plan = FaultPlan.from_mapping(await json_body(request))
     state.set_faults(plan)
     return plan.describe()
 
@@ -588,7 +588,7 @@ ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
         "GET",
         "/v1/batches/{batch_id}",
         "batch_retrieve",
-        lambda s, r: _threaded(s.retrieve_batch, _batch_id(r)),
+        lambda s, r: threaded(s.retrieve_batch, _batch_id(r)),
     ),
     ("POST", "/v1/batches/{batch_id}/cancel", "batch_cancel", lambda s, r: s.cancel_batch(_batch_id(r))),
     ("POST", "/_emulator/faults", None, _set_faults),
@@ -611,13 +611,19 @@ def _build_app(state: EmulatorState) -> FastAPI:
     app = FastAPI(title="OpenAI API emulator", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.emulator = state
     for method, path, route, handler in ROUTE_TABLE:
-        app.add_route(path, _endpoint(state, route, handler), methods=[method])
+        app.add_route(path, endpoint_for(state, route, handler), methods=[method])
     return app
 
 
-def _endpoint(
-    state: EmulatorState, route: str | None, handler: Handler
+def endpoint_for(
+    state: Any,
+    route: str | None,
+    handler: Callable[[Any, Request], Any],
+    render: Callable[[ApiError], dict[str, Any]] = ApiError.body,
 ) -> Callable[[Request], Awaitable[Response]]:
+    """One route: the fault gate (`state.admit`), the handler, and errors as `render` shapes them (each
+    provider has its own error body)."""
+
     async def endpoint(request: Request) -> Response:
         from starlette.responses import JSONResponse, Response
 
@@ -629,7 +635,7 @@ def _endpoint(
             result = handler(state, request)
             result = await result if asyncio.iscoroutine(result) else result
         except ApiError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+            return JSONResponse(render(exc), status_code=exc.status, headers=exc.headers)
         if isinstance(result, bytes):
             return Response(result, media_type="application/octet-stream")
         return JSONResponse(result)
@@ -643,43 +649,23 @@ def _client(request: Request) -> str:
     return key.strip() or "anonymous"
 
 
-class Emulator:
-    """The emulator served by uvicorn on a free local port, in a background thread.
+class LocalServer:
+    """An ASGI app served by uvicorn on a free local port, in a background thread (every emulator here)."""
 
-    with Emulator(HashEmbedder()) as emu:
-        client = OpenAI(base_url=emu.base_url, api_key="test", max_retries=0)
-        azure = AzureOpenAI(azure_endpoint=emu.azure_endpoint, api_version="2024-10-21", api_key="test")
+    name = "the emulator"
 
-    `deployments` (Azure deployment name -> model) makes any other deployment a 404, as on Azure; None
-    accepts every name.
-    """
-
-    def __init__(
-        self,
-        embedder: Embedder,
-        faults: FaultPlan | None = None,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        deployments: Mapping[str, str] | None = None,
-    ) -> None:
-        self.state = EmulatorState(embedder, faults or FaultPlan(), deployments)
-        self.app = _build_app(self.state)
+    def __init__(self, app: FastAPI, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
         self.host = host
         self.port = port  # 0: a free port, known once started
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
     @property
-    def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
-
-    @property
-    def azure_endpoint(self) -> str:
-        """What `AzureOpenAI(azure_endpoint=...)` takes: the SDK adds `/openai/...` and `api-version`."""
+    def origin(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def __enter__(self) -> Emulator:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -696,13 +682,13 @@ class Emulator:
         self.port = int(listener.getsockname()[1])
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._serve, args=(self._server, listener), name="openai-emulator", daemon=True
+            target=self._serve, args=(self._server, listener), name="api-emulator", daemon=True
         )
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
-                raise BackendError(f"the OpenAI emulator did not start on {self.base_url}")
+                raise BackendError(f"{self.name} did not start on {self.origin}")
             time.sleep(0.01)
 
     @staticmethod
@@ -714,6 +700,41 @@ class Emulator:
         if self._server is not None and self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=10)
+
+
+class Emulator(LocalServer):
+    """The OpenAI emulator, served locally.
+
+    with Emulator(HashEmbedder()) as emu:
+        client = OpenAI(base_url=emu.base_url, api_key="test", max_retries=0)
+        azure = AzureOpenAI(azure_endpoint=emu.azure_endpoint, api_version="2024-10-21", api_key="test")
+
+    `deployments` (Azure deployment name -> model) makes any other deployment a 404, as on Azure; None
+    accepts every name.
+    """
+
+    name = "the OpenAI emulator"
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        faults: FaultPlan | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        deployments: Mapping[str, str] | None = None,
+    ) -> None:
+        self.state = EmulatorState(embedder, faults or FaultPlan(), deployments)
+        super().__init__(_build_app(self.state), host=host, port=port)
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.origin}/v1"
+
+    @property
+    def azure_endpoint(self) -> str:
+        """What `AzureOpenAI(azure_endpoint=...)` takes: the SDK adds `/openai/...` and `api-version`."""
+        return self.origin
 
     def stats(self) -> dict[str, Any]:
         return self.state.stats()
