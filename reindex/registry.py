@@ -32,6 +32,7 @@ EMBEDDERS: dict[str, str] = {
     "openai": "adapters.openai:OpenAIEmbedder",
     "openai-batch": "adapters.openai:OpenAIBatchEmbedder",
     "azure-openai": "adapters.azure_openai:AzureOpenAIEmbedder",
+    "mistral-batch": "adapters.mistral:MistralBatchEmbedder",
     "vllm": "adapters.vllm:VllmEmbedder",
 }
 SINKS: dict[str, str] = {
