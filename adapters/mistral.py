@@ -103,7 +103,7 @@ class MistralBatchEmbedder:
         listed = PRICES[MODEL]
         self.prices: dict[str, float | None] = {tier: (prices or listed).get(tier) for tier in listed}
         self.price_per_million = self.prices["batch"]
-        self._lines: dict[str, list[str]] = {}  # job id -> its custom_ids, for the jobs submitted here
+        self._lines: dict[str, dict[str, int]] = {}  # job id -> its custom_ids' estimated tokens
 
     @classmethod
     def from_config(cls, config: Config) -> MistralBatchEmbedder:
@@ -148,20 +148,24 @@ class MistralBatchEmbedder:
             purpose="batch",
         )
         job_id = self._create(key, self._api.call(upload).id)
-        self._lines[job_id] = [item.custom_id for item in items]
+        self._lines[job_id] = {item.custom_id: item.tokens.count for item in items}
         return job_id
 
     def poll(self, job_id: str) -> JobResult:
         job = self._get(job_id)
         if job.status in RUNNING:
             return JobResult(str(job.status), False)
-        custom_ids = self._custom_ids(job)
+        estimates = self._estimates(job)
         output, is_deleted = self._download(_text(job.output_file))
         errors, _ = self._download(_text(job.error_file))
         missing = "output_deleted" if is_deleted else UNANSWERED.get(str(job.status))
-        lines = {custom_id: [custom_id] for custom_id in custom_ids}
+        lines = {custom_id: [custom_id] for custom_id in estimates}
         vectors, failed = collect_lines(lines, [output, errors], DIM, missing=missing, read=read_line)
-        return JobResult(str(job.status), True, vectors, failed, billed_tokens(output))
+        billed = billed_tokens(output)
+        if is_deleted:  # billed, but the usage went with the file: charge the estimate, on the high side
+            lost = sorted((estimates[c] for c, code in failed.items() if code == missing), reverse=True)
+            billed += sum(lost[: max(0, job.succeeded_requests - len(vectors))])
+        return JobResult(str(job.status), True, vectors, failed, billed)
 
     def release(self, job_id: str) -> None:
         """Delete the job's input, output and error files; already gone is fine. The job record stays."""
@@ -213,14 +217,19 @@ class MistralBatchEmbedder:
                 ) from exc
             return found.id
 
-    def _custom_ids(self, job: BatchJob) -> list[str]:
-        """The job's lines: remembered from submit, else read from its input file (another process)."""
+    def _estimates(self, job: BatchJob) -> dict[str, int]:
+        """The job's lines and their estimated tokens: remembered from submit, else read from its input
+        file (another process polls it)."""
         if job.id not in self._lines:
             content = b"".join(self._download(file_id)[0] or b"" for file_id in job.input_files)
             if not content:
                 raise BackendError(f"job {job.id} has no input file (not submitted by reindex, or released)")
-            lines = (json_line(raw) or {} for raw in content.splitlines() if raw.strip())
-            self._lines[job.id] = [str(line.get("custom_id")) for line in lines]
+            lines = [json_line(raw) or {} for raw in content.splitlines() if raw.strip()]
+            texts = [[str(text) for text in _inputs(line)] for line in lines]
+            counts = [sum(tokens.count for tokens in self.tokenize(group)) for group in texts]
+            self._lines[job.id] = {
+                str(line.get("custom_id")): n for line, n in zip(lines, counts, strict=True)
+            }
         return self._lines[job.id]
 
     def _download(self, file_id: str | None) -> tuple[bytes | None, bool]:
@@ -359,6 +368,12 @@ def _cl100k() -> Any:
     except ImportError as exc:
         raise MissingDependency("tiktoken", extra="mistral") from exc
     return encoding("cl100k_base")
+
+
+def _inputs(line: Mapping[str, Any]) -> list[Any]:
+    body = line.get("body")
+    texts = body.get("input") if isinstance(body, dict) else None
+    return texts if isinstance(texts, list) else [texts] if isinstance(texts, str) else []
 
 
 def _metadata(job: BatchJob) -> Mapping[str, Any]:

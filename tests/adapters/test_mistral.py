@@ -188,8 +188,12 @@ def test_a_malformed_output_line_fails_only_its_input(serve: Serve) -> None:
 def test_a_lost_output_file_fails_its_lines_for_resubmission(serve: Serve) -> None:
     _, client = serve(delete_output=True)
     embedder = batcher(client)
-    result = finish(embedder, embedder.submit("key-gone", jobs(embedder, TEXTS)))
+    job_id = embedder.submit("key-gone", jobs(embedder, TEXTS))
+    result = finish(embedder, job_id)
     assert result.vectors == {} and set(result.failed.values()) == {"output_deleted"}
+    # the job says its lines succeeded (and were billed): the budget is charged their estimated tokens
+    assert result.billed_tokens == tokens(TEXTS)
+    assert finish(batcher(client), job_id).billed_tokens == tokens(TEXTS)  # estimated from its input file
 
 
 def test_a_rejected_input_fails_with_mistrals_reason_and_is_not_billed(serve: Serve) -> None:
