@@ -675,7 +675,7 @@ class OpenAIEmbedder:
         raw = self._endpoint.client.embeddings.with_raw_response.create(
             input=texts, model=self._served_as, encoding_format="base64", **options
         )
-        body = _json_line(raw.http_response.content) or {}
+        body = json_line(raw.http_response.content) or {}
         try:
             data = sorted(body["data"], key=lambda embedding: int(embedding["index"]))
             vectors = decode_vectors([embedding["embedding"] for embedding in data])
@@ -937,24 +937,34 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+LineReader = Callable[[Mapping[str, Any], int, int], list[Vectors] | str]  # (line, size, dim) -> result
+
+
 def collect_lines(
-    lines: Mapping[str, Sequence[str]], files: Sequence[bytes | None], dim: int, *, missing: str | None
+    lines: Mapping[str, Sequence[str]],
+    files: Sequence[bytes | None],
+    dim: int,
+    *,
+    missing: str | None,
+    read: LineReader | None = None,
 ) -> tuple[dict[str, Vectors], dict[str, str]]:
     """Join output and error lines on custom_id, in any order, duplicates tolerated; a success wins.
 
     Items of lines that never appear fail with `missing` (a deleted output file), else "malformed_output"
-    when an unreadable line was seen, else "missing_output".
+    when an unreadable line was seen, else "missing_output". `read` turns one line into its vectors or its
+    error code (the OpenAI shapes unless given: another provider's envelope).
     """
+    read = read or _line_result
     vectors: dict[str, Vectors] = {}
     failed: dict[str, str] = {}
     is_malformed = False
     for raw in (raw for content in files for raw in (content or b"").splitlines() if raw.strip()):
-        line = _json_line(raw)
+        line = json_line(raw)
         group = lines.get(str(line.get("custom_id"))) if line is not None else None
         is_malformed = is_malformed or line is None
         if line is None or group is None:
             continue
-        result = _line_result(line, len(group), dim)
+        result = read(line, len(group), dim)
         for position, item in enumerate(group):
             if isinstance(result, str) and item not in vectors:
                 failed.setdefault(item, result)
@@ -968,7 +978,7 @@ def collect_lines(
     return vectors, failed
 
 
-def _json_line(raw: bytes) -> dict[str, Any] | None:
+def json_line(raw: bytes) -> dict[str, Any] | None:
     try:
         line = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -986,7 +996,7 @@ def _line_result(line: Mapping[str, Any], size: int, dim: int) -> list[Vectors] 
     """
     response, error = line.get("response"), line.get("error")
     if isinstance(response, dict) and response.get("status_code") == 200:
-        return _line_vectors(response.get("body"), size, dim)
+        return line_vectors(response.get("body"), size, dim)
     if isinstance(response, dict):
         return _refusal_code(response)
     if isinstance(error, dict):
@@ -1006,7 +1016,7 @@ def _refusal_code(response: Mapping[str, Any]) -> str:
     return str(detail.get("code") or detail.get("type") or f"http_{status}")
 
 
-def _line_vectors(body: Any, size: int, dim: int) -> list[Vectors] | str:
+def line_vectors(body: Any, size: int, dim: int) -> list[Vectors] | str:
     try:
         data = sorted(body["data"], key=lambda embedding: int(embedding["index"]))
         vectors = [_decode(embedding["embedding"]) for embedding in data]

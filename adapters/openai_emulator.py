@@ -496,7 +496,7 @@ def _header_param(header: str, name: str) -> str | None:
     return match.group(1) if match else None
 
 
-async def _json(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, Any]:
     try:
         body = json.loads(await request.body())
     except json.JSONDecodeError:
@@ -508,7 +508,7 @@ async def _json(request: Request) -> dict[str, Any]:
 
 async def _embeddings(state: EmulatorState, request: Request) -> Any:
     with state.traffic.serving() as arrived:
-        body = await _json(request)
+        body = await json_body(request)
         embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
         return await in_thread(embed)
 
@@ -519,7 +519,7 @@ async def _azure_embeddings(state: EmulatorState, request: Request) -> Any:
     if state.deployments is not None and deployment not in state.deployments:
         raise ApiError(404, AZURE_NO_DEPLOYMENT, type=None, code="DeploymentNotFound")
     with state.traffic.serving() as arrived:
-        body = {**await _json(request), "model": deployment}
+        body = {**await json_body(request), "model": deployment}
         embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
         answer = await in_thread(embed)
     served = (state.deployments or {}).get(deployment)
@@ -541,7 +541,7 @@ async def _create_file(state: EmulatorState, request: Request) -> Any:
 
 
 async def _create_batch(state: EmulatorState, request: Request) -> Any:
-    batch, delay = state.create_batch(await _json(request))
+    batch, delay = state.create_batch(await json_body(request))
     await asyncio.sleep(delay)
     return batch
 
@@ -554,7 +554,7 @@ async def _list_batches(state: EmulatorState, request: Request) -> Any:
 
 
 async def _set_faults(state: EmulatorState, request: Request) -> Any:
-    plan = FaultPlan.from_mapping(await _json(request))
+    plan = FaultPlan.from_mapping(await json_body(request))
     state.set_faults(plan)
     return plan.describe()
 
@@ -604,13 +604,19 @@ def _build_app(state: EmulatorState) -> FastAPI:
     app = FastAPI(title="OpenAI API emulator", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.emulator = state
     for method, path, route, handler in ROUTE_TABLE:
-        app.add_route(path, _endpoint(state, route, handler), methods=[method])
+        app.add_route(path, endpoint_for(state, route, handler), methods=[method])
     return app
 
 
-def _endpoint(
-    state: EmulatorState, route: str | None, handler: Handler
+def endpoint_for(
+    state: Any,
+    route: str | None,
+    handler: Callable[[Any, Request], Any],
+    render: Callable[[ApiError], dict[str, Any]] = ApiError.body,
 ) -> Callable[[Request], Awaitable[Response]]:
+    """One route: the fault gate (`state.admit`), the handler, and errors as `render` shapes them (each
+    provider has its own error body)."""
+
     async def endpoint(request: Request) -> Response:
         from starlette.responses import JSONResponse, Response
 
@@ -622,7 +628,7 @@ def _endpoint(
             result = handler(state, request)
             result = await result if asyncio.iscoroutine(result) else result
         except ApiError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+            return JSONResponse(render(exc), status_code=exc.status, headers=exc.headers)
         if isinstance(result, bytes):
             return Response(result, media_type="application/octet-stream")
         return JSONResponse(result)

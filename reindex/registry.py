@@ -34,6 +34,7 @@ EMBEDDERS: dict[str, str] = {
     "azure-openai": "adapters.azure_openai:AzureOpenAIEmbedder",
     "bedrock-batch": "adapters.bedrock:BedrockBatchEmbedder",
     "gemini-batch": "adapters.gemini:GeminiBatchEmbedder",
+    "mistral-batch": "adapters.mistral:MistralBatchEmbedder",
     "vllm": "adapters.vllm:VllmEmbedder",
 }
 SINKS: dict[str, str] = {

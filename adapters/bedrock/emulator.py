@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.local_server import LocalServer
+from adapters.local_server import LocalServer, in_thread
 from adapters.openai import cl100k
 from adapters.openai_emulator import shorten
 from adapters.openai_faults import ApiError, FaultGate, FaultPlan, shape_output
@@ -342,12 +342,6 @@ async def _json(request: Request) -> dict[str, Any]:
     return body
 
 
-async def _threaded(function: Callable[..., Any], *args: Any) -> Any:
-    from starlette.concurrency import run_in_threadpool
-
-    return await run_in_threadpool(function, *args)
-
-
 async def _create(state: BedrockState, request: Request) -> Any:
     answer, delay = state.create(await _json(request))
     await asyncio.sleep(delay)
@@ -356,7 +350,7 @@ async def _create(state: BedrockState, request: Request) -> Any:
 
 async def _invoke(state: BedrockState, request: Request) -> Any:
     model = str(request.path_params["model_id"])
-    return await _threaded(state.invoke, model, await _json(request))
+    return await in_thread(state.invoke, model, await _json(request))
 
 
 def _list(state: BedrockState, request: Request) -> Any:
@@ -387,7 +381,7 @@ ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
         "GET",
         "/model-invocation-job/{job:path}",
         "batch_retrieve",
-        lambda s, r: _threaded(s.get, _identifier(r)),
+        lambda s, r: in_thread(s.get, _identifier(r)),
     ),
     ("GET", "/model-invocation-jobs", "batch_list", _list),
     ("POST", "/model/{model_id}/invoke", "embeddings", _invoke),
