@@ -58,10 +58,10 @@ def test_an_application_point_gets_its_texts_hash_and_the_targets_fingerprint(cl
     upsert(client, TARGET, 3, {"page_content": "text \u00e9 3", "metadata": {}})  # a new one
     upsert(client, TARGET, 4, {"metadata": {}})  # no text: its hash cannot be known
     found = entries(sink)
-    assert found[uid(1)] == IndexEntry(uid(1), content_hash("text 1, edited"), FINGERPRINT, None, True)
-    assert found[uid(3)] == IndexEntry(uid(3), content_hash("text \u00e9 3"), FINGERPRINT, None, True)
-    assert found[uid(4)] == IndexEntry(uid(4), None, FINGERPRINT, None, True)
-    assert found[uid(2)] == IndexEntry(uid(2), content_hash("text 2"), FINGERPRINT, None, False)
+    assert found[uid(1)] == IndexEntry(uid(1), content_hash("text 1, edited"), FINGERPRINT, None, True, True)
+    assert found[uid(3)] == IndexEntry(uid(3), content_hash("text \u00e9 3"), FINGERPRINT, None, True, True)
+    assert found[uid(4)] == IndexEntry(uid(4), None, FINGERPRINT, None, True, True)
+    assert found[uid(2)] == IndexEntry(uid(2), content_hash("text 2"), FINGERPRINT, None, False, False)
 
 
 def test_a_collection_reindex_did_not_build_derives_nothing(client: QdrantClient) -> None:
