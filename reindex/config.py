@@ -154,6 +154,9 @@ class RouteConfig(BaseModel):
     gpus: int = Field(1, ge=1)  # self-hosted: GPUs (or machines) working at once
     docs_per_second: float | None = Field(None, gt=0)  # self-hosted, per GPU: measured (gpu-check, bench)
     completion_window_hours: float | None = Field(None, gt=0)  # a batch tier's window; default the provider's
+    # the route's fingerprint as `reindex plan` prints it where its embedder loads (a GPU-only precision, vLLM,
+    # a provider key not set here): used only when the embedder cannot be built on this machine
+    fingerprint: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")
 
 
 @dataclass(frozen=True)

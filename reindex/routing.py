@@ -37,7 +37,8 @@ class Candidate:
 
     @property
     def fingerprint(self) -> str | None:
-        return None if self.embedder is None else str(self.embedder.info.fingerprint)
+        """Computed from the built embedder; else the one the route declares; else unknown."""
+        return self.config.fingerprint if self.embedder is None else str(self.embedder.info.fingerprint)
 
 
 @dataclass
@@ -149,12 +150,17 @@ def _price_one(report: PlanReport, route: Candidate, tokens: dict[str, int]) -> 
         tier=tier,
         fingerprint=fingerprint,
         is_configured=settings.name == CONFIGURED,
-        same_vectors=None if fingerprint is None else fingerprint == report.fingerprint,
+        same_vectors=_same_vectors(route, report),
         tokens=counted if counted is not None else report.tokens,
         tokens_basis=_tokens_basis(route, report, counted),
     )
     if route.problem:
-        priced.risks.append(f"not built here: {route.problem}")
+        declared = " (fingerprint as declared)" if fingerprint else ""
+        priced.risks.append(f"not built here: {route.problem}{declared}")
+    elif settings.fingerprint not in (None, fingerprint):
+        priced.risks.append(
+            f"declared fingerprint {settings.fingerprint} ignored: built here, it is {fingerprint}"
+        )
     if tier == "self-hosted":
         _self_hosted(priced, report, settings)
     elif tier in ("online", "batch"):
@@ -162,8 +168,20 @@ def _price_one(report: PlanReport, route: Candidate, tokens: dict[str, int]) -> 
         if settings.gpu_hour_usd is not None or settings.docs_per_second is not None:
             priced.risks.append("gpu_hour_usd and docs_per_second ignored: a provider serves this model")
     if priced.same_vectors is False:
-        priced.risks.append("another model: different vectors, so another migration with its own target")
+        named = "" if fingerprint else " (judged by its model's name: it was not built here)"
+        priced.risks.append(
+            f"another model: different vectors, so another migration with its own target{named}"
+        )
     return priced
+
+
+def _same_vectors(route: Candidate, report: PlanReport) -> bool | None:
+    """By fingerprint; a route not built here and declaring none is judged by its model's name: another name
+    is another model (a false alarm only for one model under two names: declare its fingerprint then)."""
+    if route.fingerprint is not None:
+        return route.fingerprint == report.fingerprint
+    model = route.section.get("model")
+    return False if model is not None and model != report.model.get("model") else None
 
 
 def _tier(embedder: Any) -> Tier:
@@ -202,14 +220,19 @@ def _self_hosted(route: Route, report: PlanReport, settings: RouteConfig) -> Non
         route.duration_basis = "unknown: give docs_per_second (scripts/gpu-check or scripts/bench measure it)"
     else:
         route.duration_seconds = round(report.documents / (rate * gpus), 1)
-        route.duration_basis = f"{report.documents:,} documents at {rate:,.1f}/s on each of {gpus}"
+        route.duration_basis = f"{report.documents:,} documents at {rate:,.1f}/s per GPU on {_gpus(gpus)}"
         route.risks.append("excludes machine start-up, model download and the ANN index build")
     if settings.gpu_hour_usd is None:
         route.cost_basis = "machine time not priced (give gpu_hour_usd)"
     elif route.duration_seconds is not None:
-        hours = route.duration_seconds / 3600
-        route.cost_usd = round(hours * settings.gpu_hour_usd * gpus, 6)
-        route.cost_basis = f"{hours:,.3f} h x {gpus} GPU x ${settings.gpu_hour_usd}/GPU-hour"
+        route.cost_usd = round(route.duration_seconds / 3600 * settings.gpu_hour_usd * gpus, 6)
+        route.cost_basis = (
+            f"{duration(route.duration_seconds)} on {_gpus(gpus)} at ${settings.gpu_hour_usd}/GPU-hour"
+        )
+
+
+def _gpus(gpus: int) -> str:
+    return f"{gpus} GPU{'s' * (gpus != 1)}"
 
 
 def _provider(route: Route, report: PlanReport, candidate: Candidate) -> None:
@@ -264,7 +287,7 @@ def _judge(route: Route, run: RunConfig) -> None:
     if route.same_vectors is False:
         route.failures.append("other vectors (another model or options)")
     elif route.same_vectors is None:
-        route.failures.append("fingerprint unknown (its embedder was not built here)")
+        route.failures.append("fingerprint unknown (not built here; declare its fingerprint)")
     deadline = run.deadline_seconds
     if deadline is not None:
         if route.duration_seconds is None:

@@ -239,3 +239,39 @@ def test_without_routes_or_limits_the_screen_has_no_route_table(tmp_path: Path) 
     assert result.exit_code == 0 and "Routes" not in result.stdout
     code, plan = plan_json(config)
     assert code == 0 and plan["route"]["name"] == "[embedder]" and len(plan["routes"]) == 1
+
+
+def test_a_route_not_built_here_counts_only_with_a_declared_fingerprint(key: None) -> None:
+    online = registry.build("embedder", ONLINE)
+    report = PlanReport(documents=3_600, tokens=1, fingerprint=online.info.fingerprint, model={"model": "m"})
+    gpu = {"gpu_hour_usd": 2.0, "docs_per_second": 1.0}
+    declared = RouteConfig(name="declared", fingerprint=online.info.fingerprint, **gpu)
+    candidates = [
+        routing.Candidate(
+            RouteConfig(name="unknown", **gpu), {"kind": "vllm"}, None, "vllm is not installed"
+        ),
+        routing.Candidate(declared, {"kind": "vllm"}, None, "vllm is not installed"),
+    ]
+    unknown, known = routing.price(report, RunConfig(), candidates, {})
+    assert unknown.same_vectors is None and unknown.failures == [
+        "fingerprint unknown (not built here; declare its fingerprint)"
+    ]
+    assert known.same_vectors is True and known.fits and known.tier == "self-hosted"
+    assert (known.duration_seconds, known.cost_usd) == (3_600.0, 2.0)
+    assert "not built here: vllm is not installed (fingerprint as declared)" in known.risks
+    assert known.tokens_basis == "counted with its own tokenizer"  # the same fingerprint, the same tokenizer
+
+
+def test_a_route_whose_embedder_cannot_be_built_is_listed_with_why(tmp_path: Path) -> None:
+    routes = (
+        '[[routes]]\nname = "elsewhere"\nembedder = { kind = "openai", model = "text-embedding-3-small", '
+        + ('api_key_env = "ROUTING_TEST_UNSET" }\n')
+    )
+    config, _ = write_setup(tmp_path, "", routes)
+    code, plan = plan_json(config)
+    elsewhere = plan["routes"][1]
+    assert code == 0 and plan["route"]["name"] == "[embedder]"
+    assert elsewhere["fingerprint"] is None and elsewhere["tier"] == "unknown" and not elsewhere["fits"]
+    assert elsewhere["risks"][0].startswith("not built here: the environment variable ROUTING_TEST_UNSET")
+    # not built, no fingerprint declared, another model's name: other vectors, judged by the name
+    assert elsewhere["same_vectors"] is False and "judged by its model's name" in elsewhere["risks"][-1]
