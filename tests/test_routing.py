@@ -275,3 +275,16 @@ def test_a_route_whose_embedder_cannot_be_built_is_listed_with_why(tmp_path: Pat
     assert elsewhere["risks"][0].startswith("not built here: the environment variable ROUTING_TEST_UNSET")
     # not built, no fingerprint declared, another model's name: other vectors, judged by the name
     assert elsewhere["same_vectors"] is False and "judged by its model's name" in elsewhere["risks"][-1]
+
+
+def test_a_batch_window_is_the_providers_own_or_the_routes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MISTRAL_API_KEY", "unused")
+    section = {"kind": "mistral-batch", "timeout_hours": 48}
+    mistral = registry.build("embedder", section)
+    report = PlanReport(documents=10, unique_texts=10, tokens=2_000_000, fingerprint=mistral.info.fingerprint)
+    own = routing.Candidate(RouteConfig(name="own"), section, mistral)
+    given = routing.Candidate(RouteConfig(name="given", completion_window_hours=12), section, mistral)
+    own_route, given_route = routing.price(report, RunConfig(deadline="1d"), [own, given], {})
+    assert own_route.duration_seconds == 48 * 3600 and own_route.cost_usd == 0.1  # 2M tokens x $0.05/1M
+    assert own_route.failures == ["deadline: 48 h 00 min (its whole batch window) > 1d"]
+    assert given_route.duration_seconds == 12 * 3600 and given_route.fits
