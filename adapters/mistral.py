@@ -97,6 +97,7 @@ class MistralBatchEmbedder:
         self._api = Api(client, pacer or Pacer(), api_key_env)
         self._codec = _cl100k()
         self._create_timeout_s, self._timeout_hours = create_timeout_s, timeout_hours
+        self.completion_window_hours = float(timeout_hours)  # what `plan` counts against a deadline
         options = {"max_tokens": max_tokens, "tokenizer": "cl100k_base"}
         identity = fingerprint("mistral", MODEL, DIM, options)
         self.info = EmbedderInfo("mistral-batch", MODEL, DIM, max_tokens, identity, options)

@@ -35,7 +35,7 @@ from reindex import commands, plan_html, report_html, terminal, units
 from reindex import config as config_module
 from reindex import init as init_module
 from reindex import report as report_module
-from reindex.errors import ReindexError, VerificationFailed
+from reindex.errors import NoRouteFits, ReindexError, VerificationFailed
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -179,7 +179,8 @@ def plan(
     ] = None,
     html: HtmlOption = None,
 ) -> None:
-    """Dry run: documents, tokens, ETA, storage, target and alias state, coverage. Changes nothing."""
+    """Dry run: documents, tokens, ETA, storage, target and alias state, coverage, routes and their cost.
+    Changes nothing; exit 4 when no route meets [run] deadline and max_cost_usd."""
     cfg = _load(config)
     with _status("counting documents and tokens", as_json):
         report = _guarded(
@@ -190,6 +191,8 @@ def plan(
     if html is not None:
         _write_page(html, plan_html.plan_page(report, str(config), units.now()))
     _render(report, as_json, "plan", config)
+    if report.route is not None and report.route["name"] is None:
+        raise typer.Exit(NoRouteFits.exit_code)
 
 
 @app.command()

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from reindex import cutover as alias_moves
-from reindex import quality, registry
+from reindex import quality, registry, routing
 from reindex.config import Config
 from reindex.cost import Budget
 from reindex.deferred import DeferredRun
@@ -57,9 +57,10 @@ def plan(
     workers: int | None = None,
     worker_docs_per_second: float | None = None,
 ) -> PlanReport:
-    """Dry run: count documents and tokens, estimate time and storage, report the target's coverage.
+    """Dry run: count documents and tokens, estimate time and storage, report the target's coverage, price
+    each route ([embedder] and [[routes]]) and pick the cheapest meeting [run] deadline and max_cost_usd.
 
-    Changes nothing: no target is created, no ledger is written.
+    Changes nothing: no target is created, no ledger is written, no provider is called.
 
     Args:
         workers: the ETA on this many workers (default: [ray] actors with engine "ray", else 1).
@@ -67,9 +68,13 @@ def plan(
     """
     with open_migration(config) as m:
         exists = m.sink.describe(m.spec.name) is not None
-        report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate)
+        routes = routing.candidates(config, m.embedder)
+        recount = routing.token_counters(routes, m.spec.fingerprint)
+        report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate, recount=recount)
         default = config.ray.actors if config.run.engine == "ray" else 1
         spread(report, config.run, workers or default, worker_docs_per_second)
+        priced = routing.price(report, config.run, routes, report.tokens_by_fingerprint)
+        report.routes, report.route = routing.to_json(priced), routing.choose(priced, config.run)
         alias = m.sink.alias(m.spec.alias)
         report.plan_id, report.target, report.target_exists = m.plan_id, m.spec.name, exists
         report.alias, report.alias_target, report.alias_fingerprint = (

@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from reindex import registry
 from reindex.errors import ConfigError
 
-SECTIONS = ("source", "embedder", "target", "run", "ray", "compare", "gate")
+SECTIONS = ("source", "embedder", "target", "run", "ray", "compare", "gate", "routes")
+DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(min|s|m|h|d)")
+
+
+def duration_seconds(text: str) -> float:
+    """`"90m"`, `"6h"`, `"2d"`, `"1d12h"` in seconds; anything else is a ValueError naming the forms."""
+    compact = text.strip().lower()
+    parts = DURATION_PART.findall(compact)
+    if not compact or "".join(DURATION_PART.sub("", compact).split()) or not parts:
+        raise ValueError(f'{text!r} is not a duration: write e.g. "90m", "6h", "2d" or "1d12h"')
+    seconds = sum(float(amount) * DURATION_UNITS[unit] for amount, unit in parts)
+    if seconds <= 0:
+        raise ValueError(f"{text!r} is not a positive duration")
+    return seconds
 
 
 class RunConfig(BaseModel):
@@ -30,6 +45,7 @@ class RunConfig(BaseModel):
     sort_window: int = Field(1024, ge=1)  # documents sorted by length together, across shard boundaries
     queue_depth: int = Field(2, ge=1, le=64)  # shards buffered between stages: the memory bound
     max_cost_usd: float | None = Field(None, ge=0)  # stop (exit 75, resumable) before spending more
+    deadline: str | None = None  # "6h", "2d": `plan` picks the cheapest route that finishes within it
     max_open_jobs: int = Field(8, ge=1)  # provider batch jobs in flight at once (deferred embedders)
     poll_seconds: float = Field(5.0, gt=0)  # first poll interval for provider jobs; doubles while idle
     poll_max_seconds: float = Field(60.0, gt=0)
@@ -44,6 +60,17 @@ class RunConfig(BaseModel):
         if isinstance(self.max_dead_letters, float) and self.max_dead_letters > 1:
             raise ValueError("max_dead_letters: a fraction is at most 1.0; write a count as an integer")
         return self
+
+    @field_validator("deadline")
+    @classmethod
+    def _a_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            duration_seconds(value)
+        return value
+
+    @property
+    def deadline_seconds(self) -> float | None:
+        return None if self.deadline is None else duration_seconds(self.deadline)
 
     def ledger_location(self) -> str:
         """Where the ledger lives: `state`, or the environment variable `state_env` names."""
@@ -116,6 +143,22 @@ class GateConfig(BaseModel):
         return {name: value for name, value in self.model_dump().items() if value is not None}
 
 
+class RouteConfig(BaseModel):
+    """One `[[routes]]` table: another way to embed this corpus that `plan` prices beside the [embedder]."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    embedder: dict[str, Any] | None = None  # an [embedder] table; omitted: the configured [embedder]
+    gpu_hour_usd: float | None = Field(None, ge=0)  # self-hosted: what one GPU (or machine) hour costs
+    gpus: int = Field(1, ge=1)  # self-hosted: GPUs (or machines) working at once
+    docs_per_second: float | None = Field(None, gt=0)  # self-hosted, per GPU: measured (gpu-check, bench)
+    completion_window_hours: float | None = Field(None, gt=0)  # a batch tier's window; default the provider's
+    # the route's fingerprint as `reindex plan` prints it where its embedder loads (a GPU-only precision, vLLM,
+    # a provider key not set here): used only when the embedder cannot be built on this machine
+    fingerprint: str | None = Field(None, pattern=r"^[0-9a-f]{16}$")
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path
@@ -126,6 +169,7 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    routes: tuple[RouteConfig, ...] = ()
 
     @property
     def alias(self) -> str:
@@ -164,9 +208,25 @@ def parse(text: str, path: Path) -> Config:
         registry.validate("ray", RayConfig, raw.get("ray", {})),
         registry.validate("compare", CompareConfig, raw.get("compare", {})),
         registry.validate("gate", GateConfig, raw.get("gate", {})),
+        _routes(raw.get("routes", [])),
     )
     check(config)
     return config
+
+
+def _routes(raw: Any) -> tuple[RouteConfig, ...]:
+    """`[[routes]]`: each validated, names unique, each route's embedder table checked like [embedder]."""
+    if not isinstance(raw, list):
+        raise ConfigError("[routes] must be an array of tables", hint="write each route as [[routes]]")
+    routes = tuple(registry.validate(f"routes.{i}", RouteConfig, table) for i, table in enumerate(raw))
+    names = [route.name for route in routes]
+    if duplicate := next((name for name in names if names.count(name) > 1), None):
+        raise ConfigError(f"[[routes]] name {duplicate!r} is used twice", hint="give each route its own name")
+    for route in routes:
+        if route.embedder is not None:
+            adapter = registry.resolve("embedder", str(route.embedder.get("kind", "")))
+            registry.validate(f"routes.{route.name}.embedder", adapter.Config, route.embedder)
+    return routes
 
 
 def check(config: Config) -> None:

@@ -5,6 +5,7 @@ ReindexError                      1  failed (bug or unrecoverable backend error)
 │   └── MissingDependency         2  an optional extra is not installed
 ├── VerificationFailed            3  coverage incomplete or vectors invalid (cutover refused)
 ├── CutoverRefused                4  alias not where expected, lock not obtained, nothing to roll back
+├── NoRouteFits                   4  `plan`: no route meets [run] deadline and max_cost_usd
 ├── AlreadyRunning                1  another run of the same migration holds its lease
 ├── Interrupted                  75  SIGTERM/SIGINT or retry budget spent: rerun to continue
 │   ├── TransientError           75  a backend fault worth retrying (connection drop, timeout, 429)
@@ -57,6 +58,12 @@ class VerificationFailed(ReindexError):
 
 
 class CutoverRefused(ReindexError):
+    exit_code = 4
+
+
+class NoRouteFits(ReindexError):
+    """`plan` refuses: no route gives the configured vectors within the deadline and the budget."""
+
     exit_code = 4
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from typing import Any
@@ -61,12 +62,27 @@ class PlanReport:
     shards: int = 0
     ledger_shards_per_second: float | None = None
     redone_documents_per_reclaim: int = 0
+    # Cost routing (reindex/routing.py): each way to embed this corpus, and the one `[run] deadline` and
+    # `max_cost_usd` pick (`route["name"]` None: none meets them, and `plan` exits 4).
+    routes: list[dict[str, Any]] = field(default_factory=list)
+    route: dict[str, Any] | None = None
+    # tokens of the unique texts per fingerprint, for routes that bill with another tokenizer
+    tokens_by_fingerprint: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def estimate(source: Source, embedder: Embedder, run: RunConfig, *, calibrate: bool) -> PlanReport:
+def estimate(
+    source: Source,
+    embedder: Embedder,
+    run: RunConfig,
+    *,
+    calibrate: bool,
+    recount: Mapping[str, Any] | None = None,
+) -> PlanReport:
+    """Count the corpus with `embedder`'s tokenizer; `recount` ({fingerprint: embedder}) counts the same
+    unique texts with other tokenizers in the same pass (into `tokens_by_fingerprint`)."""
     info = embedder.info
     report = PlanReport(
         too_long_policy=run.too_long,
@@ -79,9 +95,13 @@ def estimate(source: Source, embedder: Embedder, run: RunConfig, *, calibrate: b
     lengths: list[int] = []
     rng = random.Random(0)
     calibration: list[Any] = []
+    others = dict(recount or {})
+    report.tokens_by_fingerprint = dict.fromkeys(others, 0)
     scan = source.scan()
     while chunk := list(islice(scan, CHUNK)):
         texts = _new_texts(report, chunk, seen)
+        for fingerprint, other in others.items():
+            report.tokens_by_fingerprint[fingerprint] += sum(tokens.count for tokens in other.tokenize(texts))
         for tokens in embedder.tokenize(texts):
             report.tokens += tokens.count
             report.over_max_tokens += tokens.is_truncated

@@ -137,4 +137,4 @@ def describe_validation_error(where: str, exc: ValidationError) -> str:
         return f"{where} unknown key {key!r}"
     if first["type"] == "missing":
         return f"{where} missing required key {key!r}"
-    return f"{where} {key}: {first['msg']}"
+    return f"{where} {key}: {first['msg'].removeprefix('Value error, ')}"  # a validator's own message

@@ -140,8 +140,49 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
     if p["alias_target"] != p["target"] and (p["alias_target"] or p["alias_is_physical"]):
         serves = p["alias_target"] or "the plain table or collection itself"
         s.warn(f"`reindex cutover` will change what alias {p['alias']} serves (now {serves})")
+    refused = _routes(s, p.get("routes") or [], p.get("route") or {})
     s.line("Nothing was changed.")
+    if refused:
+        s.line("Next: raise [run] deadline or max_cost_usd, or declare another [[routes]] table")
+        return
     s.next("reindex run")
+
+
+def _routes(s: Screen, routes: list[dict[str, Any]], pick: dict[str, Any]) -> bool:
+    """The routes side by side and the pick; True when none meets the deadline and the budget."""
+    constrained = pick.get("deadline") is not None or pick.get("max_cost_usd") is not None
+    if len(routes) < 2 and not constrained:
+        return False
+    rows = [
+        (
+            ("→ " if r["name"] == pick.get("name") else "  ") + r["name"],
+            f"{units.short_model(r['model'])} ({r['kind']})" + ("" if r["same_vectors"] else _other(r)),
+            r["tier"],
+            usd(r["cost_usd"]) if r["cost_usd"] is not None else "not priced",
+            _route_duration(r),
+            "; ".join(r["failures"]) or "yes",
+        )
+        for r in routes
+    ]
+    s.table("Routes", ("route", "model", "tier", "cost", "duration", "fits"), rows, numeric=(3,))
+    for r in routes:
+        if r["risks"]:
+            s.line(f"  {r['name']}: " + "; ".join(r["risks"]))
+    if pick.get("name") is None:
+        s.headline(f"Refused: {pick.get('reason')}", ok=False)
+        return True
+    s.line(f"Route: {pick['name']}, {pick['reason']}")
+    return False
+
+
+def _other(route: dict[str, Any]) -> str:
+    return " [fingerprint unknown]" if route["same_vectors"] is None else " [other vectors]"
+
+
+def _route_duration(route: dict[str, Any]) -> str:
+    if route["duration_seconds"] is None:
+        return "unknown"
+    return ("up to " if route["tier"] == "batch" else "about ") + duration(route["duration_seconds"])
 
 
 def _eta(p: dict[str, Any]) -> str:
