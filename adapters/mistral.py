@@ -108,12 +108,7 @@ class MistralBatchEmbedder:
 
     @classmethod
     def from_config(cls, config: Config) -> MistralBatchEmbedder:
-        pacer = Pacer(
-            requests_per_minute=config.requests_per_minute,
-            attempts=config.max_attempts,
-            backoff_s=config.backoff_s,
-            max_backoff_s=config.max_backoff_s,
-        )
+        pacer = Pacer.of(config)
         return cls(
             make_client(config.server_url, config.api_key_env, config.timeout_s),
             max_tokens=config.max_tokens,

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -31,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 from adapters.local_server import LocalServer, in_thread
 from adapters.openai_emulator import (
-    Ledger,
+    ProviderState,
     StoredFile,
     endpoint_for,
     json_body,
     parse_multipart,
 )
-from adapters.openai_faults import ApiError, FaultGate, FaultPlan, line_failure, shape_output
+from adapters.openai_faults import ApiError, FaultPlan, line_failure, shape_output
 from reindex.errors import MissingDependency
 from reindex.ports import Embedder
 
@@ -78,32 +77,14 @@ class Job:
     failures: list[str] = field(default_factory=list)
 
 
-class MistralState:
-    """Files, jobs, ledger and faults behind one lock; the web layer only parses and renders."""
+class MistralState(ProviderState):
+    """Files and jobs, besides what every emulator keeps (ProviderState)."""
 
     def __init__(self, embedder: Embedder, faults: FaultPlan) -> None:
-        self.embedder = embedder
-        self.gate = FaultGate(faults)
-        self.ledger = Ledger()
+        super().__init__(embedder, faults)
         self.files: dict[str, StoredFile] = {}
         self.sample_types: dict[str, str] = {}  # file id -> batch_request, batch_result or batch_error
         self.jobs: dict[str, Job] = {}
-        self.lock = threading.RLock()
-
-    def admit(self, route: str, client: str) -> None:
-        with self.lock:
-            self.gate.admit(route, client, time.monotonic())
-            self.ledger.requests[route] += 1
-
-    def set_faults(self, plan: FaultPlan) -> None:
-        with self.lock:
-            self.gate.plan = plan
-
-    def stats(self) -> dict[str, Any]:
-        with self.lock:
-            early = dict(self.gate.early_requests)
-            refused = {str(status): count for status, count in self.gate.refused.items()}
-            return {**self.ledger.describe(), "early_requests_total": sum(early.values()), "refused": refused}
 
     # files -------------------------------------------------------------------------------------------------
 

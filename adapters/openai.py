@@ -269,6 +269,19 @@ class Pacer:
         self._calm = 0  # answers since the last 429 or growth
         self._is_probing = True
 
+    @classmethod
+    def of(cls, config: Any) -> Pacer:
+        """The pacer an embedder config asks for: its per-minute limits, concurrency (the online kinds) and
+        retry settings (`max_attempts`, `backoff_s`, `max_backoff_s`), by those field names."""
+        return cls(
+            requests_per_minute=config.requests_per_minute,
+            tokens_per_minute=getattr(config, "tokens_per_minute", None),
+            concurrency=getattr(config, "concurrency", None),
+            attempts=config.max_attempts,
+            backoff_s=config.backoff_s,
+            max_backoff_s=config.max_backoff_s,
+        )
+
     def call(self, request: Callable[[], T], *, tokens: int = 0) -> T:
         """Run `request` when allowed; retry ProviderBusy; raise TransientError once attempts run out."""
         for attempt in range(1, self.attempts + 1):
@@ -541,14 +554,7 @@ class OpenAIEmbedder:
     @classmethod
     def through(cls, client: Any, config: Config, **options: Any) -> Self:
         """An embedder with `config`'s settings speaking through `client` (an online kind's own SDK client)."""
-        pacer = Pacer(
-            requests_per_minute=config.requests_per_minute,
-            tokens_per_minute=config.tokens_per_minute,
-            concurrency=config.concurrency,
-            attempts=config.max_attempts,
-            backoff_s=config.backoff_s,
-            max_backoff_s=config.max_backoff_s,
-        )
+        pacer = Pacer.of(config)
         return cls(
             client,
             **options,
@@ -755,12 +761,7 @@ class OpenAIBatchEmbedder:
 
     @classmethod
     def from_config(cls, config: Config) -> OpenAIBatchEmbedder:
-        pacer = Pacer(
-            requests_per_minute=config.requests_per_minute,
-            attempts=config.max_attempts,
-            backoff_s=config.backoff_s,
-            max_backoff_s=config.max_backoff_s,
-        )
+        pacer = Pacer.of(config)
         return cls(
             make_client(config.base_url, config.api_key_env, config.timeout_s),
             model=config.model,

@@ -219,22 +219,16 @@ class Traffic:
             return {"max_in_flight": self.max_in_flight, "arrivals": list(self.arrivals)}
 
 
-class EmulatorState:
-    """Files, batches, ledger and faults behind one lock; the web layer only parses and renders."""
+class ProviderState:
+    """What every provider emulator keeps behind one lock: the model, the scripted faults' gate and what the
+    provider would bill and count. The web layers only parse and render."""
 
-    def __init__(
-        self, embedder: Embedder, faults: FaultPlan, deployments: Mapping[str, str] | None = None
-    ) -> None:
-        self.embedder = embedder
-        self.deployments = dict(deployments) if deployments is not None else None  # Azure: name -> model
-        self.gate = FaultGate(faults)
-        self.ledger = Ledger()
-        self.traffic = Traffic()
-        self.files: dict[str, StoredFile] = {}
-        self.batches: dict[str, BatchJob] = {}
+    def __init__(self, embedder: Embedder, faults: FaultPlan) -> None:
+        self.embedder, self.gate, self.ledger = embedder, FaultGate(faults), Ledger()
         self.lock = threading.RLock()
 
     def admit(self, route: str, client: str) -> None:
+        """A request through the fault gate (its scripted refusal raised as ApiError), counted as served."""
         with self.lock:
             self.gate.admit(route, client, time.monotonic())
             self.ledger.requests[route] += 1
@@ -252,9 +246,24 @@ class EmulatorState:
                 "early_requests": early,
                 "early_requests_total": sum(early.values()),
                 "refused": refused,
-                "faults": self.gate.plan.describe(),
-                **self.traffic.describe(),
             }
+
+
+class EmulatorState(ProviderState):
+    """The OpenAI emulator's: files, batches and the traffic it served, besides what every emulator keeps."""
+
+    def __init__(
+        self, embedder: Embedder, faults: FaultPlan, deployments: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(embedder, faults)
+        self.deployments = dict(deployments) if deployments is not None else None  # Azure: name -> model
+        self.traffic = Traffic()
+        self.files: dict[str, StoredFile] = {}
+        self.batches: dict[str, BatchJob] = {}
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {**super().stats(), "faults": self.gate.plan.describe(), **self.traffic.describe()}
 
     def embeddings(
         self,

@@ -122,12 +122,7 @@ class BedrockBatchEmbedder:
 
     @classmethod
     def from_config(cls, config: Config) -> BedrockBatchEmbedder:
-        pacer = Pacer(
-            requests_per_minute=config.requests_per_minute,
-            attempts=config.max_attempts,
-            backoff_s=config.backoff_s,
-            max_backoff_s=config.max_backoff_s,
-        )
+        pacer = Pacer.of(config)
         return cls(make_clients(config), config, pacer=pacer)
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:

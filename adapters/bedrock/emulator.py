@@ -15,17 +15,15 @@ import json
 import logging
 import re
 import secrets
-import threading
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adapters.local_server import LocalServer, in_thread
 from adapters.openai import cl100k
-from adapters.openai_emulator import shorten
-from adapters.openai_faults import ApiError, FaultGate, FaultPlan, shape_output
+from adapters.openai_emulator import Ledger, ProviderState, shorten
+from adapters.openai_faults import ApiError, FaultPlan, shape_output
 from reindex.errors import MissingDependency
 from reindex.ports import Embedder
 
@@ -83,10 +81,10 @@ class Job:
         return str(self.data["jobArn"]).rsplit("/", 1)[-1]
 
 
-@dataclass(slots=True)
-class Ledger:
-    billed: list[tuple[int, str | None]] = field(default_factory=list)  # (tokens, job id or None: online)
-    requests: Counter[str] = field(default_factory=Counter)
+@dataclass
+class JobLedger(Ledger):
+    """The provider's ledger in Bedrock's words: jobs, not batches."""
+
     creates: list[dict[str, Any]] = field(default_factory=list)  # every job created: name, id, time
 
     def describe(self) -> dict[str, Any]:
@@ -103,28 +101,17 @@ class Ledger:
         )
 
 
-class BedrockState:
-    """Jobs, billing and faults behind one lock; S3 is the local server's, reached through boto3."""
+class BedrockState(ProviderState):
+    """Jobs, besides what every emulator keeps (ProviderState); S3 is the local server's, reached through
+    boto3."""
 
     def __init__(
         self, embedder: Embedder, faults: FaultPlan, s3: Any, *, region: str, min_records: int
     ) -> None:
-        self.embedder, self.s3, self.region, self.min_records = embedder, s3, region, min_records
-        self.gate = FaultGate(faults)
-        self.ledger = Ledger()
+        super().__init__(embedder, faults)
+        self.ledger: JobLedger = JobLedger()
+        self.s3, self.region, self.min_records = s3, region, min_records
         self.jobs: dict[str, Job] = {}
-        self.lock = threading.RLock()
-
-    def admit(self, route: str, client: str) -> None:
-        with self.lock:
-            self.gate.admit(route, client, time.monotonic())
-            self.ledger.requests[route] += 1
-
-    def stats(self) -> dict[str, Any]:
-        with self.lock:
-            early = dict(self.gate.early_requests)
-            refused = {str(status): count for status, count in self.gate.refused.items()}
-            return {**self.ledger.describe(), "early_requests_total": sum(early.values()), "refused": refused}
 
     # InvokeModel ------------------------------------------------------------------------------------
 
@@ -488,5 +475,4 @@ class BedrockEmulator(LocalServer):
         return self.state.stats()
 
     def set_faults(self, plan: FaultPlan) -> None:
-        with self.state.lock:
-            self.state.gate.plan = plan
+        self.state.set_faults(plan)

@@ -114,12 +114,7 @@ class GeminiBatchEmbedder:
 
     @classmethod
     def from_config(cls, config: Config) -> GeminiBatchEmbedder:
-        pacer = Pacer(
-            requests_per_minute=config.requests_per_minute,
-            attempts=config.max_attempts,
-            backoff_s=config.backoff_s,
-            max_backoff_s=config.max_backoff_s,
-        )
+        pacer = Pacer.of(config)
         return cls(
             make_client(config.base_url, config.api_key_env, config.timeout_s),
             model=config.model,

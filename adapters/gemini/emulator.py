@@ -164,5 +164,4 @@ class GeminiEmulator(LocalServer):
         return self.state.stats()
 
     def set_faults(self, plan: FaultPlan) -> None:
-        with self.state.lock:
-            self.state.gate.plan = plan
+        self.state.set_faults(plan)

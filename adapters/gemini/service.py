@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from adapters.openai import cl100k
-from adapters.openai_faults import ApiError, FaultGate, FaultPlan, line_failure, shape_output
+from adapters.openai_emulator import ProviderState
+from adapters.openai_faults import ApiError, FaultPlan, line_failure, shape_output
 from reindex.ports import Embedder
 
 STATUS_NAMES = {
@@ -90,30 +89,20 @@ class Batch:
         return dict(self.operation["metadata"])
 
 
-@dataclass(slots=True)
-class Ledger:
-    billed: list[tuple[int, str]] = field(default_factory=list)  # (tokens, batch name)
-    requests: Counter[str] = field(default_factory=Counter)
-    batches: list[dict[str, str]] = field(default_factory=list)  # {name, display_name}
-
-
-class GeminiState:
-    """Files, uploads, batches, the ledger and the fault gate behind one lock; the web layer parses."""
+class GeminiState(ProviderState):
+    """Files, uploads and batches, besides what every emulator keeps (ProviderState)."""
 
     def __init__(self, embedder: Embedder, faults: FaultPlan) -> None:
-        self.embedder, self.gate, self.ledger = embedder, FaultGate(faults), Ledger()
+        super().__init__(embedder, faults)
         self.files: dict[str, StoredFile] = {}
         self.uploads: dict[str, StoredFile] = {}
         self.batches: dict[str, Batch] = {}
-        self.lock = threading.RLock()
 
     def admit(self, route: str, client: str) -> None:
-        with self.lock:
-            try:
-                self.gate.admit(route, client, time.monotonic())
-            except ApiError as exc:
-                raise GoogleError.of(exc) from None
-            self.ledger.requests[route] += 1
+        try:
+            super().admit(route, client)
+        except ApiError as exc:  # the fault gate's refusal, in Google's error shape
+            raise GoogleError.of(exc) from None
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
