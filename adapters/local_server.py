@@ -7,14 +7,17 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Self
 
-from reindex.errors import BackendError
+from reindex.errors import BackendError, MissingDependency
 
 if TYPE_CHECKING:
     import uvicorn
+    from fastapi import FastAPI
     from starlette.types import ASGIApp
+
+Route = tuple[str, str, Any, Any]  # method, path, route name (None: no fault gate), handler
 
 
 class LocalServer:
@@ -74,3 +77,17 @@ async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
     from starlette.concurrency import run_in_threadpool
 
     return await run_in_threadpool(function, *args)
+
+
+def routed_app(title: str, state: Any, routes: Iterable[Route], endpoint: Callable[..., Any]) -> FastAPI:
+    """A FastAPI app serving `routes`, each wrapped by `endpoint(state, route, handler)`; the emulator's
+    state at `app.state.emulator`."""
+    try:
+        from fastapi import FastAPI
+    except ImportError as exc:
+        raise MissingDependency("fastapi", extra="emulator") from exc
+    app = FastAPI(title=title, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.emulator = state
+    for method, path, route, handler in routes:
+        app.add_route(path, endpoint(state, route, handler), methods=[method])
+    return app

@@ -21,6 +21,7 @@ cl100k_base and billed per answered line, as `usage.prompt_tokens`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 import uuid
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.local_server import LocalServer, in_thread
+from adapters.local_server import LocalServer, in_thread, routed_app
 from adapters.openai_emulator import (
     ProviderState,
     StoredFile,
@@ -37,7 +38,6 @@ from adapters.openai_emulator import (
     parse_multipart,
 )
 from adapters.openai_faults import ApiError, FaultPlan, line_failure, shape_output
-from reindex.errors import MissingDependency
 from reindex.ports import Embedder
 
 if TYPE_CHECKING:
@@ -369,15 +369,9 @@ def create_app(embedder: Embedder, faults: FaultPlan | None = None) -> FastAPI:
 
 
 def _build_app(state: MistralState) -> FastAPI:
-    try:
-        from fastapi import FastAPI
-    except ImportError as exc:
-        raise MissingDependency("fastapi", extra="emulator") from exc
-    app = FastAPI(title="Mistral API emulator", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.emulator = state
-    for method, path, route, handler in ROUTE_TABLE:
-        app.add_route(path, endpoint_for(state, route, handler, error_body), methods=[method])
-    return app
+    return routed_app(
+        "Mistral API emulator", state, ROUTE_TABLE, functools.partial(endpoint_for, render=error_body)
+    )
 
 
 class MistralEmulator(LocalServer):

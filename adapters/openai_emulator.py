@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from adapters.local_server import LocalServer, in_thread
+from adapters.local_server import LocalServer, in_thread, routed_app
 from adapters.openai_faults import (
     INVALID_INPUT,
     ApiError,
@@ -37,7 +37,6 @@ from adapters.openai_faults import (
     parse_inputs,
     shape_output,
 )
-from reindex.errors import MissingDependency
 from reindex.ports import Embedder, Vectors
 
 if TYPE_CHECKING:
@@ -606,15 +605,7 @@ def create_app(
 
 
 def _build_app(state: EmulatorState) -> FastAPI:
-    try:
-        from fastapi import FastAPI
-    except ImportError as exc:
-        raise MissingDependency("fastapi", extra="emulator") from exc
-    app = FastAPI(title="OpenAI API emulator", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.emulator = state
-    for method, path, route, handler in ROUTE_TABLE:
-        app.add_route(path, endpoint_for(state, route, handler), methods=[method])
-    return app
+    return routed_app("OpenAI API emulator", state, ROUTE_TABLE, endpoint_for)
 
 
 def endpoint_for(

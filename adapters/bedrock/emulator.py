@@ -20,11 +20,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.local_server import LocalServer, in_thread
+from adapters.local_server import LocalServer, in_thread, routed_app
 from adapters.openai import cl100k
 from adapters.openai_emulator import Ledger, ProviderState, shorten
 from adapters.openai_faults import ApiError, FaultPlan, shape_output
-from reindex.errors import MissingDependency
 from reindex.ports import Embedder
 
 if TYPE_CHECKING:
@@ -378,15 +377,7 @@ ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
 
 
 def build_app(state: BedrockState) -> FastAPI:
-    try:
-        from fastapi import FastAPI
-    except ImportError as exc:
-        raise MissingDependency("fastapi", extra="emulator") from exc
-    app = FastAPI(title="Amazon Bedrock emulator", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.emulator = state
-    for method, path, route, handler in ROUTE_TABLE:
-        app.add_route(path, _endpoint(state, route, handler), methods=[method])
-    return app
+    return routed_app("Amazon Bedrock emulator", state, ROUTE_TABLE, _endpoint)
 
 
 def _endpoint(

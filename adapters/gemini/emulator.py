@@ -19,9 +19,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from adapters.gemini.service import GeminiState, GoogleError
-from adapters.local_server import LocalServer, in_thread
+from adapters.local_server import LocalServer, in_thread, routed_app
 from adapters.openai_faults import ApiError, FaultPlan
-from reindex.errors import MissingDependency
 from reindex.ports import Embedder
 
 if TYPE_CHECKING:
@@ -103,15 +102,7 @@ ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
 
 
 def _build_app(state: GeminiState) -> FastAPI:
-    try:
-        from fastapi import FastAPI
-    except ImportError as exc:
-        raise MissingDependency("fastapi", extra="emulator") from exc
-    app = FastAPI(title="Gemini API emulator", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.emulator = state
-    for method, path, route, handler in ROUTE_TABLE:
-        app.add_route(path, _endpoint(state, route, handler), methods=[method])
-    return app
+    return routed_app("Gemini API emulator", state, ROUTE_TABLE, _endpoint)
 
 
 def _endpoint(
