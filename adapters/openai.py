@@ -7,7 +7,6 @@ deployment routes go through adapters.azure_openai, which builds the SDK's Azure
 from __future__ import annotations
 
 import base64
-import binascii
 import email.utils
 import functools
 import hashlib
@@ -1029,17 +1028,19 @@ def line_vectors(body: Any, size: int, dim: int) -> list[Vectors] | str:
 
 
 def decode_vectors(values: Sequence[Any]) -> Vectors | None:
-    """The rows of a response as one float32 matrix, or None when they differ in length. Base64 rows of
-    equal length without padding (a dimension divisible by 3: 384, 768, 1536, 3072) are decoded in one
-    call: per-row decoding was a tenth of the client's time on the bench."""
+    """The rows of a response as one float32 matrix, or None when they differ in length. Base64 rows are
+    decoded one by one with pybase64 (SIMD) and joined as bytes: a tenth of the time of joining the strings
+    and decoding them with binascii, which held the GIL for a tenth of a second per 5,000 rows of 1,536."""
     if not values:
         return np.empty((0, 0), dtype=np.float32)
-    first = values[0]
-    texts = isinstance(first, str) and all(isinstance(value, str) for value in values)
-    if texts and not first.endswith("=") and all(len(value) == len(first) for value in values):
-        joined = "".join(values).encode("ascii")  # a non-ASCII character: UnicodeError, a ValueError
-        flat = np.frombuffer(binascii.a2b_base64(joined, strict_mode=True), dtype="<f4")
-        return flat.reshape(len(values), -1).astype(np.float32)
+    if all(isinstance(value, str) for value in values):
+        import pybase64
+
+        raw = [pybase64.b64decode(value, validate=True) for value in values]  # binascii.Error: a ValueError
+        if len({len(row) for row in raw}) != 1:
+            return None
+        flat = np.frombuffer(b"".join(raw), dtype="<f4")  # a length not a multiple of 4: ValueError
+        return flat.reshape(len(raw), -1).astype(np.float32)
     rows = [_decode(value) for value in values]
     if len({row.shape for row in rows}) != 1:
         return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import tomllib
 import traceback
@@ -536,3 +537,21 @@ def test_the_api_key_is_in_no_error_message_traceback_or_log_line(
     assert all("SECRET" not in record.getMessage() for record in caplog.records)
     client.close()
     dead.close()
+
+
+@pytest.mark.parametrize("dim", [384, 385, 1536])  # 385: each row's base64 ends in padding
+def test_base64_rows_decode_to_one_float32_matrix_as_the_rows_say(dim: int) -> None:
+    from adapters.openai import decode_vectors
+
+    rows = np.random.default_rng(dim).random((7, dim), dtype=np.float32)
+    encoded = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in rows]
+    decoded = decode_vectors(encoded)
+    assert decoded is not None and decoded.dtype == np.float32 and np.array_equal(decoded, rows)
+    listed = decode_vectors([row.tolist() for row in rows])  # float lists too
+    assert listed is not None and np.array_equal(listed, rows)
+    shorter = base64.b64encode(rows[0, :-1].astype("<f4").tobytes()).decode("ascii")
+    assert decode_vectors([encoded[0], shorter]) is None  # rows of two lengths
+    with pytest.raises(ValueError):
+        decode_vectors([encoded[0][:-2] + "!!"])  # not base64
+    with pytest.raises(ValueError):
+        decode_vectors([base64.b64encode(b"abc").decode("ascii")])  # not whole float32s
