@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from adapters.openai import (
+    Paced,
     Pacer,
     ProviderBusy,
     ProviderNotFound,
@@ -65,8 +66,7 @@ class MistralBatchEmbedder:
     create is never retried: after a timeout the job is looked up again, and adopted if it was made.
     """
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid", frozen=True)
+    class Config(Paced):
         kind: Literal["mistral-batch"]
         model: Literal["mistral-embed"] = "mistral-embed"  # codestral-embed: its batch use is not confirmed
         server_url: str | None = None  # the SDK's own option; None is https://api.mistral.ai
@@ -75,10 +75,6 @@ class MistralBatchEmbedder:
         timeout_s: float = Field(default=60.0, gt=0)
         create_timeout_s: float = Field(default=60.0, gt=0)
         timeout_hours: int = Field(default=24, gt=0)  # the job's own limit; lines not done by then expire
-        requests_per_minute: int | None = Field(default=None, gt=0)
-        max_attempts: int = Field(default=8, gt=0)
-        backoff_s: float = Field(default=1.0, gt=0)
-        max_backoff_s: float = Field(default=60.0, gt=0)
         prices: dict[str, float] | None = None  # {"online": x, "batch": y} USD per 1M tokens
 
     is_remote = True

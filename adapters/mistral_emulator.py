@@ -168,14 +168,7 @@ class MistralState(ProviderState):
     def get_job(self, job_id: str) -> dict[str, Any]:
         """Each get is one tick of the emulated clock; the job steps every `polls_per_step` ticks."""
         with self.lock:
-            job = self._job(job_id)
-            job.polls += 1
-            if job.plan.polls_per_step <= 0:
-                while job.data["status"] in RUNNING:
-                    self._advance(job)
-            elif job.polls % job.plan.polls_per_step == 0:
-                self._advance(job)
-            return dict(job.data)
+            return self.tick(self._job(job_id), RUNNING, self._advance)
 
     def list_jobs(self, query: Mapping[str, list[str]]) -> dict[str, Any]:
         """Newest first, `page` of `page_size`; query parameters the listing does not define are the

@@ -269,7 +269,7 @@ class Pacer:
         self._is_probing = True
 
     @classmethod
-    def of(cls, config: Any) -> Pacer:
+    def of(cls, config: Paced) -> Pacer:
         """The pacer an embedder config asks for: its per-minute limits, concurrency (the online kinds) and
         retry settings (`max_attempts`, `backoff_s`, `max_backoff_s`), by those field names."""
         return cls(
@@ -435,20 +435,25 @@ def api_key(key_env: str) -> str:
     return key
 
 
-class _Settings(BaseModel):
+class Paced(BaseModel):
+    """What every provider kind's config says of pacing and retries (`Pacer.of` reads it)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+    requests_per_minute: int | None = Field(default=None, gt=0)
+    max_attempts: int = Field(default=8, gt=0)
+    backoff_s: float = Field(default=1.0, gt=0)  # first wait after a refusal without Retry-After; doubles
+    max_backoff_s: float = Field(default=60.0, gt=0)  # per attempt up to this (jittered)
+
+
+class _Settings(Paced):
     model: str
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     dimensions: int | None = Field(default=None, gt=0)  # sent to the API (text-embedding-3 shortening)
     dim: int | None = Field(default=None, gt=0)  # the output size when neither known nor `dimensions`
     max_tokens: int = Field(default=8191, gt=0)
-    requests_per_minute: int | None = Field(default=None, gt=0)
     timeout_s: float = Field(default=60.0, gt=0)
     tokenizer: str = "cl100k_base"  # exact for OpenAI models; an estimate for other served models
-    max_attempts: int = Field(default=8, gt=0)
-    backoff_s: float = Field(default=1.0, gt=0)  # first wait after a refusal without Retry-After; doubles
-    max_backoff_s: float = Field(default=60.0, gt=0)  # per attempt up to this (jittered)
     prices: dict[str, float] | None = (
         None  # {"online": x, "batch": y} USD per 1M tokens; else configs/pricing.toml
     )

@@ -17,7 +17,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -236,6 +236,17 @@ class ProviderState:
         with self.lock:
             self.gate.plan = plan
 
+    def tick(self, job: Any, running: Collection[str], advance: Callable[[Any], None]) -> dict[str, Any]:
+        """One poll of a job is one tick of the emulated clock: it steps every `polls_per_step` ticks (0:
+        straight to the end); returns the job's wire object as it stands. Call under the lock."""
+        job.polls += 1
+        if job.plan.polls_per_step <= 0:
+            while job.data["status"] in running:
+                advance(job)
+        elif job.polls % job.plan.polls_per_step == 0:
+            advance(job)
+        return dict(job.data)
+
     def stats(self) -> dict[str, Any]:
         with self.lock:
             early = dict(self.gate.early_requests)
@@ -358,14 +369,7 @@ class EmulatorState(ProviderState):
     def retrieve_batch(self, batch_id: str) -> dict[str, Any]:
         """Each retrieve is one tick of the emulated clock; the batch steps every `polls_per_step` ticks."""
         with self.lock:
-            job = self._job(batch_id)
-            job.polls += 1
-            if job.plan.polls_per_step <= 0:
-                while job.data["status"] in STEPPING:
-                    self._advance(job)
-            elif job.polls % job.plan.polls_per_step == 0:
-                self._advance(job)
-            return dict(job.data)
+            return self.tick(self._job(batch_id), STEPPING, self._advance)
 
     def list_batches(self, after: str | None, limit: int) -> dict[str, Any]:
         """Newest first; `after` is the last id of the previous page."""

@@ -45,7 +45,7 @@ from reindex.sync import (
 )
 from reindex.units import iso_utc
 from reindex.validation import excused
-from reindex.verify import Coverage, coverage
+from reindex.verify import Comparison, Coverage, coverage
 
 # plan ---------------------------------------------------------------------------------------------------
 
@@ -391,7 +391,9 @@ def verify(config: Config, *, sample: int = 0) -> Coverage:
         return _verify(m, ledger, sample=sample)
 
 
-def _verify(m: Migration, ledger: Ledger, *, sample: int = 0) -> Coverage:
+def _verify(
+    m: Migration, ledger: Ledger, *, sample: int = 0, also: Callable[[Comparison], None] | None = None
+) -> Coverage:
     """The coverage of this migration's target; before any run, an empty target's (nothing complete)."""
     report = coverage(
         m.source,
@@ -403,6 +405,7 @@ def _verify(m: Migration, ledger: Ledger, *, sample: int = 0) -> Coverage:
         embedder=m.embedder,
         sample=sample,
         ceiling=m.config.run.dead_letter_ceiling,
+        also=also,
     )
     previous = pending_after_flip(m, ledger)
     if previous is not None:
@@ -448,7 +451,9 @@ def _cutover(
 ) -> alias_moves.AliasMove:
     """Gate, verify, move. With `sync`, catch up first with the application's writers running, then catch
     up again and verify while the sink holds them back (`Sink.move_alias` settle): the flip then serves
-    every write, and a write that waited lands in the new target."""
+    every write, and a write that waited lands in the new target. A sink that cannot hold them (Qdrant)
+    lets through only differences written after the final catch-up read, and carries those over right
+    after the flip (`reindex.sync.after_flip`); a carry-over a killed cutover left is finished first."""
     finished = _finish_pending_flip(m, ledger) if sync else None
     if sync:
         catch_up(m, ledger)  # the bulk of the changes, writers running
@@ -513,13 +518,15 @@ def _complete_but_later_writes_or_refused(
     """Where nothing holds the writers (Qdrant), verify cannot find the target level with a source that
     moved since the final catch-up read it. A difference in a document written since is carried over after
     the flip (`after_flip`); any other refuses the cutover, as an incomplete target does."""
-    report = _verify(m, ledger, sample=sample)
-    if report.complete or force or not report.target_exists:
+    gaps: list[int] = []
+    report = _verify(
+        m, ledger, sample=sample, also=lambda comparison: gaps.append(settled.unexplained(comparison))
+    )
+    if report.complete or force or not report.target_exists or gaps[0]:
         return _refused_unless_complete(m, report, force)
     if report.over_ceiling or (report.sample is not None and not report.sample["passed"]):
         return _refused_unless_complete(m, report, force)
-    unexplained, _ = settled.gaps(m, ledger)
-    return _refused_unless_complete(m, report, force) if unexplained else report
+    return report
 
 
 def _complete_or_refused(m: Migration, ledger: Ledger, force: bool, sample: int) -> Coverage:

@@ -152,12 +152,21 @@ class AfterFlip:
 class Settled:
     """The target as the final catch-up left it, just verified: each vector's id, content hash and origin,
     in a scratch database (bounded memory, as verify). After the flip, anything in the target that differs
-    from this was written by the application through the alias."""
+    from this was written by the application through the alias. The scratch database is made on first use:
+    a cutover that needs none (pgvector, or no --sync) pays nothing."""
 
     def __init__(self) -> None:
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._db: sqlite3.Connection | None = None
+        self.taken = self.rebuilt = False
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if self._db is not None:
+            return self._db
         self._scratch = tempfile.TemporaryDirectory(prefix="reindex-settled-")
-        self.db = sqlite3.connect(Path(self._scratch.name) / "settled.db", isolation_level=None)
-        self.db.executescript("""
+        self._db = sqlite3.connect(Path(self._scratch.name) / "settled.db", isolation_level=None)
+        self._db.executescript("""
             PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;
             CREATE TABLE settled (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
             CREATE TABLE now (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
@@ -165,30 +174,24 @@ class Settled:
             CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
             CREATE TABLE read (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
         """)
-        self.taken = self.rebuilt = False
+        return self._db
 
     def read(self, comparison: Comparison) -> None:
         """Keep the source as the final catch-up read it."""
         self.db.execute("DELETE FROM read")
         load_rows(self.db, "INSERT OR REPLACE INTO read VALUES (?,?)", comparison.source_hashes())
 
-    def gaps(self, m: Migration, ledger: Ledger) -> tuple[int, int]:
-        """(unexplained, later): the documents where source and target differ now, split by whether the
-        source still holds what the final catch-up read (the target should agree: a real gap) or changed
-        since (a write the catch-up could not see: `after_flip` carries it over)."""
-        letters = excused(ledger.dead_letters(m.plan_id))
-        unexplained = later = 0
-        with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=letters) as comparison:
-            kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
-            for chunk in chunks(chain(*(comparison.ids(k) for k in kinds)), 500):
-                now = dict(comparison.source_hashes(chunk))
-                seen = dict(_hashes(self.db, "read", chunk))
-                for doc_id in chunk:
-                    if (doc_id in now, now.get(doc_id)) == (doc_id in seen, seen.get(doc_id)):
-                        unexplained += 1
-                    else:
-                        later += 1
-        return unexplained, later
+    def unexplained(self, comparison: Comparison) -> int:
+        """The documents where source and target differ while the source still holds what the final
+        catch-up read: real gaps. One whose source changed since is a write the catch-up could not see,
+        which `after_flip` carries over."""
+        kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
+        gaps = 0
+        for chunk in chunks(chain(*(comparison.ids(k) for k in kinds)), 500):
+            now = dict(comparison.source_hashes(chunk))
+            seen = dict(_hashes(self.db, "read", chunk))
+            gaps += sum((i in now, now.get(i)) == (i in seen, seen.get(i)) for i in chunk)
+        return gaps
 
     def take(self, m: Migration) -> None:
         self.db.execute("DELETE FROM settled")
@@ -205,8 +208,10 @@ class Settled:
         self.taken = self.rebuilt = True
 
     def close(self) -> None:
-        self.db.close()
-        self._scratch.cleanup()
+        if self._db is not None:
+            self._db.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()
 
     def __enter__(self) -> Settled:
         return self

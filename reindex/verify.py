@@ -234,12 +234,16 @@ def coverage(
     embedder: Embedder | None = None,
     sample: int = 0,
     ceiling: Callable[[int], int] | None = None,
+    also: Callable[[Comparison], None] | None = None,
 ) -> Coverage:
     """Compare `source` with `target` and count every way they differ; optionally re-embed a sample.
 
-    `ceiling` maps the source's document count to the most dead letters a complete target may have."""
+    `ceiling` maps the source's document count to the most dead letters a complete target may have;
+    `also` reads the same comparison for more (cutover's gate on Qdrant), without a second scan."""
     with compare(source, sink, target, dim=dim, dead_letters=dead_letters) as comparison:
         report = comparison.report(fingerprint, ceiling)
+        if also is not None:
+            also(comparison)
         if sample and embedder is not None:
             checked = sample_check(source, sink, embedder, target, comparison.sample_ids(sample))
             report = replace(report, sample=checked, complete=report.complete and checked["passed"])

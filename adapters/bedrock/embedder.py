@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from adapters.bedrock.connection import (
     S3_URI,
@@ -29,7 +29,15 @@ from adapters.bedrock.connection import (
     split_s3_uri,
 )
 from adapters.bedrock.records import collect_records, embedding
-from adapters.openai import Pacer, ProviderBusy, ProviderNotFound, ProviderRejected, encoding, tokenize_texts
+from adapters.openai import (
+    Paced,
+    Pacer,
+    ProviderBusy,
+    ProviderNotFound,
+    ProviderRejected,
+    encoding,
+    tokenize_texts,
+)
 from reindex.deferred import ONLINE  # the job id of lines sent through InvokeModel
 from reindex.errors import BackendError, ConfigError, TransientError
 from reindex.fingerprint import fingerprint
@@ -58,8 +66,7 @@ def job_name(key: str) -> str:
 class BedrockBatchEmbedder:
     """Titan Text Embeddings V2 through Bedrock batch inference; one record per text (`inputText`)."""
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid", frozen=True)
+    class Config(Paced):
         kind: Literal["bedrock-batch"]
         model: Literal["amazon.titan-embed-text-v2:0"] = "amazon.titan-embed-text-v2:0"
         region: str
@@ -75,10 +82,6 @@ class BedrockBatchEmbedder:
         s3_endpoint_url: str | None = None
         timeout_s: float = Field(default=60.0, gt=0)
         create_timeout_s: float = Field(default=60.0, gt=0)
-        requests_per_minute: int | None = Field(default=None, gt=0)
-        max_attempts: int = Field(default=8, gt=0)
-        backoff_s: float = Field(default=1.0, gt=0)
-        max_backoff_s: float = Field(default=60.0, gt=0)
         prices: dict[str, float] | None = None  # {"online": x, "batch": y} USD per 1M tokens
 
         @field_validator("dimensions")

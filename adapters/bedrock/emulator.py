@@ -192,14 +192,7 @@ class BedrockState(ProviderState):
     def get(self, identifier: str) -> dict[str, Any]:
         """Each get is one tick of the emulated clock; the job steps every `polls_per_step` ticks."""
         with self.lock:
-            job = self._job(identifier)
-            job.polls += 1
-            if job.plan.polls_per_step <= 0:
-                while job.data["status"] in STEPPING:
-                    self._advance(job)
-            elif job.polls % job.plan.polls_per_step == 0:
-                self._advance(job)
-            return dict(job.data)
+            return self.tick(self._job(identifier), STEPPING, self._advance)
 
     def list(self, name_contains: str | None, max_results: int, next_token: str | None) -> dict[str, Any]:
         """Newest first, filtered by `nameContains`; `nextToken` is the position of the next page."""

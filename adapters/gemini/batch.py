@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from adapters.gemini.client import make_client, translated_errors
 from adapters.gemini.responses import read_responses
-from adapters.openai import Pacer, ProviderBusy, ProviderNotFound, encoding, tokenize_texts
+from adapters.openai import Paced, Pacer, ProviderBusy, ProviderNotFound, encoding, tokenize_texts
 from reindex.errors import ConfigError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
@@ -55,8 +55,7 @@ TERMINAL = frozenset(
 class GeminiBatchEmbedder:
     """`gemini-batch`: a provider batch job per shard, adopted by display name; see the module docstring."""
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid", frozen=True)
+    class Config(Paced):
         kind: Literal["gemini-batch"]
         model: str = "gemini-embedding-001"
         api_key_env: str = "GEMINI_API_KEY"
@@ -69,10 +68,6 @@ class GeminiBatchEmbedder:
         tokenizer: str = "cl100k_base"  # an estimate: Gemini's own tokenizer is not available offline
         timeout_s: float = Field(default=60.0, gt=0)
         create_timeout_s: float = Field(default=60.0, gt=0)
-        requests_per_minute: int | None = Field(default=None, gt=0)
-        max_attempts: int = Field(default=8, gt=0)
-        backoff_s: float = Field(default=1.0, gt=0)
-        max_backoff_s: float = Field(default=60.0, gt=0)
         prices: dict[str, float] | None = None  # {"online": x, "batch": y} USD per 1M tokens
 
     is_remote = True

@@ -16,6 +16,7 @@ import numpy as np
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
+from psycopg import sql
 
 from adapters.bedrock.emulator import BedrockEmulator
 from adapters.memory import HashEmbedder
@@ -94,7 +95,8 @@ def assert_one_job_per_key(emulator: BedrockEmulator) -> None:
 def stored_vectors(pg_dsn: str, target: str) -> dict[str, np.ndarray]:
     with psycopg.connect(pg_dsn) as conn:
         register_vector(conn)
-        rows = conn.execute(f'SELECT id, embedding FROM "{target}"').fetchall()
+        query = sql.SQL("SELECT id, embedding FROM {}").format(sql.Identifier(target))
+        rows = conn.execute(query).fetchall()
     return {str(key): np.asarray(vector, dtype=np.float32) for key, vector in rows}
 
 
