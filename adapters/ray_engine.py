@@ -23,7 +23,7 @@ import pickle
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -153,7 +153,7 @@ def _stream(
 ) -> RayProgress:
     """Feed the planned shards through Ray Data and count what comes back, until done or stopped."""
     progress = RayProgress()
-    with closing(iter(_dataset(ray, m, lease, pending).iter_rows())) as rows:
+    with closing(_results(_dataset(ray, m, lease, pending))) as rows:
         for row in rows:  # leaving closes the stream: Ray Data stops its tasks and actors
             if row["error"]:  # a worker's ReindexError, raised as itself: same exit code and hint
                 raise pickle.loads(row["error"])
@@ -163,6 +163,15 @@ def _stream(
             if stop.is_set():
                 break
     return progress
+
+
+def _results(dataset: Any) -> Generator[dict[str, Any], None, None]:
+    """Each shard's row as soon as its actor returns it. `iter_rows` prefetches a block, so it hands a row
+    over only once the next shard is done too: progress, and the check for a stop, would lag a shard."""
+    blocks = iter(dataset.iter_batches(batch_size=None, prefetch_batches=0, batch_format="pyarrow"))
+    with closing(blocks):
+        for block in blocks:
+            yield from block.to_pylist()
 
 
 def _count(progress: RayProgress, row: dict[str, Any]) -> None:

@@ -163,6 +163,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="part 1: the free hash embedder (plumbing only), or all-MiniLM-L6-v2 fp32 on CPU (real work)",
     )
     parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="minilm: [embedder] threads for both engines (default: every core, what the local engine's torch"
+        " takes; Ray would give an actor of one CPU one thread, which is other work)",
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="interleaved repetitions, both parts (medians)"
     )
     parser.add_argument(
@@ -190,6 +197,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.workdir = args.workdir.resolve()
     args.json = (args.json or args.workdir / "ray.json").resolve()
+    args.threads = args.threads or os.cpu_count() or 1
     return args
 
 
@@ -314,7 +322,7 @@ def settings(args: argparse.Namespace, cases: Sequence[EngineCase]) -> dict[str,
 
 def embedder_section(args: argparse.Namespace) -> dict[str, Any]:
     if args.embedder == "minilm":
-        return {"kind": "sentence-transformers", "model": str(minilm_path())}
+        return {"kind": "sentence-transformers", "model": str(minilm_path()), "threads": args.threads}
     return {"kind": "hash", "dim": ZERO_DIM}
 
 
