@@ -31,7 +31,7 @@ from reindex.migration import (
     with_nonce,
 )
 from reindex.pipeline import Pipeline, Progress
-from reindex.planning import PlanReport, estimate, spread
+from reindex.planning import PlanReport, estimate, ledger_advice, spread
 from reindex.ports import DeferredEmbedder
 from reindex.sync import (
     AfterFlip,
@@ -75,6 +75,7 @@ def plan(
         spread(report, config.run, workers or default, worker_docs_per_second)
         priced = routing.price(report, config.run, routes, report.tokens_by_fingerprint)
         report.routes, report.route = routing.to_json(priced), routing.choose(priced, config.run)
+        report.ledger_advice = ledger_advice(config.run, report.documents)
         alias = m.sink.alias(m.spec.alias)
         report.plan_id, report.target, report.target_exists = m.plan_id, m.spec.name, exists
         report.alias, report.alias_target, report.alias_fingerprint = (

@@ -11,6 +11,7 @@ from typing import Any
 
 from reindex.batching import token_batches
 from reindex.config import RunConfig
+from reindex.errors import ConfigError
 from reindex.pipeline import batch_budget, batch_texts
 from reindex.ports import Embedder, Record, Source
 from reindex.validation import screen
@@ -68,9 +69,30 @@ class PlanReport:
     route: dict[str, Any] | None = None
     # tokens of the unique texts per fingerprint, for routes that bill with another tokenizer
     tokens_by_fingerprint: dict[str, int] = field(default_factory=dict)
+    ledger_advice: str | None = None  # a SQLite ledger for a corpus past SQLITE_LEDGER_DOCUMENTS
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# Past this many documents a SQLite ledger's text bookkeeping costs more than a Postgres ledger's: each
+# shard's commit rewrites pages across the whole text table, so its cost per text grows with the run
+# (`scripts/ledger_scale.py`, README "Ledger scale": 1 s for the first 100,000 texts, 10 s for the tenth).
+SQLITE_LEDGER_DOCUMENTS = 500_000
+
+
+def ledger_advice(run: RunConfig, documents: int) -> str | None:
+    """The warning `plan` gives when a SQLite ledger would carry more than SQLITE_LEDGER_DOCUMENTS."""
+    try:
+        state = run.ledger_location()
+    except ConfigError:
+        return None  # `state_env` is not set here; `run` says so
+    if documents <= SQLITE_LEDGER_DOCUMENTS or state.startswith(("postgres://", "postgresql://")):
+        return None
+    return (
+        f"{documents:,} documents on a SQLite ledger: its cost per text grows with the run (a Postgres"
+        ' ledger stays flat); set [run] state = "postgresql://..."'
+    )
 
 
 def estimate(

@@ -140,6 +140,8 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
     if p["alias_target"] != p["target"] and (p["alias_target"] or p["alias_is_physical"]):
         serves = p["alias_target"] or "the plain table or collection itself"
         s.warn(f"`reindex cutover` will change what alias {p['alias']} serves (now {serves})")
+    if p.get("ledger_advice"):
+        s.warn(p["ledger_advice"])
     refused = _routes(s, p.get("routes") or [], p.get("route") or {})
     s.line("Nothing was changed.")
     if refused:

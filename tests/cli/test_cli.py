@@ -308,3 +308,26 @@ def _as_role(dsn: str) -> str:
     parts = urlsplit(dsn)
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"plain_role@{host}"))
+
+
+def test_plan_warns_when_a_sqlite_ledger_would_carry_a_large_corpus(
+    configs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past SQLITE_LEDGER_DOCUMENTS a SQLite ledger's cost per text grows with the run: plan names the fix."""
+    from reindex import planning
+
+    old, _ = configs
+    code, plan, _ = invoke("plan", "-c", str(old), "--json", "--no-calibrate")
+    assert code == 0 and plan is not None and plan["ledger_advice"] is None
+    monkeypatch.setattr(planning, "SQLITE_LEDGER_DOCUMENTS", 300)
+    code, plan, _ = invoke("plan", "-c", str(old), "--json", "--no-calibrate")
+    assert code == 0 and plan is not None
+    assert plan["ledger_advice"].startswith("301 documents on a SQLite ledger")
+    assert 'state = "postgresql://..."' in plan["ledger_advice"]
+    result = runner.invoke(app, ["plan", "-c", str(old), "--no-calibrate"])
+    assert result.exit_code == 0 and "warning: 301 documents on a SQLite ledger" in result.stdout
+    monkeypatch.setenv("REINDEX_TEST_STATE", "postgresql://ledger.internal/reindex")
+    text = old.read_text().replace('state = "', 'state_env = "REINDEX_TEST_STATE"\n# state = "')
+    old.write_text(text)
+    code, plan, _ = invoke("plan", "-c", str(old), "--json", "--no-calibrate")
+    assert code == 0 and plan is not None and plan["ledger_advice"] is None
