@@ -84,6 +84,10 @@ class RunConfig(BaseModel):
             )
         return value
 
+    def ledger_on_postgres(self) -> bool:
+        """Whether the ledger is a Postgres database (a postgresql:// URL) rather than a SQLite file."""
+        return self.ledger_location().startswith(("postgres://", "postgresql://"))
+
     def dead_letter_ceiling(self, documents: int) -> int:
         """The most dead letters a complete target may have for a source of `documents`."""
         if isinstance(self.max_dead_letters, int):

@@ -128,7 +128,7 @@ def _open(opened: list[Any], role: registry.Role, section: dict[str, Any]) -> An
 def open_ledger(config: Config) -> Ledger:
     """SQLite by default; a postgresql:// URL (in `state` or the variable `state_env` names) is shared."""
     state = config.run.ledger_location()
-    if state.startswith(("postgres://", "postgresql://")):
+    if config.run.ledger_on_postgres():
         ledger: Ledger = registry.resolve_ledger("postgres")(state)
         return ledger
     return SqliteLedger(state)

@@ -83,12 +83,13 @@ SQLITE_LEDGER_DOCUMENTS = 500_000
 
 def ledger_advice(run: RunConfig, documents: int) -> str | None:
     """The warning `plan` gives when a SQLite ledger would carry more than SQLITE_LEDGER_DOCUMENTS."""
+    if documents <= SQLITE_LEDGER_DOCUMENTS:
+        return None
     try:
-        state = run.ledger_location()
+        if run.ledger_on_postgres():
+            return None
     except ConfigError:
         return None  # `state_env` is not set here; `run` says so
-    if documents <= SQLITE_LEDGER_DOCUMENTS or state.startswith(("postgres://", "postgresql://")):
-        return None
     return (
         f"{documents:,} documents on a SQLite ledger: its cost per text grows with the run (a Postgres"
         ' ledger stays flat); set [run] state = "postgresql://..."'

@@ -54,17 +54,17 @@ def record(ledger: Ledger, texts: int, size: int) -> dict[str, object]:
         owners = {digest: f"doc-{seq * size + row}" for row, digest in enumerate(hashes)}
         ledger.text_states(PLAN, sorted(owners))
         shard = ShardResult(
-            seq,
-            None if seq == 0 else f"c{seq - 1}",
-            f"c{seq}",
-            size,
-            size,
-            (),
-            0,
-            0,
-            size,
-            0,
-            0.1,
+            seq=seq,
+            after_cursor=None if seq == 0 else f"c{seq - 1}",
+            last_cursor=f"c{seq}",
+            documents=size,
+            written=size,
+            dead_letters=(),
+            duplicates=0,
+            reused=0,
+            tokens=size,
+            truncated=0,
+            seconds=0.1,
             texts=sorted((digest, "written") for digest in owners),
             owners=owners,
         )
@@ -84,19 +84,17 @@ def record(ledger: Ledger, texts: int, size: int) -> dict[str, object]:
 @contextmanager
 def _ledger(kind: str, work: Path) -> Iterator[Ledger]:
     """A fresh ledger: a SQLite file in `work`, or a Postgres ledger on an embedded server (`scripts/bench`'s)."""
-    if kind == "sqlite":
-        ledger: Ledger = SqliteLedger(work / "state.db")
-        yield ledger
-        ledger.close()
-        return
-    from bench import postgres
+    with ExitStack() as stack:
+        if kind == "sqlite":
+            ledger: Ledger = SqliteLedger(work / "state.db")
+        else:
+            from bench import postgres
 
-    from adapters.postgres_ledger import PostgresLedger
+            from adapters.postgres_ledger import PostgresLedger
 
-    with postgres(work) as dsn:
-        ledger = PostgresLedger(dsn)
+            ledger = PostgresLedger(stack.enter_context(postgres(work)))
+        stack.callback(ledger.close)
         yield ledger
-        ledger.close()
 
 
 if __name__ == "__main__":
