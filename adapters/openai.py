@@ -679,13 +679,16 @@ class OpenAIEmbedder:
             self._embed_rows(rows[half:], inputs, out, rejected, billed)
 
     def _request(self, texts: list[str], billed_to: list[int]) -> Vectors:
-        options: dict[str, Any] = {"dimensions": self._dimensions} if self._dimensions else {}
-        # The raw body, not the SDK's typed objects: building one per vector cost more client time than the
-        # request itself. Errors are raised (and translated) as before.
-        raw = self._endpoint.client.embeddings.with_raw_response.create(
-            input=texts, model=self._served_as, encoding_format="base64", **options
-        )
-        body = json_line(raw.http_response.content) or {}
+        import httpx
+
+        request: dict[str, Any] = {"input": texts, "model": self._served_as, "encoding_format": "base64"}
+        if self._dimensions:
+            request["dimensions"] = self._dimensions
+        # The SDK's documented `post` for the raw body, not `embeddings.create`: create walks every input
+        # through its type transform (1.8 ms of GIL-held Python per request of 64 texts), and its typed
+        # objects cost more client time than the request itself. Errors are raised (and translated) as before.
+        response = self._endpoint.client.post("/embeddings", body=request, cast_to=httpx.Response)
+        body = json_line(response.content) or {}
         try:
             data = sorted(body["data"], key=lambda embedding: int(embedding["index"]))
             vectors = decode_vectors([embedding["embedding"] for embedding in data])
