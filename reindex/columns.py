@@ -124,6 +124,9 @@ class TokenColumns(Sequence[Tokens]):
     offsets: Int64s | None = None
     texts: list[str] | None = None
     items: list[Any] | None = None
+    # True: `counts` are upper bounds a remote model was not asked to count exactly (`adapters.openai`), and
+    # the provider's usage is the count the run records.
+    bounded: bool = False
 
     def __len__(self) -> int:
         return len(self.counts)
@@ -165,6 +168,7 @@ class TokenColumns(Sequence[Tokens]):
             offsets,
             None if self.texts is None else [self.texts[i] for i in listed],
             None if self.items is None else [self.items[i] for i in listed],
+            self.bounded,
         )
 
     @classmethod
@@ -190,6 +194,7 @@ class TokenColumns(Sequence[Tokens]):
             offsets,
             texts,
             items,
+            any(p.bounded for p in parts),
         )
 
     @classmethod

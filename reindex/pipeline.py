@@ -119,6 +119,8 @@ class Pipeline:
         self._feeder = Feeder(embedder, retrying)
         self._claims = claims or ClaimBook(ledger, plan_id)
         self.worker = worker
+        if self.budget.max_usd is not None and hasattr(embedder, "count_tokens_exactly"):
+            embedder.count_tokens_exactly()  # the cap reserves each shard's tokens before sending it
 
     def run(self) -> Progress:
         """Process every shard after the ledger's resume point; raise Interrupted if stopped early."""
@@ -306,10 +308,11 @@ class Pipeline:
             billed = getattr(self.embedder, "billed_tokens", 0) - billed_before
         window[-1].billed_tokens += billed
         self.progress.padded_tokens += padded_tokens(lengths, batches)
-        self.progress.tokens += int(lengths.sum())
+        self.progress.tokens += billed if tokens.bounded else int(lengths.sum())
         problems = vector_problems(unique, dim) | problems
         offset = 0
         for shard in window:
+            shard.counted_by_provider = tokens.bounded
             count = len(shard.tokens)
             mine = {i - offset: r for i, r in problems.items() if offset <= i < offset + count}
             finish_shard(shard, unique[offset : offset + count], mine, dim)
@@ -360,7 +363,7 @@ class Pipeline:
             shard.dead,
             shard.duplicates,
             len(shard.owner) - len(shard.tokens) + len(shard.copied),
-            shard.token_count,
+            shard.recorded_tokens,
             shard.truncated,
             now - self._last_mark,
             billed_tokens=shard.billed_tokens,

@@ -46,6 +46,14 @@ class Shard:
     owners: dict[str, str] = field(default_factory=dict)  # texts this shard took over (re-embedded copies)
     settled: dict[str, str] = field(default_factory=dict)  # what became of the texts it took over
     unstorable: set[str] = field(default_factory=set)  # texts whose row the sink refused for a NUL they hold
+    # The provider's usage is its token count: the run only bounded its texts' tokens (`TokenColumns.bounded`)
+    counted_by_provider: bool = False
+
+    @property
+    def recorded_tokens(self) -> int:
+        """The tokens the ledger records for this shard: counted here, or billed by the provider (a window's
+        bill is on its last shard, so a run's total is exact)."""
+        return self.billed_tokens if self.counted_by_provider else self.token_count
 
     @property
     def written_ids(self) -> list[str]:

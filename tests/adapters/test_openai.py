@@ -113,6 +113,44 @@ def test_long_texts_are_cut_to_max_tokens_at_a_token_boundary(serve: Serve) -> N
     assert embedder.billed_tokens == short.count + long.count
 
 
+def test_the_pipeline_tokenizes_only_texts_that_may_be_too_long_and_counts_what_was_billed(
+    serve: Serve, hasher: HashEmbedder
+) -> None:
+    """Unpaced and uncapped, `tokenize_columns` bounds each count by the text's UTF-8 bytes (a token is at
+    least one byte) and tokenizes only texts with more bytes than the limit; the provider's usage is the
+    count: the traffic's tokens are what it billed."""
+    emulator, client = serve()
+    embedder = online(client, max_tokens=20)
+    long = " ".join(["word"] * 40)
+    texts = ["hello world", "naïve café ✓", long]
+    columns = embedder.tokenize_columns(texts)
+    assert columns.bounded and columns.texts is not None
+    assert columns.counts[:2].tolist() == [len(text.encode()) for text in texts[:2]]
+    exact = embedder.tokenize(texts)
+    assert all(bound >= item.count for bound, item in zip(columns.counts[:2], exact[:2], strict=True))
+    assert (columns.counts[2], columns.original[2], columns.texts[2]) == (20, 40, exact[2].data)  # as before
+    vectors = embedder.embed_prepared(embedder.prepare_columns(columns)).result()
+    np.testing.assert_allclose(vectors[:2], expected(hasher, texts[:2]), rtol=1e-6)
+    billed = sum(item.count for item in exact)
+    assert embedder.billed_tokens == billed == emulator.stats()["billed_tokens"]
+    assert embedder._endpoint.pacer.traffic.tokens == billed
+
+
+@pytest.mark.parametrize("why", ["tokens_per_minute", "cost_cap"])
+def test_tokens_are_counted_exactly_when_pacing_or_a_cost_cap_needs_them(serve: Serve, why: str) -> None:
+    _, client = serve()
+    if why == "tokens_per_minute":
+        embedder = online(client, pacer=Pacer(tokens_per_minute=1_000_000, concurrency=4))
+    else:
+        embedder = online(client)
+        embedder.count_tokens_exactly()
+    columns = embedder.tokenize_columns(["hello world", "naïve café ✓"])
+    assert not columns.bounded
+    assert columns.counts.tolist() == [
+        item.count for item in embedder.tokenize(["hello world", "naïve café ✓"])
+    ]
+
+
 def test_a_429_storm_is_waited_out_without_sending_early(serve: Serve, hasher: HashEmbedder) -> None:
     emulator, client = serve(rate_limit=3, retry_after_s=0.2)
     embedder = online(client, concurrency=4)

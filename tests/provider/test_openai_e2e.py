@@ -204,6 +204,7 @@ def test_online_run_reports_its_requests_and_429s_instead_of_padding(tmp_path, e
     assert report["requests_per_second"] > 0 and report["tokens_per_minute"] > 0
     assert stats["max_in_flight"] >= 2 and stats["early_requests_total"] == 0
     assert report["billed_tokens"] == stats["billed_tokens"] == unique_tokens(texts)
+    assert report["tokens"] == report["billed_tokens"]  # counted by the provider, not bounded by bytes
 
 
 def test_budget_stops_resumably_and_raising_it_finishes(tmp_path, emulator, pg_dsn):
