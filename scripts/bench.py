@@ -585,12 +585,13 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
         )
         return int(body["usage"]["prompt_tokens"])
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), process_cpu()
     with ThreadPoolExecutor(concurrency) as pool:
         tokens = sum(pool.map(send, requests))
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, process_cpu() - cpu
     client.close()
     extra = {"requests": len(requests), "inputs_per_request": per_request, "concurrency": concurrency}
+    extra["process_cpu_seconds"] = cpu
     return Sample(seconds, len(bench.corpus.texts), tokens, None, None, extra)
 
 
@@ -615,15 +616,23 @@ def reindex_online(bench: Bench, repeat: int) -> Sample:
     }
     target = {"kind": "pgvector", "dsn": bench.dsn, "alias": f"bench_online_{repeat}"}
     path = write_config(bench.work, f"online-{repeat}", source(bench.corpus.path), embedder, target)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), process_cpu()
     report = commands.run(load(path))
     seconds = time.perf_counter() - started - report.finalize_seconds
+    cpu = process_cpu() - cpu  # the finalize's share is Postgres's CPU, not this process's
     drop_table(bench.dsn, report.target)
     traffic = ("requests", "retries", "rate_limited", "requests_per_second", "tokens_per_minute")
     extra = {name: getattr(report, name) for name in traffic}
     extra |= {"index_seconds": report.index_seconds, "finalize_seconds": report.finalize_seconds}
     extra["run_report_docs_per_second"] = report.docs_per_second
+    extra["process_cpu_seconds"] = cpu
     return Sample(seconds, report.documents, report.tokens, None, None, extra)
+
+
+def process_cpu() -> float:
+    """This process's CPU seconds (user + system, every thread): the online cases' client-side cost."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def zero_cost(bench: Bench, repeat: int | str, documents: int | None = None) -> Sample:
