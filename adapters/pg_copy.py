@@ -1,4 +1,4 @@
-"""A whole batch as one binary COPY payload for a schemaless pgvector target, built per batch, not per row.
+"""A whole batch as one binary COPY payload for a pgvector target, built per batch, not per row.
 
 Each row is a fixed-width head (field count, the vector with pgvector's 4-byte header, the fingerprint,
 the content hash, a constant '{}' payload, the next field's length), built as one (n, width) byte
@@ -6,6 +6,10 @@ matrix, followed by its variable fields (id, text, per-document payload) and the
 are interleaved by list slicing and joined once: no per-row Python beyond one `str.encode` per text.
 
     PGCOPY signature | (head_i, id_i, len(text_i), text_i [, len(json_i)+1, json_i])... | trailer
+
+A target with the source table's own columns (`Schema`) takes the same fixed head (vector, fingerprint,
+content hash), then each source column's field as its type's binary dumper made it (`encode_schema`; the
+caller dumps, since dumpers belong to a connection), NULL as length -1.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ _encode_json = json.JSONEncoder(default=str, allow_nan=False).encode  # the C en
 
 Bytes = NDArray[np.uint8]
 Chunk = bytes | NDArray[Any]  # a constant run of bytes, or an (n, k) matrix: k numbers per row, big-endian
+Field = bytes | bytearray | memoryview  # one value as its binary dumper wrote it
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,19 @@ class Schemaless:
     payload: str
     vector: str
     carried: frozenset[str]
+    fingerprint: str = "reindex_fingerprint"
+    content_hash: str = "reindex_content_hash"
+
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    """A target with the source table's columns (same names and types) beside the tool's own."""
+
+    columns: tuple[str, ...]  # the source's columns, in the order the caller dumps them
+    types: tuple[int, ...]  # their type oids, for the binary dumpers
+    key: str
+    text: str
+    vector: str
     fingerprint: str = "reindex_fingerprint"
     content_hash: str = "reindex_content_hash"
 
@@ -78,6 +96,62 @@ def encode(
     columns = (*(name for name, _ in fixed), *(name for name, _, _ in variable))
     head = [_int16(len(columns)), *(chunk for _, chunks in fixed for chunk in chunks)]
     return Payload(columns, _assemble(len(docs), head, [(values, p) for _, values, p in variable]))
+
+
+def encode_schema(
+    target: Schema,
+    fields: Sequence[Sequence[Field | None]],
+    vectors: Vectors,
+    content_hashes: Sequence[str],
+    fingerprint: str,
+) -> Payload:
+    """The COPY payload of rows whose source columns are already dumped: `fields[c][i]` is column c of row
+    i (None: NULL). The reindex_origin column is left out: NULL, the tool's own row."""
+    n, dim = vectors.shape
+    head: list[Chunk] = [
+        _int16(3 + len(target.columns)),
+        _int32(4 + 4 * dim) + _int16(dim) + _int16(0),
+        vectors.astype(np.float32, copy=False),
+        _constant(fingerprint.encode()),
+    ]
+    columns = [target.vector, target.fingerprint, target.content_hash]
+    hashes = _fixed_ascii(content_hashes)
+    variable: list[tuple[list[Field], NDArray[np.int64]]] = []
+    if hashes is None:
+        variable.append(_with_nulls(_utf8(content_hashes)))
+    else:
+        head += [_int32(hashes.shape[1]), hashes]
+    if len(fields) != len(target.columns) or not fields:
+        raise ValueError(f"{len(fields)} dumped columns for {len(target.columns)} source columns")
+    variable += [_with_nulls(column) for column in fields]
+    columns += target.columns
+    return Payload(tuple(columns), _interleave(n, head, variable))
+
+
+def _with_nulls(values: Sequence[Field | None]) -> tuple[list[Field], NDArray[np.int64]]:
+    """The values with NULLs as empty pieces, and each field's int32 length (-1: NULL)."""
+    listed = list(values)
+    nulls = None
+    if None in listed:
+        nulls = np.fromiter((v is None for v in listed), dtype=bool, count=len(listed))
+        listed = [b"" if v is None else v for v in listed]
+    lengths = np.fromiter(map(len, listed), dtype=np.int64, count=len(listed))  # type: ignore[arg-type]
+    if nulls is not None:
+        lengths[nulls] = -1
+    return cast("list[Field]", listed), lengths
+
+
+def _interleave(n: int, head: list[Chunk], variable: list[tuple[list[Field], NDArray[np.int64]]]) -> bytes:
+    """Like `_assemble`, for fields with their lengths given (no constant prefixes)."""
+    columns: list[Sequence[Field]] = [_rows(n, [*head, _be32(variable[0][1])]), variable[0][0]]
+    for values, lengths in variable[1:]:
+        columns += [_rows(n, [_be32(lengths)]), values]
+    step = len(columns)
+    parts: list[Field] = [b""] * (n * step + 2)
+    parts[0], parts[-1] = SIGNATURE, TRAILER
+    for k, column in enumerate(columns):
+        parts[1 + k : 1 + n * step : step] = column
+    return b"".join(parts)
 
 
 def json_dumps(value: Any) -> str:

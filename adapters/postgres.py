@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import os
 import random
 import re
@@ -74,6 +75,7 @@ _TEXT_OID = 25
 _PARALLEL_ROWS = 2000  # a write this big is cut into slices for the writer connections...
 _SLICE_ROWS = 1000  # ...of at least this many rows each
 _cursor_names = itertools.count()
+_BulkColumns = pg_copy.Schemaless | pg_copy.Schema
 
 
 class _DsnConfig(BaseModel):
@@ -166,6 +168,27 @@ class PostgresSource:
                 return
             after = page[-1].id
 
+    def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
+        """Shards of `size` rows as columns, one keyset query each: the ids and texts taken from the rows
+        column-wise and each payload made by one `dict(zip(...))`, with no Record per row."""
+        names = [a.name for a in self._shape.columns]
+        key, text = names.index(self._shape.key.name), names.index(self._shape.text.name)
+        while True:
+            rows = self._rows(after, size)
+            if not rows:
+                return
+            columns = list(zip(*rows, strict=True))
+            ids = list(map(str, columns[key]))
+            texts = columns[text]
+            plain = set(map(type, texts)) == {str}
+            listed = list(texts) if plain else ["" if t is None else str(t) for t in texts]
+            payloads: list[Mapping[str, Any]] = [dict(zip(names, row, strict=True)) for row in rows]
+            fields = (self._shape.key.name, self._shape.text.name)
+            yield Documents(ids, listed, payloads, fields, last_position=ids[-1])
+            if len(rows) < size:
+                return
+            after = ids[-1]
+
     def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
         """(last id, rows) of each shard of `size` rows after id `after`, in one query over the ids only:
         keyset boundaries a cluster's workers read in parallel (`WHERE id > after ... LIMIT size`)."""
@@ -202,6 +225,10 @@ class PostgresSource:
         self._db.close()
 
     def _page(self, after: str | None) -> list[Record]:
+        return [self._record(row) for row in self._rows(after, self.page_size)]
+
+    def _rows(self, after: str | None, limit: int) -> list[tuple[Any, ...]]:
+        """Up to `limit` rows after key `after`, in key order."""
         from psycopg import sql
 
         key = self._shape.key
@@ -209,10 +236,9 @@ class PostgresSource:
             sql.SQL("WHERE {} > %s::{} ").format(key.ident, key.cast) if after is not None else sql.SQL("")
         )
         order = sql.SQL("ORDER BY {} LIMIT %s").format(key.ident)
-        params = [after, self.page_size] if after is not None else [self.page_size]
+        params = [after, limit] if after is not None else [limit]
         with self._db.errors():
-            rows = self._db.connection().execute(self._select() + where + order, params).fetchall()
-        return [self._record(row) for row in rows]
+            return self._db.connection().execute(self._select() + where + order, params).fetchall()
 
     def _select(self) -> sql.Composed:
         from psycopg import sql
@@ -303,10 +329,12 @@ class PgvectorSink:
                 _check_same_target(spec, layout)
 
     def write(self, target: str, rows: Rows) -> None:
-        """Upsert by id. A schemaless target takes the batch as one binary COPY built per batch, straight
-        into the table; keys already there (a replayed shard) roll that back and the batch goes through a
-        stage + INSERT ... ON CONFLICT instead. Big batches are cut into `writers` slices written at once
-        on their own connections, each its own transaction. Other layouts COPY row by row into the stage.
+        """Upsert by id. The batch goes as one binary COPY built per batch, straight into the table; keys
+        already there (a replayed shard) roll that back and the batch goes through a stage + INSERT ... ON
+        CONFLICT instead. Big batches are cut into `writers` slices written at once on their own
+        connections, each its own transaction. A target with the source table's columns takes the same
+        path when every column has a binary dumper (its values dumped by their types' dumpers); other
+        layouts COPY row by row into the stage.
 
         A batch refused for its rows' content (a NUL byte, a value its column type cannot hold) is
         rolled back and raised as RowsRejected; the core bisects it (replaying halves is safe).
@@ -314,7 +342,7 @@ class PgvectorSink:
         layout = self._layout(target)
         if not rows.records:
             return
-        columns = _schemaless_copy(layout)
+        columns = self._bulk_columns(layout)
         if columns is None:
             with self._db.transaction() as conn, _rejections(target):
                 _write_rows(conn, layout, rows)
@@ -332,6 +360,13 @@ class PgvectorSink:
             self._conflicted.add(target)  # a replay: its next batch likely overlaps too, upsert it at once
         else:
             self._conflicted.discard(target)
+
+    def _bulk_columns(self, layout: _Layout) -> pg_copy.Schemaless | pg_copy.Schema | None:
+        schemaless = _schemaless_copy(layout)
+        if schemaless is not None:
+            return schemaless
+        with self._db.errors():
+            return _schema_copy(self._db.connection(), layout)
 
     def delete(self, target: str, ids: Sequence[str]) -> None:
         from psycopg import sql
@@ -732,7 +767,7 @@ class _Writers:
             raise
         self._threads = ThreadPoolExecutor(count, thread_name_prefix="pgvector-writer")
 
-    def write(self, layout: _Layout, columns: pg_copy.Schemaless, parts: list[Rows], *, direct: bool) -> bool:
+    def write(self, layout: _Layout, columns: _BulkColumns, parts: list[Rows], *, direct: bool) -> bool:
         """Every slice, each in its own transaction; after all have ended, the first slice's error."""
         futures = [
             self._threads.submit(_write_bulk, db, layout, columns, part, direct=direct)
@@ -1263,17 +1298,15 @@ def _write_rows(conn: Connection, layout: _Layout, rows: Rows) -> None:
     _upsert_stage(conn, layout)
 
 
-def _write_bulk(
-    db: _Database, layout: _Layout, columns: pg_copy.Schemaless, rows: Rows, *, direct: bool
-) -> bool:
+def _write_bulk(db: _Database, layout: _Layout, columns: _BulkColumns, rows: Rows, *, direct: bool) -> bool:
     """One binary COPY of the whole batch: into the target when `direct`, falling back to stage + upsert
     when a key is already there. True when that fallback was taken."""
     from psycopg import sql
 
     psycopg = _psycopg()
     with db.errors(), _rejections(layout.name):
-        payload = _encoded(layout.name, columns, rows)
         conn = db.connection()
+        payload = _encoded(conn, layout.name, columns, rows)
         if direct:
             try:
                 with conn.transaction():
@@ -1288,11 +1321,13 @@ def _write_bulk(
         return direct
 
 
-def _encoded(target: str, columns: pg_copy.Schemaless, rows: Rows) -> pg_copy.Payload:
+def _encoded(conn: Connection, target: str, columns: _BulkColumns, rows: Rows) -> pg_copy.Payload:
+    docs = documents(rows.records)
     try:
-        return pg_copy.encode(
-            columns, documents(rows.records), rows.vectors, rows.content_hashes, rows.fingerprint
-        )
+        if isinstance(columns, pg_copy.Schema):
+            fields = _dumped(conn, columns, docs)
+            return pg_copy.encode_schema(columns, fields, rows.vectors, rows.content_hashes, rows.fingerprint)
+        return pg_copy.encode(columns, docs, rows.vectors, rows.content_hashes, rows.fingerprint)
     except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 form, the server would refuse it too
         raise RowsRejected(
             f"Postgres refused rows for {target!r}: text is not valid UTF-8 ({exc.reason})",
@@ -1329,6 +1364,51 @@ def _schemaless_copy(layout: _Layout) -> pg_copy.Schemaless | None:
         return None
     carried = frozenset({str(meta.get("id_field", "")), text})
     return pg_copy.Schemaless("id", text, "payload", layout.vector.name, carried)
+
+
+def _schema_copy(conn: Connection, layout: _Layout) -> pg_copy.Schema | None:
+    """The bulk encoder's columns for a target with the source table's columns, when every one of them has
+    a binary dumper (else None: row by row, as `_copy_format` decides)."""
+    meta = layout.meta
+    text = str(meta.get("text_field", ""))
+    if meta.get("schemaless") or layout.vector is None:
+        return None
+    source = [a for a in layout.columns if a != layout.vector and a.name not in _BOOKKEEPING]
+    names = {a.name for a in source}
+    if (
+        layout.key.name not in names
+        or text not in names
+        or not set(_RESERVED) <= {a.name for a in layout.columns}
+    ):
+        return None
+    if not all(_has_dumper(conn, a.oid, binary=True) for a in source):
+        return None
+    return pg_copy.Schema(
+        tuple(a.name for a in source), tuple(a.oid for a in source), layout.key.name, text, layout.vector.name
+    )
+
+
+def _dumped(conn: Connection, target: pg_copy.Schema, docs: Documents) -> list[tuple[Any, ...]]:
+    """Each source column's values as their types' binary dumpers write them, column by column (None:
+    NULL): one C call per row (`dump_sequence`), the same dumpers a row-by-row COPY would use."""
+    from psycopg.adapt import PyFormat, Transformer
+    from psycopg.pq import Format
+
+    transformer = Transformer(conn)
+    transformer.set_dumper_types(list(target.types), Format.BINARY)
+    formats = [PyFormat.BINARY] * len(target.columns)
+    pick = operator.itemgetter(*target.columns)
+    single = len(target.columns) == 1
+    rows: list[Any] = []
+    for i in range(len(docs)):
+        payload = docs.payload(i)
+        try:
+            values = (pick(payload),) if single else pick(payload)
+        except KeyError:  # a column the document lacks: NULL, its key and text from the record
+            fallback = {target.key: docs.ids[i], target.text: docs.texts[i]}
+            values = tuple(payload.get(name, fallback.get(name)) for name in target.columns)
+        rows.append(transformer.dump_sequence(values, formats))
+    return list(zip(*rows, strict=True)) if rows else [() for _ in target.columns]
 
 
 def _slices(count: int, writers: int) -> list[tuple[int, int]]:

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
 import psycopg
 import pytest
 
+from adapters import postgres
 from adapters.postgres import PgvectorSink
 from reindex.columns import Documents
 from reindex.errors import RowsRejected
 from reindex.fingerprint import content_hash
-from reindex.ports import Record, Rows, SourceSchema, TargetSpec
+from reindex.ports import Column, Record, Rows, SourceSchema, TargetSpec
 
 TARGET = "docs__bulk0001"
 AWKWARD = [
@@ -185,3 +188,117 @@ def test_no_index_build_leaves_index_seconds_unset(pg_dsn: str) -> None:
         assert sink.index_seconds is None
     finally:
         sink.close()
+
+
+# A target with the source table's own columns: the same bulk COPY, values dumped by their types' dumpers.
+
+SCHEMA_TARGET = "kb__bulk0001"
+SCHEMA_COLUMNS = (
+    Column("id", "bigint"),
+    Column("body", "text"),
+    Column("meta", "jsonb"),
+    Column("seen", "timestamp with time zone"),
+    Column("score", "numeric"),
+    Column("tags", "text[]"),
+    Column("flag", "boolean"),
+)
+
+
+def schema_spec(name: str = SCHEMA_TARGET) -> TargetSpec:
+    source = SourceSchema("id", "body", "embedding", SCHEMA_COLUMNS)
+    return TargetSpec(name, "kb", 8, "f" * 16, {"model": "test"}, source)
+
+
+def schema_records(n: int, start: int = 0, text: str = "words") -> list[Record]:
+    """Rows as PostgresSource reads them: every column in the payload, NULLs as None, the id as text."""
+    seen = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    records = []
+    for i in range(start, start + n):
+        payload = {
+            "id": i,
+            "body": f"{text} {i} ✓",
+            "meta": None if i % 3 == 0 else {"n": i, "nested": {"list": [1, "two", None]}},
+            "seen": None if i % 4 == 0 else seen + timedelta(seconds=i),
+            "score": Decimal(f"{i}.125") if i % 5 else None,
+            "tags": [f"t{i}", "", "x y"] if i % 2 else [],
+            "flag": i % 2 == 0,
+        }
+        records.append(Record(str(i), str(payload["body"]), payload))
+    return records
+
+
+@pytest.fixture
+def schema_sink(pg_dsn: str) -> Iterator[PgvectorSink]:
+    built = PgvectorSink(pg_dsn, writers=2)
+    built.prepare(schema_spec())
+    yield built
+    built.close()
+
+
+def stored_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
+    names = ", ".join(column.name for column in SCHEMA_COLUMNS)
+    statement = (
+        f"SELECT {names}, embedding::text, reindex_fingerprint, reindex_content_hash FROM {table} ORDER BY id"
+    )
+    return query(dsn, statement)
+
+
+def test_a_schema_target_takes_one_bulk_copy_that_stores_what_row_by_row_would(
+    pg_dsn: str, schema_sink: PgvectorSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = rows_of(schema_records(2500), seed=5)  # big enough for two writer slices
+    with monkeypatch.context() as patched:
+        patched.setattr(postgres, "_write_rows", _no_row_by_row)
+        schema_sink.write(SCHEMA_TARGET, rows)
+
+    reference = PgvectorSink(pg_dsn, writers=1)
+    reference.prepare(schema_spec("kb__rows0001"))
+    monkeypatch.setattr(postgres, "_schema_copy", lambda conn, layout: None)  # the row-by-row path
+    reference.write("kb__rows0001", rows)
+    reference.close()
+
+    stored = stored_rows(pg_dsn, SCHEMA_TARGET)
+    assert len(stored) == 2500
+    assert stored == stored_rows(pg_dsn, "kb__rows0001")
+    assert stored[1][2] == {"n": 1, "nested": {"list": [1, "two", None]}}
+    assert stored[0][2:6] == (None, None, None, [])  # NULLs and an empty array survive
+    origin = query(pg_dsn, f"SELECT count(*) FROM {SCHEMA_TARGET} WHERE reindex_origin IS NULL")
+    assert origin == [(2500,)]
+
+
+def _no_row_by_row(*args: object) -> None:
+    raise AssertionError("the schema target went row by row")
+
+
+def test_a_schema_target_upserts_a_replay_and_rejects_a_nul_byte_in_any_column(
+    pg_dsn: str, schema_sink: PgvectorSink
+) -> None:
+    schema_sink.write(SCHEMA_TARGET, rows_of(schema_records(10), seed=1))
+    replay = rows_of(schema_records(15, text="changed"), seed=2)  # ten already there, five new
+    schema_sink.write(SCHEMA_TARGET, replay)
+    assert query(pg_dsn, f"SELECT count(*), count(DISTINCT id) FROM {SCHEMA_TARGET}") == [(15, 15)]
+    assert query(pg_dsn, f"SELECT body FROM {SCHEMA_TARGET} WHERE id = 3") == [("changed 3 ✓",)]
+
+    poisoned = schema_records(4, start=100)
+    poisoned[2] = Record("102", "t", {**poisoned[2].payload, "tags": ["fine", "nul \x00 inside an array"]})
+    with pytest.raises(RowsRejected) as refused:
+        schema_sink.write(SCHEMA_TARGET, rows_of(poisoned))
+    assert refused.value.reason == "sink_rejected:22021"
+    assert query(pg_dsn, f"SELECT count(*) FROM {SCHEMA_TARGET} WHERE id >= 100") == [(0,)]
+
+
+def test_a_schema_column_without_a_binary_dumper_keeps_the_row_by_row_path(
+    pg_dsn: str, schema_sink: PgvectorSink
+) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TYPE mood AS ENUM ('calm', 'busy')")
+    columns = (Column("id", "bigint"), Column("body", "text"), Column("state", "mood"))
+    source = SourceSchema("id", "body", "embedding", columns)
+    schema_sink.prepare(TargetSpec("kb__enum0001", "kb", 8, "f" * 16, {"model": "test"}, source))
+    records = [Record(str(i), f"t{i}", {"id": i, "body": f"t{i}", "state": "busy"}) for i in range(3)]
+    schema_sink.write("kb__enum0001", rows_of(records))
+    assert query(pg_dsn, "SELECT id, state::text FROM kb__enum0001 ORDER BY id") == [
+        (0, "busy"),
+        (1, "busy"),
+        (2, "busy"),
+    ]

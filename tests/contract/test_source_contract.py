@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from reindex.pipeline import scan_documents
 from reindex.ports import Record
 from tests.contract.conftest import SourceFactory
 
@@ -58,3 +59,22 @@ def test_identity_is_stable_and_names_the_backend(make_source: SourceFactory) ->
     identity = source.identity()
     assert identity and identity == source.identity()
     assert ":" in identity  # `<kind>:<where>`; the adapter tests check what each kind leaves out
+
+
+def test_the_pipelines_shards_hold_what_scan_yields_and_resume_after_a_position(
+    make_source: SourceFactory,
+) -> None:
+    """`scan_documents`: the source's own columnar scan where it has one (files, Postgres), else `scan`
+    in chunks; either way the same documents as `scan`."""
+    source = make_source(corpus(250))
+    records = list(source.scan())
+    shards = list(scan_documents(source, None, 100))
+    assert [len(shard) for shard in shards] == [100, 100, 50]
+    flat = [record for shard in shards for record in shard]
+    assert [(r.id, r.text, dict(r.payload)) for r in flat] == [
+        (r.id, r.text, dict(r.payload)) for r in records
+    ]
+    assert [shard.last_position for shard in shards] == [records[k].position for k in (99, 199, 249)]
+    rest = [record.id for shard in scan_documents(source, records[149].position, 100) for record in shard]
+    assert rest == [r.id for r in records[150:]]
+    assert list(scan_documents(source, records[-1].position, 100)) == []
