@@ -5,7 +5,8 @@
 - the hash embedder with MiniLM's real tokenizer against `tokenizers` `encode_batch` alone;
 - the target's HNSW build against a plain `CREATE INDEX` with the same parameters;
 - `reindex run` through the OpenAI emulator (free `hash` model, its own process) against the emulator
-  alone, sent the same texts in the same request shape through the official SDK.
+  alone, sent the same texts in the same request shape through the official SDK; the run reads a
+  20,000-row Postgres table with a live vector column and 10% repeated texts (`--online-documents`).
 
 `python scripts/bench.py [--repeats 3] [--quick] [--skip-million] [--cases endpoint,reindex_online]`: a rich
 table, and JSON in .bench/results.json.
@@ -73,6 +74,7 @@ CASES = (
 ONLINE_CASES = ("endpoint", "reindex_online")  # measured side by side: the emulator alone, then the run
 ONLINE_MODEL = "text-embedding-3-small"  # the emulator's `hash` model at this model's 1,536 dimensions
 ONLINE_KEY_ENV = "REINDEX_BENCH_OPENAI_KEY"
+ONLINE_TABLE = "bench_online_source"
 TOKENIZER_CASES = ("tokenizer", "encode_batch")  # run only once the hash embedder takes a tokenizer
 HNSW = {"m": 16, "ef_construction": 64, "maintenance_work_mem": "1GB"}  # the pgvector sink's defaults
 ZERO_SHARD = 5000
@@ -121,6 +123,7 @@ class Bench:
     tokenizer: Any  # MiniLM's tokenizers.Tokenizer, no truncation or padding (as the adapters ask)
     cases: tuple[str, ...] = CASES
     endpoint: str | None = None  # the emulator's base URL, when an online case runs
+    online_texts: list[str] = field(default_factory=list)  # the online source table's texts, in id order
 
 
 # ---- entry points ----
@@ -152,6 +155,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--zero-documents", type=int, default=100_000, help="synthetic zero-cost corpus size")
     parser.add_argument("--million", type=int, default=1_000_000, help="the large size for the RSS ratio")
     parser.add_argument("--skip-million", action="store_true", help="skip the large zero-cost RSS run")
+    parser.add_argument(
+        "--online-documents",
+        type=int,
+        default=20_000,
+        help="rows of the online cases' Postgres source table (10%% of them repeat an earlier text)",
+    )
+    parser.add_argument(
+        "--online-index",
+        choices=("hnsw", "none"),
+        default="hnsw",
+        help="the online run's target index (built after the load and timed apart; none: quicker A/B runs)",
+    )
     parser.add_argument("--quick", action="store_true", help="1,000 documents, 1 repeat, no 1M run")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--workdir", type=Path, default=ROOT / ".bench", help="cache and scratch folder")
@@ -175,6 +190,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         args.repeats, args.skip_million = 1, True
         args.documents = min(args.documents or 1000, 1000)
         args.zero_documents = min(args.zero_documents, 10_000)
+        args.online_documents = min(args.online_documents, args.documents)
     args.workdir = args.workdir.resolve()
     args.run_set = dict(args.run_set)
     unknown = set(args.cases or ()) - set(CASES)
@@ -304,7 +320,50 @@ def set_up(args: argparse.Namespace, dsn: str) -> Bench:
         synthetic_corpus(args.workdir, args.million)
     cases = CASES if hash_takes_tokenizer() else tuple(c for c in CASES if c not in TOKENIZER_CASES)
     cases = tuple(case for case in cases if case in (args.cases or cases))
-    return Bench(args, corpus, model, dsn, work, zero, zero_rows(zero), minilm_tokenizer(), cases)
+    bench = Bench(args, corpus, model, dsn, work, zero, zero_rows(zero), minilm_tokenizer(), cases)
+    if set(cases) & set(ONLINE_CASES):
+        bench.online_texts = online_source(dsn, corpus.texts, args.online_documents)
+        console.print(f"online source: {ONLINE_TABLE}, {len(bench.online_texts):,} rows")
+    return bench
+
+
+def online_source(dsn: str, texts: Sequence[str], rows: int) -> list[str]:
+    """The online cases' source, an application table as a team migrates it: `rows` rows in a Postgres
+    table (bigint id, text body, a jsonb column, the live 384-d vectors under an HNSW index), 10% of them
+    repeating an earlier row's text. Texts are the corpus's distinct texts, cycled with a variant number
+    once used up; returns the texts in id order."""
+    import psycopg
+    from pgvector.psycopg import register_vector
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
+
+    base = list(dict.fromkeys(texts))
+    distinct = rows - rows // 10
+    unique = [
+        base[i % len(base)] + ("" if i < len(base) else f" (variant {i // len(base)})")
+        for i in range(distinct)
+    ]
+    rng = np.random.default_rng(rows)
+    body = unique + [unique[i] for i in rng.integers(0, distinct, rows - distinct).tolist()]
+    body = [body[i] for i in rng.permutation(rows).tolist()]
+    live = rng.standard_normal((rows, 384)).astype(np.float32)
+    table = sql.Identifier(ONLINE_TABLE)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        register_vector(conn)
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {} (id bigint PRIMARY KEY, body text, metadata jsonb, embedding vector(384))"
+            ).format(table)
+        )
+        copy = sql.SQL("COPY {} (id, body, metadata, embedding) FROM STDIN (FORMAT BINARY)").format(table)
+        with conn.cursor().copy(copy) as stream:
+            stream.set_types(["bigint", "text", "jsonb", "vector"])
+            for i, text in enumerate(body):
+                stream.write_row((i, text, Jsonb({"source": "bench", "n": i}), live[i]))
+        conn.execute(sql.SQL("CREATE INDEX ON {} USING hnsw (embedding vector_cosine_ops)").format(table))
+        conn.execute(sql.SQL("ANALYZE {}").format(table))
+    return body
 
 
 def zero_rows(path: Path) -> CopyRows:
@@ -572,7 +631,7 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
 
     concurrency = OpenAIEmbedder.Config.model_fields["concurrency"].default
     per_request = max(MIN_INPUTS_PER_REQUEST, -(-RunConfig().shard_size // (concurrency * REQUESTS_PER_SLOT)))
-    texts = sent_texts(bench.corpus.texts)
+    texts = sent_texts(bench.online_texts)
     requests = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
     client = OpenAI(base_url=ready(bench.endpoint), api_key=os.environ[ONLINE_KEY_ENV], max_retries=0)
 
@@ -592,7 +651,7 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
     client.close()
     extra = {"requests": len(requests), "inputs_per_request": per_request, "concurrency": concurrency}
     extra["process_cpu_seconds"] = cpu
-    return Sample(seconds, len(bench.corpus.texts), tokens, None, None, extra)
+    return Sample(seconds, len(bench.online_texts), tokens, None, None, extra)
 
 
 def sent_texts(texts: Sequence[str]) -> list[str]:
@@ -614,8 +673,20 @@ def reindex_online(bench: Bench, repeat: int) -> Sample:
         "base_url": ready(bench.endpoint),
         "api_key_env": ONLINE_KEY_ENV,
     }
-    target = {"kind": "pgvector", "dsn": bench.dsn, "alias": f"bench_online_{repeat}"}
-    path = write_config(bench.work, f"online-{repeat}", source(bench.corpus.path), embedder, target)
+    target = {
+        "kind": "pgvector",
+        "dsn": bench.dsn,
+        "alias": f"bench_online_{repeat}",
+        "index": bench.args.online_index,
+    }
+    table = {
+        "kind": "postgres",
+        "dsn": bench.dsn,
+        "table": ONLINE_TABLE,
+        "id_column": "id",
+        "text_column": "body",
+    }
+    path = write_config(bench.work, f"online-{repeat}", table, embedder, target)
     started, cpu = time.perf_counter(), process_cpu()
     report = commands.run(load(path))
     seconds = time.perf_counter() - started - report.finalize_seconds
@@ -847,8 +918,11 @@ def results_json(
             if "tokenizer" in samples
             else "skipped: hash has no tokenizer option",
             "online": f"emulator (hash, {ONLINE_MODEL}'s 1,536 dimensions) in its own process; the run on "
-            "[embedder] defaults into pgvector (index built, timed apart in index_seconds) vs the same texts "
-            "sent by the SDK alone in the run's request shape (base64, `concurrency` in flight)",
+            "[embedder] defaults from the Postgres table into pgvector (index built, timed apart in "
+            "index_seconds) vs the table's distinct texts sent by the SDK alone in the run's request shape "
+            "(base64, `concurrency` in flight)",
+            "online_source": f"{ONLINE_TABLE}: {len(bench.online_texts):,} rows (bigint id, body, jsonb, "
+            "vector(384) under HNSW), 10% repeating an earlier text",
         },
         "corpus": {
             "path": str(bench.corpus.path),
@@ -954,6 +1028,8 @@ def render(results: dict[str, Any]) -> Table:
         f"{machine['torch_threads']}; load average before {machine['load_average_before']}, after "
         f"{machine['load_average_after']}"
     )
+    if "reindex_online" in results["cases"]:
+        caption += f"; online cases: {results['settings']['online_source']}"
     table = Table(title="reindex throughput", caption=caption)
     for column in ("case", "docs/s", "tokens/s", "seconds", "padding", "model busy", "× raw", "× naive"):
         table.add_column(column, justify="left" if column == "case" else "right")
