@@ -54,12 +54,16 @@ def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
         return conn.execute(statement).fetchall()
 
 
-@pytest.fixture
-def sink(pg_dsn: str) -> Iterator[PgvectorSink]:
-    built = PgvectorSink(pg_dsn, writers=3)
-    built.prepare(spec())
+def prepared(dsn: str, target: TargetSpec, writers: int) -> Iterator[PgvectorSink]:
+    built = PgvectorSink(dsn, writers=writers)
+    built.prepare(target)
     yield built
     built.close()
+
+
+@pytest.fixture
+def sink(pg_dsn: str) -> Iterator[PgvectorSink]:
+    yield from prepared(pg_dsn, spec(), writers=3)
 
 
 def test_bulk_rows_round_trip_exactly_texts_payloads_and_vectors(pg_dsn: str, sink: PgvectorSink) -> None:
@@ -229,10 +233,7 @@ def schema_records(n: int, start: int = 0, text: str = "words") -> list[Record]:
 
 @pytest.fixture
 def schema_sink(pg_dsn: str) -> Iterator[PgvectorSink]:
-    built = PgvectorSink(pg_dsn, writers=2)
-    built.prepare(schema_spec())
-    yield built
-    built.close()
+    yield from prepared(pg_dsn, schema_spec(), writers=2)
 
 
 def stored_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
