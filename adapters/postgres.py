@@ -756,12 +756,13 @@ class _Database:
 
 
 class _Writers:
-    """Extra connections, one thread each, for the slices of a big write (psycopg waits without the GIL)."""
+    """Extra connections, one thread each, for the slices of a big write (psycopg waits without the GIL).
+    They know pgvector's types like the sink's own: a source table's columns may hold some."""
 
     def __init__(self, dsn: str, count: int) -> None:
         self._dbs: list[_Database] = []
         try:
-            self._dbs += [_Database(dsn, "target", vectors=False, has_connected=True) for _ in range(count)]
+            self._dbs += [_Database(dsn, "target", vectors=True, has_connected=True) for _ in range(count)]
         except BaseException:
             self.close()
             raise

@@ -303,3 +303,17 @@ def test_a_schema_column_without_a_binary_dumper_keeps_the_row_by_row_path(
         (1, "busy"),
         (2, "busy"),
     ]
+
+
+def test_every_writer_connection_knows_pgvectors_types(pg_dsn: str, schema_sink: PgvectorSink) -> None:
+    """A source table's own columns may be of pgvector's types (halfvec and sparsevec from pgvector 0.7;
+    the embedded server here has 0.6, whose only type is the vector column itself), and a big batch
+    dumps them on the writer connections: those must know the types as the sink's own connection does."""
+    from psycopg.pq import Format
+
+    schema_sink.write(SCHEMA_TARGET, rows_of(schema_records(2500)))  # big enough for the writers
+    pool = schema_sink._pool
+    assert pool is not None
+    vector = query(pg_dsn, "SELECT 'vector'::regtype::oid")[0][0]
+    for db in pool._dbs:
+        assert db.connection().adapters.get_dumper_by_oid(vector, Format.BINARY)
