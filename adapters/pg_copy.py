@@ -116,42 +116,16 @@ def encode_schema(
     ]
     columns = [target.vector, target.fingerprint, target.content_hash]
     hashes = _fixed_ascii(content_hashes)
-    variable: list[tuple[list[Field], NDArray[np.int64]]] = []
+    variable: list[tuple[Sequence[Field | None], bytes]] = []
     if hashes is None:
-        variable.append(_with_nulls(_utf8(content_hashes)))
+        variable.append((_utf8(content_hashes), b""))
     else:
         head += [_int32(hashes.shape[1]), hashes]
     if len(fields) != len(target.columns) or not fields:
         raise ValueError(f"{len(fields)} dumped columns for {len(target.columns)} source columns")
-    variable += [_with_nulls(column) for column in fields]
+    variable += [(column, b"") for column in fields]
     columns += target.columns
-    return Payload(tuple(columns), _interleave(n, head, variable))
-
-
-def _with_nulls(values: Sequence[Field | None]) -> tuple[list[Field], NDArray[np.int64]]:
-    """The values with NULLs as empty pieces, and each field's int32 length (-1: NULL)."""
-    listed = list(values)
-    nulls = None
-    if None in listed:
-        nulls = np.fromiter((v is None for v in listed), dtype=bool, count=len(listed))
-        listed = [b"" if v is None else v for v in listed]
-    lengths = np.fromiter(map(len, listed), dtype=np.int64, count=len(listed))  # type: ignore[arg-type]
-    if nulls is not None:
-        lengths[nulls] = -1
-    return cast("list[Field]", listed), lengths
-
-
-def _interleave(n: int, head: list[Chunk], variable: list[tuple[list[Field], NDArray[np.int64]]]) -> bytes:
-    """Like `_assemble`, for fields with their lengths given (no constant prefixes)."""
-    columns: list[Sequence[Field]] = [_rows(n, [*head, _be32(variable[0][1])]), variable[0][0]]
-    for values, lengths in variable[1:]:
-        columns += [_rows(n, [_be32(lengths)]), values]
-    step = len(columns)
-    parts: list[Field] = [b""] * (n * step + 2)
-    parts[0], parts[-1] = SIGNATURE, TRAILER
-    for k, column in enumerate(columns):
-        parts[1 + k : 1 + n * step : step] = column
-    return b"".join(parts)
+    return Payload(tuple(columns), _assemble(n, head, variable))
 
 
 def json_dumps(value: Any) -> str:
@@ -184,20 +158,35 @@ def _payloads(docs: Documents, carried: frozenset[str]) -> list[bytes]:
     ]
 
 
-def _assemble(n: int, head: list[Chunk], variable: list[tuple[list[bytes], bytes]]) -> bytes:
-    """Interleave per-row pieces: head (ending in the first variable field's length), then each field."""
-    lengths = [np.fromiter(map(len, values), dtype=np.int64, count=n) for values, _ in variable]
-    first_prefix = variable[0][1]
-    head += [_be32(lengths[0] + len(first_prefix)), first_prefix]
-    columns: list[list[bytes]] = [_rows(n, head), variable[0][0]]
-    for (values, prefix), length in zip(variable[1:], lengths[1:], strict=True):
-        columns += [_prefixes(length, prefix), values]
+def _assemble(n: int, head: list[Chunk], variable: Sequence[tuple[Sequence[Field | None], bytes]]) -> bytes:
+    """Interleave per-row pieces: head (ending in the first variable field's length), then each field, each
+    value after its column's constant prefix (the jsonb version byte); None is NULL (length -1, no bytes)."""
+    fields = [_field(values, prefix) for values, prefix in variable]
+    (first, first_lengths), first_prefix = fields[0], variable[0][1]
+    head += [_be32(first_lengths), first_prefix]
+    columns: list[Sequence[Field]] = [_rows(n, head), first]
+    for (values, lengths), (_, prefix) in zip(fields[1:], variable[1:], strict=True):
+        columns += [_prefixes(lengths, prefix), values]
     step = len(columns)
-    parts = [b""] * (n * step + 2)
+    parts: list[Field] = [b""] * (n * step + 2)
     parts[0], parts[-1] = SIGNATURE, TRAILER
     for k, column in enumerate(columns):
         parts[1 + k : 1 + n * step : step] = column
     return b"".join(parts)
+
+
+def _field(values: Sequence[Field | None], prefix: bytes) -> tuple[list[Field], NDArray[np.int64]]:
+    """A column's values with NULLs as empty pieces, and each field's int32 length (counting the prefix;
+    -1 for NULL, which has no prefix either: only prefix-free columns hold NULLs)."""
+    listed = list(values)
+    nulls = None
+    if None in listed:
+        nulls = np.fromiter((v is None for v in listed), dtype=bool, count=len(listed))
+        listed = [b"" if v is None else v for v in listed]
+    lengths = np.fromiter(map(len, listed), dtype=np.int64, count=len(listed)) + len(prefix)  # type: ignore[arg-type]
+    if nulls is not None:
+        lengths[nulls] = -1
+    return cast("list[Field]", listed), lengths
 
 
 def _rows(n: int, chunks: list[Chunk]) -> list[bytes]:
@@ -214,8 +203,8 @@ def _rows(n: int, chunks: list[Chunk]) -> list[bytes]:
 
 
 def _prefixes(lengths: NDArray[np.int64], prefix: bytes) -> list[bytes]:
-    """Per-row `int32 length` (counting a constant prefix, the jsonb version byte) and that prefix."""
-    return _rows(len(lengths), [_be32(lengths + len(prefix)), prefix])
+    """Per-row `int32 length` (already counting the constant prefix, the jsonb version byte) and that prefix."""
+    return _rows(len(lengths), [_be32(lengths), prefix])
 
 
 def _be32(values: NDArray[np.int64]) -> Bytes:

@@ -361,7 +361,7 @@ class PgvectorSink:
         else:
             self._conflicted.discard(target)
 
-    def _bulk_columns(self, layout: _Layout) -> pg_copy.Schemaless | pg_copy.Schema | None:
+    def _bulk_columns(self, layout: _Layout) -> _BulkColumns | None:
         schemaless = _schemaless_copy(layout)
         if schemaless is not None:
             return schemaless

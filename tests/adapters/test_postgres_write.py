@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
+from psycopg import sql
 
 from adapters import postgres
 from adapters.postgres import PgvectorSink
@@ -49,7 +50,7 @@ def plain(n: int, prefix: str = "doc", text: str = "words") -> Documents:
     return Documents(ids, [f"{text} {i}" for i in range(n)], fields=("key", "body"))
 
 
-def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
+def query(dsn: str, statement: str | sql.Composed) -> list[tuple[Any, ...]]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         return conn.execute(statement).fetchall()
 
@@ -236,11 +237,16 @@ def schema_sink(pg_dsn: str) -> Iterator[PgvectorSink]:
     yield from prepared(pg_dsn, schema_spec(), writers=2)
 
 
+def on(table: str, template: str) -> sql.Composed:
+    """`template` with its `{}` the table's identifier."""
+    return sql.SQL(template).format(sql.Identifier(table))
+
+
 def stored_rows(dsn: str, table: str) -> list[tuple[Any, ...]]:
-    names = ", ".join(column.name for column in SCHEMA_COLUMNS)
-    statement = (
-        f"SELECT {names}, embedding::text, reindex_fingerprint, reindex_content_hash FROM {table} ORDER BY id"
-    )
+    names = [sql.Identifier(column.name) for column in SCHEMA_COLUMNS]
+    statement = sql.SQL(
+        "SELECT {}, embedding::text, reindex_fingerprint, reindex_content_hash FROM {} ORDER BY id"
+    ).format(sql.SQL(", ").join(names), sql.Identifier(table))
     return query(dsn, statement)
 
 
@@ -263,7 +269,7 @@ def test_a_schema_target_takes_one_bulk_copy_that_stores_what_row_by_row_would(
     assert stored == stored_rows(pg_dsn, "kb__rows0001")
     assert stored[1][2] == {"n": 1, "nested": {"list": [1, "two", None]}}
     assert stored[0][2:6] == (None, None, None, [])  # NULLs and an empty array survive
-    origin = query(pg_dsn, f"SELECT count(*) FROM {SCHEMA_TARGET} WHERE reindex_origin IS NULL")
+    origin = query(pg_dsn, on(SCHEMA_TARGET, "SELECT count(*) FROM {} WHERE reindex_origin IS NULL"))
     assert origin == [(2500,)]
 
 
@@ -277,15 +283,15 @@ def test_a_schema_target_upserts_a_replay_and_rejects_a_nul_byte_in_any_column(
     schema_sink.write(SCHEMA_TARGET, rows_of(schema_records(10), seed=1))
     replay = rows_of(schema_records(15, text="changed"), seed=2)  # ten already there, five new
     schema_sink.write(SCHEMA_TARGET, replay)
-    assert query(pg_dsn, f"SELECT count(*), count(DISTINCT id) FROM {SCHEMA_TARGET}") == [(15, 15)]
-    assert query(pg_dsn, f"SELECT body FROM {SCHEMA_TARGET} WHERE id = 3") == [("changed 3 ✓",)]
+    assert query(pg_dsn, on(SCHEMA_TARGET, "SELECT count(*), count(DISTINCT id) FROM {}")) == [(15, 15)]
+    assert query(pg_dsn, on(SCHEMA_TARGET, "SELECT body FROM {} WHERE id = 3")) == [("changed 3 ✓",)]
 
     poisoned = schema_records(4, start=100)
     poisoned[2] = Record("102", "t", {**poisoned[2].payload, "tags": ["fine", "nul \x00 inside an array"]})
     with pytest.raises(RowsRejected) as refused:
         schema_sink.write(SCHEMA_TARGET, rows_of(poisoned))
     assert refused.value.reason == "sink_rejected:22021"
-    assert query(pg_dsn, f"SELECT count(*) FROM {SCHEMA_TARGET} WHERE id >= 100") == [(0,)]
+    assert query(pg_dsn, on(SCHEMA_TARGET, "SELECT count(*) FROM {} WHERE id >= 100")) == [(0,)]
 
 
 def test_a_schema_column_without_a_binary_dumper_keeps_the_row_by_row_path(

@@ -19,7 +19,7 @@ from tests.durability.support import Tool, fresh_vector
 
 ROWS = 300
 SHARD = 25
-COLUMNS = "id, body, meta, seen, tags, score"
+COLUMNS = sql.SQL(", ").join(map(sql.Identifier, ("id", "body", "meta", "seen", "tags", "score")))
 
 
 def make_table(dsn: str) -> dict[int, str]:
@@ -34,7 +34,8 @@ def make_table(dsn: str) -> dict[int, str]:
             "CREATE TABLE articles (id bigint PRIMARY KEY, body text, meta jsonb, seen timestamptz,"
             " tags text[], score numeric, embedding vector(3))"
         )
-        with conn.cursor().copy(f"COPY articles ({COLUMNS}, embedding) FROM STDIN") as copy:
+        copy_in = sql.SQL("COPY articles ({}, embedding) FROM STDIN").format(COLUMNS)
+        with conn.cursor().copy(copy_in) as copy:
             for i, text in texts.items():
                 meta = None if i % 4 == 0 else Jsonb({"n": i, "tags": ["a", None]})
                 seen = None if i % 5 == 0 else f"2026-01-01 00:00:{i % 60:02d}+00"
@@ -71,8 +72,9 @@ def test_a_table_migration_killed_at_a_shard_point_ends_with_every_column_and_ve
     target = sql.Identifier(report["target"])
     with psycopg.connect(pg_dsn) as conn:
         register_vector(conn)
-        source = conn.execute(f"SELECT {COLUMNS} FROM articles ORDER BY id").fetchall()
-        stored = conn.execute(sql.SQL(f"SELECT {COLUMNS} FROM {{}} ORDER BY id").format(target)).fetchall()
+        rows = sql.SQL("SELECT {} FROM {} ORDER BY id")
+        source = conn.execute(rows.format(COLUMNS, sql.Identifier("articles"))).fetchall()
+        stored = conn.execute(rows.format(COLUMNS, target)).fetchall()
         vectors = conn.execute(sql.SQL("SELECT id, embedding FROM {}").format(target)).fetchall()
         origins = conn.execute(
             sql.SQL("SELECT count(*) FROM {} WHERE reindex_origin IS NOT NULL").format(target)
