@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,12 +351,20 @@ def test_a_long_reader_makes_cutover_refuse_without_stalling_other_readers(
     pg_dsn: str, tmp_path: Path
 ) -> None:
     timeout_ms, attempts = 300, 3
-    sink = PgvectorSink(pg_dsn, lock_timeout_ms=timeout_ms, swap_attempts=attempts)
+    with (
+        closing(PgvectorSink(pg_dsn, lock_timeout_ms=timeout_ms, swap_attempts=attempts)) as sink,
+        closing(SqliteLedger(tmp_path / "state.db")) as ledger,
+    ):
+        _long_reader_refusal(pg_dsn, sink, ledger, timeout_ms, attempts)
+
+
+def _long_reader_refusal(
+    pg_dsn: str, sink: PgvectorSink, ledger: SqliteLedger, timeout_ms: int, attempts: int
+) -> None:
     records = corpus(200)
     ids = [r.id for r in records]
     old = build(sink, HashEmbedder(dim=16, seed="a"), records)
     new = build(sink, HashEmbedder(dim=16, seed="b"), records)
-    ledger = SqliteLedger(tmp_path / "state.db")
     go_live(sink, ledger, old)
     with psycopg.connect(pg_dsn) as long_reader:
         assert long_reader.execute("SELECT count(*) FROM docs").fetchone() == (200,)
@@ -388,8 +397,6 @@ def test_a_long_reader_makes_cutover_refuse_without_stalling_other_readers(
     assert sink.alias(ALIAS).target == old.name
     assert ledger.cutovers(ALIAS)[-1].state == "aborted"
     assert go_live(sink, ledger, new).changed and sink.alias(ALIAS).target == new.name
-    ledger.close()
-    sink.close()
 
 
 # Qdrant ----------------------------------------------------------------------------------------------
