@@ -35,7 +35,7 @@ from reindex.errors import BackendError, ConfigError, Interrupted, MissingDepend
 from reindex.ledger import Lease, Ledger, PlannedShard, SqliteLedger
 from reindex.migration import Migration, migration, open_backends, open_ledger, with_nonce
 from reindex.pipeline import Pipeline, Progress, scan_documents
-from reindex.ports import DeferredEmbedder, Source
+from reindex.ports import Source
 
 _LOCAL_ADDRESSES = (None, "local")
 
@@ -62,12 +62,8 @@ class RayProgress(Progress):
 
 def check(config: Config, embedder: Any, ledger: Ledger) -> None:
     """Refuse what the ray engine cannot do (exit 2, naming the fix); `reindex run` calls it before the
-    migration's run and target are touched."""
-    if isinstance(embedder, DeferredEmbedder):
-        raise ConfigError(
-            '[run] engine = "ray" does not run provider batch embedders yet',
-            hint='use engine = "local" (the default) with a batch embedder',
-        )
+    migration's run and target are touched. (A provider batch embedder never gets here: it runs on the
+    driver's machine under either engine.)"""
     if config.run.max_cost_usd is not None:
         raise ConfigError(
             "[run] max_cost_usd is not enforced by the ray engine yet",

@@ -63,7 +63,8 @@ def plan(
     Changes nothing: no target is created, no ledger is written, no provider is called.
 
     Args:
-        workers: the ETA on this many workers (default: [ray] actors with engine "ray", else 1).
+        workers: the ETA on this many workers (default: [ray] actors with engine "ray" and an embedder that
+            is not a provider batch one, else 1).
         worker_docs_per_second: each worker's rate (default: the rate calibrated here).
     """
     with open_migration(config) as m:
@@ -71,7 +72,8 @@ def plan(
         routes = routing.candidates(config, m.embedder)
         recount = routing.token_counters(routes, m.spec.fingerprint)
         report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate, recount=recount)
-        default = config.ray.actors if config.run.engine == "ray" else 1
+        on_ray = config.run.engine == "ray" and not isinstance(m.embedder, DeferredEmbedder)
+        default = config.ray.actors if on_ray else 1  # a provider batch runs on this machine (see `_run`)
         spread(report, config.run, workers or default, worker_docs_per_second)
         priced = routing.price(report, config.run, routes, report.tokens_by_fingerprint)
         report.routes, report.route = routing.to_json(priced), routing.choose(priced, config.run)
@@ -145,7 +147,7 @@ def run(
     if engine is not None:
         engine.require()  # before anything is opened or written
     with leased(config) as (ledger, lease), open_migration(config) as m, stop_on_lost_lease(lease, stop):
-        if engine is not None:
+        if engine is not None and not isinstance(m.embedder, DeferredEmbedder):
             engine.check(config, m.embedder, ledger)  # before the run and its target are touched
         m = attach(m, ledger, fresh=fresh, create=True)
         return _run(m, ledger, stop, on_start, on_progress, lease=lease)
@@ -190,6 +192,12 @@ def attach(m: Migration, ledger: Ledger, *, fresh: bool = False, create: bool = 
 def _refuse_a_ray_plan(m: Migration, ledger: Ledger) -> None:
     """The local engine resumes after its last shard; shards a ray run planned may be missing before it."""
     if any(not shard.recorded for shard in ledger.shard_plan(m.plan_id)):
+        if m.config.run.engine == "ray":  # a provider batch embedder, which runs here, not on Ray
+            raise ConfigError(
+                "this migration has shards still to do that the ray engine planned for an embedder that is"
+                " not a provider batch one",
+                hint="finish it with that embedder, or start over with `reindex run --fresh`",
+            )
         raise ConfigError(
             'this migration was started with engine = "ray" and has planned shards still to do',
             hint='finish it with [run] engine = "ray", or start over with `reindex run --fresh`',
@@ -237,7 +245,9 @@ def _run(
         "budget": budget,
     }
     embedder = m.embedder
-    if m.config.run.engine == "ray":
+    # A provider batch embedder runs on this machine under either engine: the provider does the embedding,
+    # and what is left here (reading, screening, writing the vectors) is not what a batch run waits on.
+    if m.config.run.engine == "ray" and not isinstance(embedder, DeferredEmbedder):
         assert lease is not None, "the ray engine's workers are fenced with the run's lease"
         engine = registry.resolve_engine("ray")
         progress: Progress = engine.run(

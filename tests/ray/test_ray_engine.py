@@ -51,14 +51,17 @@ def config(
     state: str | None = None,
     shard_size: int = 32,
     env: dict[str, str] | None = None,
+    embedder: dict[str, Any] | None = None,
+    run: dict[str, Any] | None = None,
     **ray: Any,
 ) -> Config:
-    """`env`: environment variables for the workers, through `[ray] runtime_env`."""
+    """`env`: environment variables for the workers, through `[ray] runtime_env`; `run`: more [run] keys."""
+    state = state or str(tmp_path / f"{alias}.db")
     sections: dict[str, dict[str, Any]] = {
         "source": {"kind": "jsonl", "path": str(source)},
-        "embedder": {"kind": "hash", "dim": 16},
+        "embedder": embedder or {"kind": "hash", "dim": 16},
         "target": {"kind": "pgvector", "dsn": dsn, "alias": alias, "index": "none"},
-        "run": {"state": state or str(tmp_path / f"{alias}.db"), "shard_size": shard_size, "engine": engine},
+        "run": {"state": state, "shard_size": shard_size, "engine": engine, **(run or {})},
         "ray": {"num_cpus": 2, **ray},
     }
     text = toml(sections)
@@ -125,6 +128,11 @@ def test_a_stopped_ray_run_resumes_where_the_plan_left_off(tmp_path: Path, pg_ds
     with pytest.raises(ConfigError, match='engine = "ray"') as refused:
         commands.run(config(tmp_path, pg_dsn, source, alias="ray_docs", engine="local", shard_size=16))
     assert refused.value.exit_code == 2
+    # The same vectors from a provider batch (it would run on the driver, which cannot take Ray's plan over)
+    batch = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=16, embedder=BATCH)
+    with pytest.raises(ConfigError, match="not a provider batch one") as refused:
+        commands.run(batch)
+    assert refused.value.exit_code == 2
     report = commands.run(cluster)
     assert report.reconciled
     local = commands.run(config(tmp_path, pg_dsn, source, alias="local_docs", engine="local"))
@@ -189,6 +197,71 @@ def test_actors_that_leave_no_cpu_for_a_read_task_are_refused(tmp_path: Path, pg
         commands.run(cluster)
     assert refused.value.exit_code == 2
     assert commands.status(cluster).state == "not-started"
+
+
+# A provider batch in memory (jobs, bills) that every command of a test shares; polled at once.
+BATCH = {"kind": "memory-batch", "dim": 16, "polls_to_finish": 1}
+QUICK_POLLS = {"poll_seconds": 0.001, "poll_max_seconds": 0.002}
+
+
+def test_a_provider_batch_embedder_runs_on_the_driver_under_the_ray_engine(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """The provider does the embedding, so engine = "ray" runs a batch embedder's migration on this machine:
+    the deferred path and its guarantees, whatever [ray] says. An address no one answers at and a SQLite
+    ledger (refused for a cluster run) prove that Ray is not used."""
+    source = corpus(tmp_path / "docs.jsonl")
+    here = config(
+        tmp_path, pg_dsn, source, alias="local_docs", engine="local", embedder=BATCH, run=QUICK_POLLS
+    )
+    local = commands.run(here)
+    on_ray = config(
+        tmp_path,
+        pg_dsn,
+        source,
+        alias="ray_docs",
+        engine="ray",
+        embedder=BATCH,
+        run=QUICK_POLLS | {"max_cost_usd": 1.0},  # the ray engine refuses a budget; a batch run keeps it
+        address="ray://nobody-here:10001",
+    )
+    report = commands.run(on_ray)
+    assert report.reconciled
+    assert (report.documents, report.written, report.dead_letters, report.tokens) == (
+        local.documents,
+        local.written,
+        local.dead_letters,
+        local.tokens,
+    )
+    same_target(pg_dsn, local.target, report.target)
+    assert commands.verify(on_ray).complete
+    status = commands.status(on_ray)
+    assert status.workers == [] and status.shards_done == commands.status(here).shards_done
+
+
+def test_a_batch_run_under_the_ray_engine_stops_at_its_budget_and_a_raised_one_finishes(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    source = corpus(tmp_path / "docs.jsonl")
+    batch = BATCH | {"store": f"ray-budget-{tmp_path.name}"}
+    tight = config(
+        tmp_path,
+        pg_dsn,
+        source,
+        alias="ray_docs",
+        engine="ray",
+        embedder=batch,
+        run=QUICK_POLLS | {"max_cost_usd": 0.000003},  # $0.01 per 1M tokens: 300 of the 846
+    )
+    with pytest.raises(Interrupted, match="budget reached") as stopped:
+        commands.run(tight)
+    assert stopped.value.exit_code == 75
+    assert 0 < commands.status(tight).documents < DOCUMENTS + 1
+    generous = QUICK_POLLS | {"max_cost_usd": 1.0}
+    raised = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", embedder=batch, run=generous)
+    report = commands.run(raised)
+    assert report.reconciled and report.documents == DOCUMENTS + 1
+    assert commands.verify(raised).complete
 
 
 class _Gated:
