@@ -31,13 +31,12 @@ from dataclasses import replace
 import numpy as np
 
 from reindex import crashpoints
-from reindex.batching import chunks
 from reindex.config import RunConfig
 from reindex.copies import copy_rows
 from reindex.cost import Budget
 from reindex.errors import ConfigError, Interrupted
 from reindex.ledger import DeadLetter, Job, Ledger, ShardResult
-from reindex.pipeline import Progress, resumable_scan, retrying, write_rows
+from reindex.pipeline import Progress, retrying, scan_documents, write_rows
 from reindex.ports import (
     DeferredEmbedder,
     JobItem,
@@ -103,15 +102,15 @@ class DeferredRun:
         """Submit shards up to `max_open_jobs`, collect finished jobs, until the source is exhausted."""
         self._recover()
         after, seq = self._resume_point()
-        shards = chunks(resumable_scan(self.source, after), self.config.shard_size)
+        shards = scan_documents(self.source, after, self.config.shard_size)
         exhausted, wait = False, self.config.poll_seconds
         while True:
             while not exhausted and len(self._open()) < self.config.max_open_jobs and not self.stop.is_set():
-                records = next(shards, None)
-                if records is None or not self._open_shard(seq, after, records):
+                docs = next(shards, None)
+                if docs is None or not len(docs) or not self._open_shard(seq, after, docs):
                     exhausted = True
                     break
-                after, seq = records[-1].position, seq + 1
+                after, seq = docs.last_position, seq + 1
             if not self._open():
                 break
             if self.stop.is_set():
@@ -126,7 +125,7 @@ class DeferredRun:
 
     # submitting --------------------------------------------------------------------------------------
 
-    def _open_shard(self, seq: int, after: str | None, records: list[Record]) -> bool:
+    def _open_shard(self, seq: int, after: str | None, records: Sequence[Record]) -> bool:
         """Turn a shard into a job intent and submit it; False (and nothing recorded) if over budget."""
         claim = functools.partial(retrying, self.ledger.claim_texts, self.plan_id)
         shard = prepare_shard(self.embedder, self.config, seq, after, records, claim)
@@ -175,7 +174,7 @@ class DeferredRun:
         """Re-read and re-screen a job's documents: vanished and now-dead ones leave it, changed ones get
         their new hash under a new custom_id. Returns the job as saved and each custom_id's tokens."""
         ids = [item[1] for item in job.items]
-        records = retrying(_fetch, self.source, ids)
+        records = self._fetch(job, ids)
         shard = prepare_shard(self.embedder, self.config, job.seq, None, records)
         current = {
             record.id: (digest, shard.tokens[index])
@@ -277,7 +276,7 @@ class DeferredRun:
     def _write(self, job: Job, vectors: Mapping[str, Vectors]) -> tuple[list[Item], list[DeadLetter], int]:
         """Write finished lines under the hash of the text that was embedded: (written, dead, vanished)."""
         wanted = [item for item in job.items if item[0] in vectors]
-        fetched = {r.id: r for r in retrying(_fetch, self.source, [item[1] for item in wanted])}
+        fetched = {r.id: r for r in self._fetch(job, [item[1] for item in wanted])}
         present = [item for item in wanted if item[1] in fetched]
         if not present:
             return [], [], len(wanted)
@@ -361,11 +360,27 @@ class DeferredRun:
         first = next(j for j in chain if j.attempt == 0)
         taken = {copy[0] for j in chain if j.attempt > 0 for copy in j.copies}
         pending = [copy for copy in first.copies if copy[0] not in taken]
-        fetched = {r.id: r for r in retrying(_fetch, self.source, [doc_id for doc_id, _, _ in pending])}
+        fetched = {r.id: r for r in self._fetch(first, [doc_id for doc_id, _, _ in pending])}
         present = [(fetched[d], h, o) for d, h, o in pending if d in fetched]
         changed = [copy for copy in present if text_hash(copy[0]) != copy[1]]
         unchanged = [copy for copy in present if copy not in changed]
         return unchanged, changed, len(pending) - len(present)
+
+    def _fetch(self, job: Job, ids: Sequence[str]) -> list[Record]:
+        """The documents with these ids as the source holds them now, read from the job's shard: one read of
+        its range (a file has no index by id: fetching by id reads the whole file, once per job), then by
+        id for any not found there (the source changed under the range). In source order."""
+        if not ids:
+            return []
+        first = self.jobs.get(self._keys.get((job.seq, 0), ""))
+        if first is None or not first.documents:
+            return retrying(_fetch, self.source, ids)
+        wanted = set(ids)
+        docs = next(scan_documents(self.source, first.after_cursor, first.documents), None)
+        rows = [row for row, doc_id in enumerate(docs.ids) if doc_id in wanted] if docs is not None else []
+        records = list(docs.take(rows)) if docs is not None else []
+        missing = wanted - {record.id for record in records}
+        return records + (retrying(_fetch, self.source, sorted(missing)) if missing else [])
 
     # recovery and bookkeeping ------------------------------------------------------------------------
 
