@@ -346,11 +346,14 @@ class HashEmbedder:
 
     def vector(self, text: str) -> Vectors:
         """The vector of `text` exactly as given (a kept text); with a tokenizer, of its kept tokens."""
-        if self.tokenizer is not None:
-            vector: Vectors = self.embed_columns(self.tokenizer([text]))[0]
-            return vector
-        vector = self._vectors(_keys(*_packed([text])))[0]
+        vector: Vectors = self.vectors([text])[0]
         return vector
+
+    def vectors(self, texts: list[str]) -> Vectors:
+        """`vector` of each text, computed together (each row is hashed on its own: the same values)."""
+        if self.tokenizer is not None:
+            return self.embed_columns(self.tokenizer(texts))
+        return self._vectors(_keys(*_packed(texts)))
 
     def _vectors(self, keys: Words) -> Vectors:
         """`dim` pseudo-random bytes per key and seed, centred and normalised, in cache-sized chunks."""
@@ -824,13 +827,16 @@ class MemoryBatchEmbedder:
                 return JobResult("in_progress", is_terminal=False)
             expire_after = self.expire_after if self.expire_after is not None else job.expire_after
             ran = job.lines if expire_after is None else job.lines[:expire_after]
-            vectors, failed = {}, {}
+            vectors: dict[str, Vectors] = {}
+            failed: dict[str, str] = {}
             billed, lost, bills = 0, 0, []
+            done = [text for _, text, _ in ran if not (self.reject and self.reject in text)]
+            computed = iter(self.inline.vectors(done) if done else ())  # in the order of the lines below
             for index, (custom_id, text, tokens) in enumerate(job.lines):
                 if self.reject and self.reject in text:
                     failed[custom_id] = "invalid_request"
                 elif index < len(ran):
-                    vectors[custom_id] = self.inline.vector(text)
+                    vectors[custom_id] = next(computed)
                     billed += tokens
                     bills.append(Bill(job.fingerprint, text, tokens, lost=False))
                 else:
