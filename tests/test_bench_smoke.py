@@ -52,6 +52,7 @@ def test_quick_bench_reports_every_case_ratio_and_memory_figure_as_positive_numb
     assert _positive(data["cases"]["zero_cost"]["model_busy_fraction"])
     assert data["cases"]["raw"]["documents"] == 60
     assert data["cases"]["copy"]["documents"] == data["cases"]["zero_cost"]["documents"] == 1000
+    assert data["cases"]["batch_local"]["documents"] == data["cases"]["batch_local"]["written"] == 1000
     assert all(_positive(data["ratios"][name]) for name in RATIOS), data["ratios"]
     pgvector = data["cases"]["reindex_pgvector"]
     assert _positive(pgvector["index_seconds"]) and _positive(pgvector["plain_index_seconds"])
