@@ -19,6 +19,7 @@ import pytest
 from psycopg import sql
 
 from reindex import commands
+from reindex.commands import RunReport
 from reindex.config import Config, load
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
 from reindex.pipeline import Progress
@@ -90,19 +91,22 @@ def same_target(dsn: str, a: str, b: str) -> None:
         np.testing.assert_array_equal(np.asarray(vector), np.asarray(right[doc_id][1]))
 
 
+def same_as_local(dsn: str, local: RunReport, report: RunReport, config: Config) -> None:
+    """The run reconciled, counted what the local engine counted and built its target vector for vector;
+    verify says complete."""
+    counts = ("documents", "written", "dead_letters", "tokens")
+    assert report.reconciled
+    assert [getattr(report, c) for c in counts] == [getattr(local, c) for c in counts]
+    same_target(dsn, local.target, report.target)
+    assert commands.verify(config).complete
+
+
 def test_a_ray_run_builds_the_same_target_as_the_local_engine(tmp_path: Path, pg_dsn: str) -> None:
     source = corpus(tmp_path / "docs.jsonl")
     local = commands.run(config(tmp_path, pg_dsn, source, alias="local_docs", engine="local"))
     cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", actors=2, cpus_per_actor=0.5)
     report = commands.run(cluster)
-    assert report.reconciled
-    assert (report.documents, report.written, report.dead_letters) == (
-        local.documents,
-        local.written,
-        local.dead_letters,
-    )
-    same_target(pg_dsn, local.target, report.target)
-    assert commands.verify(cluster).complete
+    same_as_local(pg_dsn, local, report, cluster)
     status = commands.status(cluster)
     assert status.shards_done == -(-(DOCUMENTS + 1) // 32)
     assert sum(w["documents"] for w in status.workers) == report.documents
@@ -226,15 +230,7 @@ def test_a_provider_batch_embedder_runs_on_the_driver_under_the_ray_engine(
         address="ray://nobody-here:10001",
     )
     report = commands.run(on_ray)
-    assert report.reconciled
-    assert (report.documents, report.written, report.dead_letters, report.tokens) == (
-        local.documents,
-        local.written,
-        local.dead_letters,
-        local.tokens,
-    )
-    same_target(pg_dsn, local.target, report.target)
-    assert commands.verify(on_ray).complete
+    same_as_local(pg_dsn, local, report, on_ray)
     status = commands.status(on_ray)
     assert status.workers == [] and status.shards_done == commands.status(here).shards_done
 
