@@ -107,7 +107,7 @@ class DeferredRun:
         while True:
             while not exhausted and len(self._open()) < self.config.max_open_jobs and not self.stop.is_set():
                 docs = next(shards, None)
-                if docs is None or not len(docs) or not self._open_shard(seq, after, docs):
+                if docs is None or not self._open_shard(seq, after, docs):
                     exhausted = True
                     break
                 after, seq = docs.last_position, seq + 1
@@ -369,18 +369,15 @@ class DeferredRun:
     def _fetch(self, job: Job, ids: Sequence[str]) -> list[Record]:
         """The documents with these ids as the source holds them now, read from the job's shard: one read of
         its range (a file has no index by id: fetching by id reads the whole file, once per job), then by
-        id for any not found there (the source changed under the range). In source order."""
-        if not ids:
-            return []
+        id for any not found there (the source changed under the range)."""
         first = self.jobs.get(self._keys.get((job.seq, 0), ""))
-        if first is None or not first.documents:
-            return retrying(_fetch, self.source, ids)
+        if not ids or first is None or not first.documents:
+            return _fetch_by_id(self.source, ids)
         wanted = set(ids)
         docs = next(scan_documents(self.source, first.after_cursor, first.documents), None)
-        rows = [row for row, doc_id in enumerate(docs.ids) if doc_id in wanted] if docs is not None else []
-        records = list(docs.take(rows)) if docs is not None else []
+        records = [] if docs is None else list(docs.take([i for i, d in enumerate(docs.ids) if d in wanted]))
         missing = wanted - {record.id for record in records}
-        return records + (retrying(_fetch, self.source, sorted(missing)) if missing else [])
+        return records + _fetch_by_id(self.source, sorted(missing))
 
     # recovery and bookkeeping ------------------------------------------------------------------------
 
@@ -484,8 +481,8 @@ def _custom_ids(job: Job) -> list[str]:
     return list(dict.fromkeys(item[0] for item in job.items))
 
 
-def _fetch(source: Source, ids: Sequence[str]) -> list[Record]:
-    return list(source.fetch(ids)) if ids else []
+def _fetch_by_id(source: Source, ids: Sequence[str]) -> list[Record]:
+    return retrying(lambda: list(source.fetch(ids))) if ids else []
 
 
 def _slice(rows: Rows, start: int, end: int) -> Rows:
