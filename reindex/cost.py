@@ -3,6 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Spending(Protocol):
+    """What a pipeline asks of a spending limit: this process's `Budget`, or the ray engine's one budget
+    for the whole cluster (an actor every worker reserves from)."""
+
+    @property
+    def max_usd(self) -> float | None: ...
+    @property
+    def exhausted(self) -> bool: ...
+    def allows(self, tokens: int) -> bool: ...
+    def charge(self, billed_tokens: int, reserved: int | None = None) -> None: ...
+    def message(self) -> str: ...
 
 
 @dataclass

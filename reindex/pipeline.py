@@ -31,7 +31,7 @@ from reindex.claims import ClaimBook, Claims
 from reindex.columns import Documents, TokenColumns
 from reindex.config import RunConfig
 from reindex.copies import Copies, copy_rows
-from reindex.cost import Budget
+from reindex.cost import Budget, Spending
 from reindex.errors import ConfigError, Interrupted, RowsRejected, TransientError
 from reindex.feeding import Batch, Feeder
 from reindex.ledger import DeadLetter, Ledger, ShardResult
@@ -105,7 +105,7 @@ class Pipeline:
         run: RunConfig,
         stop: threading.Event | None = None,
         on_progress: Callable[[Progress], None] | None = None,
-        budget: Budget | None = None,
+        budget: Spending | None = None,
         claims: Claims | None = None,
         worker: str | None = None,
     ) -> None:
@@ -116,7 +116,7 @@ class Pipeline:
         self.stop = stop or threading.Event()
         self.on_progress = on_progress or (lambda progress: None)
         self.progress = Progress()
-        self.budget = budget or Budget(None, None)
+        self.budget: Spending = budget or Budget(None, None)
         self._failed = threading.Event()
         self._failure: BaseException | None = None
         self._last_mark = time.monotonic()
@@ -154,6 +154,8 @@ class Pipeline:
             thread.join()
         if self._failure is not None:
             raise self._failure
+        if self.budget.exhausted:  # the reader claimed nothing more; what was in flight landed
+            raise Interrupted(self.budget.message())
         if self.stop.is_set():
             raise Interrupted(
                 f"stopped after {self.progress.documents} documents; rerun the same command to continue"

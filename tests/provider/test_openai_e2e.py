@@ -207,15 +207,22 @@ def test_online_run_reports_its_requests_and_429s_instead_of_padding(tmp_path, e
     assert report["tokens"] == report["billed_tokens"]  # counted by the provider, not bounded by bytes
 
 
-def test_budget_stops_resumably_and_raising_it_finishes(tmp_path, emulator, pg_dsn):
-    tool, texts = make_tool(tmp_path, emulator, pg_dsn, max_cost_usd=0.00002)
+@pytest.mark.parametrize("kind", ["openai-batch", "openai"])
+def test_budget_stops_resumably_and_raising_it_finishes(tmp_path, emulator, pg_dsn, kind):
+    """The online path once exited 0 at its budget, with the run marked finished and part of it written."""
+    tool, texts = make_tool(tmp_path, emulator, pg_dsn, kind=kind, max_cost_usd=0.00004)  # 2,000-4,000 tokens
     code, _, err = tool.run("run", env={KEY_ENV: os.environ[KEY_ENV]})
     assert code == 75 and "budget reached" in err
-    spent = emulator.stats()["billed_tokens"] * 0.01 / 1e6
-    assert spent <= 0.00002
-    tool.config.write_text(tool.config.read_text().replace("max_cost_usd = 2e-05", "max_cost_usd = 1.0"))
+    price = 0.01 if kind == "openai-batch" else 0.02  # USD per 1M tokens of text-embedding-3-small
+    assert 0 < emulator.stats()["billed_tokens"] * price / 1e6 <= 0.00004
+    assert not tool.json("verify")["complete"]
+    tool.config.write_text(tool.config.read_text().replace("max_cost_usd = 4e-05", "max_cost_usd = 1.0"))
     run_to_end(tool)
-    assert_verified_once_billed(tool, emulator, texts)
+    if kind == "openai-batch":
+        assert_verified_once_billed(tool, emulator, texts)
+    else:  # nothing billed twice across the stop
+        assert tool.json("verify")["complete"]
+        assert emulator.stats()["billed_tokens"] == unique_tokens(texts)
 
 
 def test_api_key_never_leaks(tmp_path, emulator, pg_dsn):
