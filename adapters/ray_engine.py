@@ -12,7 +12,8 @@ letters, and a replayed record is recognised and changes nothing. A task or acto
 is retried by Ray; a driver that dies leaves unrecorded shards in the plan, and rerunning `reindex run` does
 them. Workers' ledger writes are fenced with the driver's lease token: a driver that lost its lease cannot
 have its workers record anything. Text claims go to the ledger (as for provider batches), so dedupe holds
-across the whole cluster.
+across the whole cluster. A spending limit (`[run] max_cost_usd`) is one budget for the whole cluster, held
+by an actor on the driver's node: every worker reserves a shard's tokens there before sending them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from reindex import registry
 from reindex.claims import LedgerClaims
 from reindex.config import Config
+from reindex.cost import Budget
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency, ReindexError
 from reindex.ledger import Lease, Ledger, PlannedShard, SqliteLedger
 from reindex.migration import Migration, migration, open_backends, open_ledger, with_nonce
@@ -64,11 +66,6 @@ def check(config: Config, embedder: Any, ledger: Ledger) -> None:
     """Refuse what the ray engine cannot do (exit 2, naming the fix); `reindex run` calls it before the
     migration's run and target are touched. (A provider batch embedder never gets here: it runs on the
     driver's machine under either engine.)"""
-    if config.run.max_cost_usd is not None:
-        raise ConfigError(
-            "[run] max_cost_usd is not enforced by the ray engine yet",
-            hint='remove max_cost_usd, or use engine = "local"',
-        )
     if isinstance(ledger, SqliteLedger) and config.ray.address not in _LOCAL_ADDRESSES:
         raise ConfigError(
             f"[run] state is a SQLite file, which only this machine reaches; a Ray cluster at"
@@ -111,13 +108,19 @@ def run(
     *,
     stop: threading.Event,
     on_progress: Callable[[Progress], None] | None = None,
+    budget: Budget | None = None,
 ) -> RayProgress:
-    """Do every planned shard not yet recorded on Ray; raise Interrupted if stopped early."""
+    """Do every planned shard not yet recorded on Ray; raise Interrupted if stopped early or once `budget`
+    refused a shard (what was in flight lands first)."""
     ray = _ray()
     with _cluster(ray, m.config):
         pending = plan(m, ledger)
-        ledger.release_claims(m.plan_id)  # claims of shards that died in flight
-        progress = _stream(ray, m, lease, pending, stop, on_progress) if pending else RayProgress()
+        ledger.release_claims(m.plan_id)  # claims of shards that died in flight (or refused by a budget)
+        book = _budget_book(ray, budget) if pending else None
+        progress = _stream(ray, m, lease, pending, stop, on_progress, book) if pending else RayProgress()
+        spent: Budget | None = ray.get(book.snapshot.remote()) if book is not None else None
+    if spent is not None and spent.exhausted:
+        raise Interrupted(spent.message())
     if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
         raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
     return progress
@@ -139,6 +142,57 @@ def _check_room(config: Config) -> None:
         )
 
 
+def _budget_book(ray: Any, budget: Budget | None) -> Any:
+    """The run's budget as an actor on the driver's node (None when nothing limits spending), so that the
+    budget lives exactly as long as the driver: a lost worker node takes none of it along."""
+    if budget is None or budget.max_usd is None or not budget.price_per_million:
+        return None
+    here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False
+    )
+    return ray.remote(BudgetBook).options(num_cpus=0, scheduling_strategy=here).remote(budget)
+
+
+class BudgetBook:
+    """One spending limit for the whole cluster (a Ray actor): each worker reserves a shard's tokens before
+    sending them and charges what the provider billed once recorded, so the cluster stops claiming work
+    where one process would. Once a shard is refused every later one is, whatever its size: the run stops
+    (exit 75) rather than picking small shards to fill the rest. A shard retried after its actor died
+    reserves again, so the cluster may stop early, never late; a rerun starts from what the ledger holds."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+
+    def allows(self, tokens: int) -> bool:
+        return not self.budget.exhausted and self.budget.allows(tokens)
+
+    def charge(self, billed_tokens: int, reserved: int | None) -> None:
+        self.budget.charge(billed_tokens, reserved)
+
+    def snapshot(self) -> Budget:
+        return self.budget
+
+
+class RemoteBudget:
+    """A worker's view of the `BudgetBook` (`reindex.cost.Spending`): each call a round trip to the actor."""
+
+    def __init__(self, book: Any, max_usd: float | None) -> None:
+        self.book, self.max_usd = book, max_usd
+
+    @property
+    def exhausted(self) -> bool:
+        return bool(_ray().get(self.book.snapshot.remote()).exhausted)
+
+    def allows(self, tokens: int) -> bool:
+        return bool(_ray().get(self.book.allows.remote(tokens)))
+
+    def charge(self, billed_tokens: int, reserved: int | None = None) -> None:
+        _ray().get(self.book.charge.remote(billed_tokens, reserved))
+
+    def message(self) -> str:
+        return str(_ray().get(self.book.snapshot.remote()).message())
+
+
 def _stream(
     ray: Any,
     m: Migration,
@@ -146,10 +200,13 @@ def _stream(
     pending: list[PlannedShard],
     stop: threading.Event,
     on_progress: Callable[[Progress], None] | None,
+    book: Any = None,
 ) -> RayProgress:
-    """Feed the planned shards through Ray Data and count what comes back, until done or stopped."""
+    """Feed the planned shards through Ray Data and count what comes back, until done or stopped. A shard
+    the budget refused comes back as a row of nothing; the stream is drained, not cut: shards already
+    in flight land (cutting them would bill them again on the rerun), and the rest are refused unread."""
     progress = RayProgress()
-    with closing(_results(_dataset(ray, m, lease, pending))) as rows:
+    with closing(_results(_dataset(ray, m, lease, pending, book))) as rows:
         for row in rows:  # leaving closes the stream: Ray Data stops its tasks and actors
             if row["error"]:  # a worker's ReindexError, raised as itself: same exit code and hint
                 raise pickle.loads(row["error"])
@@ -171,6 +228,8 @@ def _results(dataset: Any) -> Generator[dict[str, Any], None, None]:
 
 
 def _count(progress: RayProgress, row: dict[str, Any]) -> None:
+    if row["refused"]:
+        return
     progress.documents += int(row["documents"])
     progress.written += int(row["written"])
     progress.dead_letters += int(row["dead_letters"])
@@ -183,7 +242,7 @@ def _count(progress: RayProgress, row: dict[str, Any]) -> None:
     stats.seconds += float(row["seconds"])
 
 
-def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard]) -> Any:
+def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], book: Any) -> Any:
     """One row per shard. Ray Data's defaults make it fault tolerant: a task whose worker dies runs
     again, an actor that dies is restarted and its shard retried (a system failure, not an exception)."""
     settings = m.config.ray
@@ -194,7 +253,7 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard]) 
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
     dataset = dataset.map(
         _read_shard,
-        fn_kwargs={"config": m.config},
+        fn_kwargs={"config": m.config, "book": book},
         num_cpus=settings.cpus_per_task,
         runtime_env=settings.runtime_env or None,  # also on a Ray this run did not start
     )
@@ -205,6 +264,7 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard]) 
             "plan_id": m.plan_id,
             "nonce": m.spec.nonce,
             "lease": (lease.key, lease.token),
+            "book": book,
         },
         compute=ray.data.ActorPoolStrategy(size=settings.actors),
         num_cpus=settings.cpus_per_actor,
@@ -243,14 +303,17 @@ def _cluster(ray: Any, config: Config) -> Iterator[None]:
 _sources: dict[str, Source] = {}  # per worker process: one source connection per [source] section
 
 
-def _read_shard(item: dict[str, Any], config: Config) -> dict[str, Any]:
-    """Read one planned shard: exactly the documents after its first cursor up to its last. A ReindexError
-    travels on in the row (Ray would wrap it beyond recognition); the driver raises it."""
+def _read_shard(item: dict[str, Any], config: Config, book: Any = None) -> dict[str, Any]:
+    """Read one planned shard: exactly the documents after its first cursor up to its last; nothing once
+    the budget (`book`) has refused a shard. A ReindexError travels on in the row (Ray would wrap it beyond
+    recognition); the driver raises it."""
+    row = {"seq": item["seq"], "after": item["after"], "docs": b"", "error": b"", "refused": False}
+    if book is not None and _ray().get(book.snapshot.remote()).exhausted:
+        return row | {"refused": True}
     try:
-        docs = _read(item, config)
+        return row | {"docs": _read(item, config)}
     except ReindexError as exc:
-        return {"seq": item["seq"], "after": item["after"], "docs": b"", "error": pickle.dumps(exc)}
-    return {"seq": item["seq"], "after": item["after"], "docs": docs, "error": b""}
+        return row | {"error": pickle.dumps(exc)}
 
 
 def _read(item: dict[str, Any], config: Config) -> bytes:
@@ -273,7 +336,9 @@ def _read(item: dict[str, Any], config: Config) -> bytes:
 class ShardWorker:
     """One embedding actor: the model, a target connection and a ledger connection, opened once."""
 
-    def __init__(self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int]) -> None:
+    def __init__(
+        self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int], book: Any = None
+    ) -> None:
         self.ledger = open_ledger(config)
         self.ledger.fence(Lease(*lease))
         self._backends = open_backends(config)
@@ -298,22 +363,28 @@ class ShardWorker:
             run=config.run,
             claims=LedgerClaims(self.ledger, plan_id),
             worker=f"{self.node}/{self.actor}",
+            budget=RemoteBudget(book, config.run.max_cost_usd) if book is not None else None,
         )
 
     def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
+        nothing = {**_NOTHING, "seq": int(item["seq"]), "node": self.node, "actor": self.actor}
+        if item["refused"] or (not item["error"] and self.pipeline.budget.exhausted):
+            return nothing | {"refused": True}  # the budget refused a shard: claim nothing more
         error = item["error"]
         if not error:
             try:
-                return self._process(item)
+                return self._process(item) or nothing | {"refused": True}
             except ReindexError as exc:  # LeaseLost, BackendError, ...: the driver raises it
                 error = pickle.dumps(exc)
-        return {**_NOTHING, "seq": int(item["seq"]), "node": self.node, "actor": self.actor, "error": error}
+        return nothing | {"error": error}
 
-    def _process(self, item: dict[str, Any]) -> dict[str, Any]:
+    def _process(self, item: dict[str, Any]) -> dict[str, Any] | None:
         started = time.monotonic()
         pipeline = self.pipeline
         before = replace(pipeline.progress)
         shard = pipeline.run_shard(int(item["seq"]), item["after"], pickle.loads(item["docs"]))
+        if shard is None:
+            return None
         after = pipeline.progress
         return {
             "seq": shard.seq,
@@ -326,6 +397,7 @@ class ShardWorker:
             "node": self.node,
             "actor": self.actor,
             "error": b"",
+            "refused": False,
         }
 
     def __del__(self) -> None:
@@ -342,6 +414,8 @@ _NOTHING: dict[str, Any] = {
     "tokens": 0,
     "model_seconds": 0.0,
     "seconds": 0.0,
+    "error": b"",
+    "refused": False,
 }
 
 

@@ -251,7 +251,7 @@ def _run(
         assert lease is not None, "the ray engine's workers are fenced with the run's lease"
         engine = registry.resolve_engine("ray")
         progress: Progress = engine.run(
-            m, ledger, lease, stop=stop or threading.Event(), on_progress=on_progress
+            m, ledger, lease, stop=stop or threading.Event(), on_progress=on_progress, budget=budget
         )
     else:
         _refuse_a_ray_plan(m, ledger)

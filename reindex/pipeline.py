@@ -175,10 +175,14 @@ class Pipeline:
         self._claims.release(shard.claimed | shard.owners)
         return shard
 
-    def run_shard(self, seq: int, after: str | None, records: Sequence[Record]) -> Shard:
+    def run_shard(self, seq: int, after: str | None, records: Sequence[Record]) -> Shard | None:
         """One shard of a run, start to end in this thread: prepare, embed, write, record (the ray engine's
-        actors call this for each shard the driver planned)."""
+        actors call this for each shard the driver planned). None if the budget refuses its tokens: nothing
+        is sent or recorded, and the texts it claimed stay claimed until a rerun releases them (as for a
+        shard that died in flight; a shard that meets one meanwhile embeds that text itself)."""
         shard = self._prepare(seq, after, records)
+        if not self.budget.allows(shard.token_count):
+            return None
         self._embed([shard], stoppable=False)
         self._write(shard)
         self._record(shard)

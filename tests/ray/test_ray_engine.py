@@ -7,6 +7,7 @@ Every test drives `reindex.commands` by TOML: a JSONL source, the free `hash` em
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -18,6 +19,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from adapters.memory import HashEmbedder
+from adapters.openai import cl100k
+from adapters.openai_emulator import Emulator
 from reindex import commands
 from reindex.commands import RunReport
 from reindex.config import Config, load
@@ -258,6 +262,55 @@ def test_a_batch_run_under_the_ray_engine_stops_at_its_budget_and_a_raised_one_f
     report = commands.run(raised)
     assert report.reconciled and report.documents == DOCUMENTS + 1
     assert commands.verify(raised).complete
+
+
+def test_a_paid_online_model_on_ray_workers_stops_at_one_cluster_wide_budget(
+    tmp_path: Path, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two actors reserve from one budget: the cluster spends no more than the limit, stops with exit 75,
+    and a raised limit finishes the same target as the local engine without billing a text twice."""
+    key = "REINDEX_TEST_OPENAI_KEY"
+    monkeypatch.setenv(key, "sk-test-0123456789abcdef")
+    texts = [f"document {i} about topic {i % 11} and nothing else" for i in range(DOCUMENTS)]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"id": f"d{i:04d}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    tokens = sum(len(cl100k().encode(text)) for text in texts)
+    with Emulator(HashEmbedder(dim=1536)) as emulator:
+        online = {
+            "kind": "openai",
+            "model": "text-embedding-3-small",  # $0.02 per 1M tokens online
+            "dimensions": 64,
+            "base_url": emulator.base_url,
+            "api_key_env": key,
+        }
+        limit = tokens / 4 * 0.02 / 1e6  # a quarter of the corpus
+        common: dict[str, Any] = {
+            "engine": "ray",
+            "embedder": online,
+            "shard_size": 16,
+            "env": {key: os.environ[key]},
+        }
+        tight = config(
+            tmp_path,
+            pg_dsn,
+            source,
+            alias="ray_docs",
+            run={"max_cost_usd": limit},
+            actors=2,
+            cpus_per_actor=0.5,
+            **common,
+        )
+        with pytest.raises(Interrupted, match="budget reached") as stopped:
+            commands.run(tight)
+        assert stopped.value.exit_code == 75
+        assert 0 < emulator.stats()["billed_tokens"] * 0.02 / 1e6 <= limit
+        assert 0 < commands.status(tight).documents < DOCUMENTS
+        raised = config(tmp_path, pg_dsn, source, alias="ray_docs", run={"max_cost_usd": 1.0}, **common)
+        report = commands.run(raised)
+        assert emulator.stats()["billed_tokens"] == tokens  # nothing billed twice across the stop
+        local = config(tmp_path, pg_dsn, source, alias="local_docs", embedder=online, engine="local")
+        same_target(pg_dsn, commands.run(local).target, report.target)
+    assert report.reconciled and commands.verify(raised).complete
 
 
 class _Gated:
