@@ -328,6 +328,12 @@ class HashEmbedder:
             tokenizer_threads=config.tokenizer_threads,
         )
 
+    @property
+    def column_tokenizer(self) -> ColumnTokenizer | None:
+        """With a real tokenizer, `tokenize_columns` without the rest (see the sentence-transformers one);
+        whitespace words need no read task's help."""
+        return self.tokenizer
+
     def tokenize_columns(self, texts: list[str]) -> TokenColumns:
         if self.tokenizer is not None:
             return self.tokenizer(texts)

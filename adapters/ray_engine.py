@@ -1,9 +1,10 @@
 """The `ray` engine: one migration's shards spread over a Ray cluster with Ray Data.
 
     driver:  plan shards in the ledger → Ray Data: read tasks → embedding actor pool → results → progress
-    read task (CPU):   one planned shard's documents, read from the source over the worker's own connection
-    actor (GPU/CPU):   screen, claim texts in the ledger, tokenise, embed, write to the target over its own
-                       connection, record the shard: the same shard functions as the local engine
+    read task (CPU):   one planned shard's documents, read from the source over the worker's own connection,
+                       and (for a model with a tokenizer that travels) its distinct texts tokenized
+    actor (GPU/CPU):   screen, claim texts in the ledger, tokenise what the read task did not, embed, write
+                       to the target over its own connection, record the shard: the local engine's functions
 
 The ledger is the one source of truth, as for the local engine: the plan (`shard_plan`, fixed once, so every
 rerun and every worker cuts the source alike) and what is done (`shards`). Ray's own checkpointing is not
@@ -18,6 +19,7 @@ by an actor on the driver's node: every worker reserves a shard's tokens there b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -31,6 +33,7 @@ from typing import Any
 
 from reindex import registry
 from reindex.claims import LedgerClaims
+from reindex.columns import Documents
 from reindex.config import Config
 from reindex.cost import Budget
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency, ReindexError
@@ -38,6 +41,7 @@ from reindex.ledger import Lease, Ledger, PlannedShard, SqliteLedger
 from reindex.migration import Migration, migration, open_backends, open_ledger, with_nonce
 from reindex.pipeline import Pipeline, Progress, scan_documents
 from reindex.ports import Source
+from reindex.shards import Pretokenized, pretokenize
 
 _LOCAL_ADDRESSES = (None, "local")
 
@@ -253,7 +257,7 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], 
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
     dataset = dataset.map(
         _read_shard,
-        fn_kwargs={"config": m.config, "book": book},
+        fn_kwargs={"config": m.config, "book": book, "tokenizer": _shipped_tokenizer(m.embedder)},
         num_cpus=settings.cpus_per_task,
         runtime_env=settings.runtime_env or None,  # also on a Ray this run did not start
     )
@@ -271,6 +275,17 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], 
         num_gpus=settings.gpus_per_actor,
         runtime_env=settings.runtime_env or None,
     )
+
+
+def _shipped_tokenizer(embedder: Any) -> tuple[str, bytes] | None:
+    """The model's tokenizer for the read tasks, pickled once on the driver (key, bytes); None when the
+    embedder has none that travels without the model (a provider counts its own tokens; vLLM tokenizes in
+    its actor)."""
+    tokenizer = getattr(embedder, "column_tokenizer", None)
+    if tokenizer is None:
+        return None
+    blob = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
+    return hashlib.sha256(blob).hexdigest(), blob
 
 
 @contextmanager
@@ -301,22 +316,55 @@ def _cluster(ray: Any, config: Config) -> Iterator[None]:
 # on the workers ------------------------------------------------------------------------------------------
 
 _sources: dict[str, Source] = {}  # per worker process: one source connection per [source] section
+_tokenizers: dict[str, Callable[[list[str]], Any]] = {}  # per worker process, by the pickle's sha256
 
 
-def _read_shard(item: dict[str, Any], config: Config, book: Any = None) -> dict[str, Any]:
-    """Read one planned shard: exactly the documents after its first cursor up to its last; nothing once
-    the budget (`book`) has refused a shard. A ReindexError travels on in the row (Ray would wrap it beyond
-    recognition); the driver raises it."""
-    row = {"seq": item["seq"], "after": item["after"], "docs": b"", "error": b"", "refused": False}
+def _read_shard(
+    item: dict[str, Any], config: Config, book: Any = None, tokenizer: tuple[str, bytes] | None = None
+) -> dict[str, Any]:
+    """Read one planned shard: exactly the documents after its first cursor up to its last, and tokenize
+    its distinct texts with `tokenizer` (`_shipped_tokenizer`); nothing once the budget (`book`) has
+    refused a shard. A ReindexError travels on in the row (Ray would wrap it beyond recognition); the
+    driver raises it.
+
+    Ray Data fuses this function into the actor's process when their resources are equal (CPU-only
+    settings): there the actor tokenizes after its claims, as the local engine does, since tokenizing
+    here first would only add a second screening. Apart (an actor with a GPU, a read task without), the
+    read tasks tokenize on the CPUs while the actors embed."""
+    row = {
+        "seq": item["seq"],
+        "after": item["after"],
+        "docs": b"",
+        "tokens": b"",
+        "error": b"",
+        "refused": False,
+    }
     if book is not None and _ray().get(book.snapshot.remote()).exhausted:
         return row | {"refused": True}
     try:
-        return row | {"docs": _read(item, config)}
+        docs = _read(item, config)
     except ReindexError as exc:
         return row | {"error": pickle.dumps(exc)}
+    tokens = b""
+    if tokenizer is not None and _ray().get_runtime_context().get_actor_id() is None:
+        ready = pretokenize(_tokenizer(tokenizer, config.ray.cpus_per_task), docs)
+        tokens = pickle.dumps(ready, protocol=pickle.HIGHEST_PROTOCOL)
+    return row | {"docs": pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL), "tokens": tokens}
 
 
-def _read(item: dict[str, Any], config: Config) -> bytes:
+def _tokenizer(shipped: tuple[str, bytes], cpus: float) -> Callable[[list[str]], Any]:
+    """The shipped tokenizer, unpickled once per worker process, with threads for the task's CPUs (it
+    left the driver with the driver's)."""
+    key, blob = shipped
+    tokenizer = _tokenizers.get(key)
+    if tokenizer is None:
+        tokenizer = _tokenizers[key] = pickle.loads(blob)
+        if hasattr(tokenizer, "threads"):
+            tokenizer.threads = max(1, int(cpus))
+    return tokenizer
+
+
+def _read(item: dict[str, Any], config: Config) -> Documents:
     key = json.dumps(config.source, sort_keys=True, default=str)
     source = _sources.get(key)
     if source is None:
@@ -324,13 +372,13 @@ def _read(item: dict[str, Any], config: Config) -> bytes:
     after = item["after"]
     docs = next(scan_documents(source, after, int(item["documents"])), None)
     found = (len(docs), docs.last_position) if docs is not None else (0, None)
-    if found != (int(item["documents"]), item["last"]):
+    if docs is None or found != (int(item["documents"]), item["last"]):
         raise BackendError(
             f"the source changed under planned shard {item['seq']}: expected {item['documents']} documents"
             f" ending at {item['last']!r}, read {found[0]} ending at {found[1]!r}",
             hint="`reindex run --fresh` plans again; `reindex sync` catches up edits made after a run",
         )
-    return pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL)
+    return docs
 
 
 class ShardWorker:
@@ -382,7 +430,8 @@ class ShardWorker:
         started = time.monotonic()
         pipeline = self.pipeline
         before = replace(pipeline.progress)
-        shard = pipeline.run_shard(int(item["seq"]), item["after"], pickle.loads(item["docs"]))
+        pretokenized: Pretokenized | None = pickle.loads(item["tokens"]) if item["tokens"] else None
+        shard = pipeline.run_shard(int(item["seq"]), item["after"], pickle.loads(item["docs"]), pretokenized)
         if shard is None:
             return None
         after = pipeline.progress

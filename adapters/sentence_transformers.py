@@ -106,6 +106,11 @@ class SentenceTransformerEmbedder:
             tokenizer_threads=config.tokenizer_threads,
         )
 
+    @property
+    def column_tokenizer(self) -> ColumnTokenizer:
+        """`tokenize_columns` without the model: it pickles (the ray engine's read tasks tokenize with it)."""
+        return self.tokenizer
+
     def tokenize_columns(self, texts: list[str]) -> TokenColumns:
         """Tokenize prompt+text once: count the full length, keep what fits `max_tokens` with specials."""
         return self.tokenizer(texts)

@@ -38,6 +38,7 @@ from reindex.ledger import DeadLetter, Ledger, ShardResult
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
 from reindex.shards import (
     Copy,
+    Pretokenized,
     Shard,
     finish_shard,
     keep_records,
@@ -175,12 +176,15 @@ class Pipeline:
         self._claims.release(shard.claimed | shard.owners)
         return shard
 
-    def run_shard(self, seq: int, after: str | None, records: Sequence[Record]) -> Shard | None:
+    def run_shard(
+        self, seq: int, after: str | None, records: Sequence[Record], pretokenized: Pretokenized | None = None
+    ) -> Shard | None:
         """One shard of a run, start to end in this thread: prepare, embed, write, record (the ray engine's
-        actors call this for each shard the driver planned). None if the budget refuses its tokens: nothing
+        actors call this for each shard the driver planned, with its texts tokenized by the read task that
+        read it: `pretokenized`). None if the budget refuses its tokens: nothing
         is sent or recorded, and the texts it claimed stay claimed until a rerun releases them (as for a
         shard that died in flight; a shard that meets one meanwhile embeds that text itself)."""
-        shard = self._prepare(seq, after, records)
+        shard = self._prepare(seq, after, records, pretokenized)
         if not self.budget.allows(shard.token_count):
             return None
         self._embed([shard], stoppable=False)
@@ -230,9 +234,11 @@ class Pipeline:
                 break
         self._put(out, _DONE)
 
-    def _prepare(self, seq: int, after: str | None, records: Sequence[Record]) -> Shard:
+    def _prepare(
+        self, seq: int, after: str | None, records: Sequence[Record], pretokenized: Pretokenized | None = None
+    ) -> Shard:
         claim = functools.partial(retrying, self._claims.claim)
-        return prepare_shard(self.embedder, self.config, seq, after, records, claim)
+        return prepare_shard(self.embedder, self.config, seq, after, records, claim, pretokenized)
 
     # model stage --------------------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 prepare_shard: screen → fold duplicate ids → claim texts run-wide → tokenize each text once → length policy
 finish_shard:  each record gets its text's vector, or a dead letter when the vector came back unusable
+pretokenize:   the tokenize step done ahead, elsewhere (the ray engine's read tasks): each distinct text of
+               the screened shard, keyed by content hash, for `prepare_shard` to take its rows from
 """
 
 from __future__ import annotations
@@ -23,6 +25,34 @@ Claim = Callable[
     [dict[str, str]], dict[str, tuple[str, str]]
 ]  # {hash: doc} -> {hash: (owner, state)} elsewhere
 Copy = tuple[Record, str, str]  # (record, content hash, the document that carries that text's vector)
+
+
+@dataclass
+class Pretokenized:
+    """A shard's distinct texts tokenized ahead of its claims: row `rows[hash]` of `tokens`."""
+
+    rows: dict[str, int]
+    tokens: TokenColumns
+
+    def take(self, hashes: Sequence[str]) -> TokenColumns | None:
+        """The rows of `hashes`, in that order; None if one is missing (the caller tokenizes)."""
+        try:
+            return self.tokens.take([self.rows[digest] for digest in hashes])
+        except KeyError:
+            return None
+
+
+def pretokenize(tokenizer: Callable[[list[str]], TokenColumns], records: Sequence[Record]) -> Pretokenized:
+    """Tokenize each distinct text `prepare_shard` could embed from `records`: all that screening keeps, as
+    the claims that will set some aside are not known yet (a copy's tokens are then not used)."""
+    screened = screen(documents(records))
+    rows: dict[str, int] = {}
+    texts: list[str] = []
+    for digest, text in zip(screened.hashes, screened.records.texts, strict=True):
+        if digest not in rows:
+            rows[digest] = len(texts)
+            texts.append(text)
+    return Pretokenized(rows, tokenizer(texts) if texts else TokenColumns.from_tokens([]))
 
 
 @dataclass
@@ -71,9 +101,10 @@ def prepare_shard(
     after: str | None,
     records: Sequence[Record],
     claim: Claim | None = None,
+    pretokenized: Pretokenized | None = None,
 ) -> Shard:
     """Screen, fold duplicate ids, set aside texts embedded elsewhere in the run (`claim`), tokenize each
-    remaining distinct text once, and apply the over-length policy."""
+    remaining distinct text once (or take its rows from `pretokenized`), and apply the over-length policy."""
     docs = documents(records)
     screened = screen(docs)
     kept, hashes, copies, claimed = _claim(screened.records, screened.hashes, claim)
@@ -83,6 +114,9 @@ def prepare_shard(
     for row, digest in enumerate(hashes):
         firsts.setdefault(digest, row)
     texts = [kept.texts[row] for row in firsts.values()]  # dicts keep insertion order: unique's order
+    tokens = pretokenized.take(list(firsts)) if pretokenized is not None and texts else None
+    if tokens is None:
+        tokens = tokenize(embedder, texts) if texts else TokenColumns.from_tokens([])
     last = docs.last_position
     shard = Shard(
         seq,
@@ -92,7 +126,7 @@ def prepare_shard(
         kept,
         hashes,
         owner,
-        tokenize(embedder, texts) if texts else TokenColumns.from_tokens([]),
+        tokens,
         screened.dead,
         screened.duplicates,
         copies=copies,

@@ -16,6 +16,7 @@ from reindex.errors import BackendError, Interrupted
 from reindex.ledger import SqliteLedger
 from reindex.pipeline import Pipeline
 from reindex.ports import Record, Rows, TargetSpec, Tokens, Vectors
+from reindex.shards import prepare_shard, pretokenize
 from reindex.verify import coverage
 
 
@@ -219,3 +220,45 @@ def test_the_sort_window_spans_shards_so_small_shards_still_pad_little(tmp_path)
         padding[window] = 1 - progress.tokens / progress.padded_tokens
         assert len(sink.targets_["docs__t"]) == 400
     assert padding[400] < 0.05 < padding[1]
+
+
+class TokenizeCounter(HashEmbedder):
+    """Counts the texts its own `tokenize_columns` is asked for."""
+
+    tokenized = 0
+
+    def tokenize_columns(self, texts):
+        self.tokenized += len(texts)
+        return super().tokenize_columns(texts)
+
+
+def test_a_shard_prepared_from_texts_tokenized_ahead_is_the_shard_tokenized_here(tiny_model: Path) -> None:
+    """The ray engine's read tasks tokenize a shard's distinct texts before its claims are known; the actor
+    takes the rows of the texts it still owns, and must end with the shard it would have made itself,
+    without tokenizing again."""
+    embedder = TokenizeCounter(dim=16, max_tokens=12, tokenizer=str(tiny_model))
+    records = [
+        Record("a", "alpha beta", {}),
+        Record("b", "alpha beta", {}),  # the same text: one row of tokens
+        Record("c", "gamma " * 30, {}),  # over max_tokens
+        Record("d", "", {}),  # dead-lettered by screening
+        Record("e", "delta epsilon", {}),  # claimed elsewhere: a copy, its tokens unused
+        Record("f", "zeta", {}),
+    ]
+
+    def claim(owners: dict[str, str]) -> dict[str, tuple[str, str]]:
+        return {digest: ("x", "written") for digest, doc in owners.items() if doc == "e"}
+
+    run = RunConfig(too_long="truncate")
+    assert embedder.column_tokenizer is not None
+    ahead = pretokenize(embedder.column_tokenizer, records)
+    assert len(ahead.tokens) == 4  # alpha beta, gamma..., delta epsilon, zeta
+    shard = prepare_shard(embedder, run, 0, None, records, claim, ahead)
+    assert embedder.tokenized == 0
+    here = prepare_shard(embedder, run, 0, None, records, claim)
+    assert embedder.tokenized == 3
+    assert (shard.records.ids, shard.hashes, shard.owner) == (here.records.ids, here.hashes, here.owner)
+    assert [copy[0].id for copy in shard.copies] == [copy[0].id for copy in here.copies] == ["e"]
+    assert (shard.dead, shard.truncated, shard.claimed) == (here.dead, here.truncated, here.claimed)
+    for column in ("counts", "original", "ids", "offsets"):
+        np.testing.assert_array_equal(getattr(shard.tokens, column), getattr(here.tokens, column))

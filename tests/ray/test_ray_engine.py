@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import sys
 import threading
 import time
@@ -19,14 +20,16 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from adapters import ray_engine
 from adapters.memory import HashEmbedder
 from adapters.openai import cl100k
 from adapters.openai_emulator import Emulator
-from reindex import commands
+from reindex import commands, registry
 from reindex.commands import RunReport
 from reindex.config import Config, load
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
-from reindex.pipeline import Progress
+from reindex.pipeline import Progress, scan_documents
+from reindex.validation import screen
 from tests.lifecycle.support import toml
 
 pytest.importorskip("ray", reason="the ray extra is installed by scripts/setup")
@@ -262,6 +265,32 @@ def test_a_batch_run_under_the_ray_engine_stops_at_its_budget_and_a_raised_one_f
     report = commands.run(raised)
     assert report.reconciled and report.documents == DOCUMENTS + 1
     assert commands.verify(raised).complete
+
+
+def test_read_tasks_tokenize_with_the_models_tokenizer_and_the_actors_take_their_rows(
+    tmp_path: Path, pg_dsn: str, tiny_model: Path
+) -> None:
+    """A read task that runs apart from the actors (its resources differ, as with an actor on a GPU)
+    tokenizes its shard's distinct texts with the tokenizer the driver's model shipped; the run builds the
+    local engine's target from those tokens."""
+    source = corpus(tmp_path / "docs.jsonl")
+    model = {"kind": "hash", "dim": 16, "max_tokens": 8, "tokenizer": str(tiny_model)}
+    local = commands.run(config(tmp_path, pg_dsn, source, alias="local_docs", engine="local", embedder=model))
+    cluster = config(
+        tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", embedder=model, cpus_per_task=0.5
+    )
+    embedder = registry.build("embedder", model)
+    shipped = ray_engine._shipped_tokenizer(embedder)
+    assert shipped is not None
+    first = next(scan_documents(registry.build("source", cluster.source), None, 32))
+    item = {"seq": 0, "after": None, "last": first.last_position, "documents": len(first)}
+    row = ray_engine._read_shard(item, cluster, tokenizer=shipped)
+    ahead = pickle.loads(row["tokens"])
+    texts = list(dict.fromkeys(screen(first).records.texts))  # distinct, in order of first appearance
+    assert len(ahead.tokens) == len(texts) < 32
+    np.testing.assert_array_equal(ahead.tokens.ids, embedder.tokenize_columns(texts).ids)
+    report = commands.run(cluster)
+    same_as_local(pg_dsn, local, report, cluster)
 
 
 def test_a_paid_online_model_on_ray_workers_stops_at_one_cluster_wide_budget(
