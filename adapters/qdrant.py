@@ -62,6 +62,7 @@ INDEX_KEYS = ["reindex_id", "reindex_fingerprint", "reindex_content_hash", "rein
 ADOPTED = "application"  # `reindex_origin` of a point the application wrote and `adopt` gave the other keys
 # `<alias>__reindex_serves__<target>`: the guard alias that makes alias moves compare-and-swap (move_alias)
 GUARD_MARK = "__reindex_serves__"
+BOUNDS_PAGE = 10_000  # points per ids-only scroll page when a ray driver plans shards
 _NAME_MAX = 255  # Qdrant's limit on collection and alias names
 _DISTANCES: dict[str, Distance] = {"Cosine": "cosine", "Dot": "dot", "Euclid": "euclid"}
 
@@ -170,6 +171,34 @@ class QdrantSource:
             if next_offset is None:
                 return
             offset = next_offset if isinstance(next_offset, int | str) else str(next_offset)
+
+    def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
+        """(last point id, points) of each shard of `size` points after `after`, as `scan` would cut them:
+        a scroll of ids alone (no payload, no vector), so a ray driver plans a big collection without
+        reading its texts. A point without a text is a document too (a dead letter)."""
+        offset: int | str | None = None if after is None else _parse_point_id(after, strict=True)
+        count, last = 0, ""
+        while True:
+            with _translated():
+                points, next_offset = self._client.scroll(
+                    self._require(),
+                    limit=max(self.page_size, BOUNDS_PAGE),
+                    offset=offset,
+                    with_payload=False,
+                    with_vectors=False,
+                )
+            for point in points:
+                if str(point.id) == after:  # scroll's offset is inclusive
+                    continue
+                count, last = count + 1, str(point.id)
+                if count == size:
+                    yield last, count
+                    count = 0
+            if next_offset is None:
+                break
+            offset = next_offset if isinstance(next_offset, int | str) else str(next_offset)
+        if count:
+            yield last, count
 
     def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
         wanted = [p for p in (_parse_point_id(i) for i in ids) if p is not None]

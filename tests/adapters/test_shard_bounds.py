@@ -10,9 +10,11 @@ import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from qdrant_client import QdrantClient, models
 
 from adapters.files import JsonlSource, ParquetSource
 from adapters.postgres import PostgresSource
+from adapters.qdrant import QdrantSource
 from reindex.pipeline import scan_documents
 from reindex.ports import Source
 
@@ -70,3 +72,24 @@ def test_an_empty_jsonl_file_has_no_shards(tmp_path: Path, size: int) -> None:
     path = tmp_path / "docs.jsonl"
     path.write_text("\n  \n")
     assert list(JsonlSource(path).shard_bounds(None, size)) == []
+
+
+@pytest.mark.parametrize("page", [3, 10_000])
+@pytest.mark.parametrize("ids", ["integers", "uuids"])
+def test_qdrant_bounds_are_an_ids_only_scroll(ids: str, page: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("adapters.qdrant.BOUNDS_PAGE", page)  # shards that span scroll pages, or one page
+    client = QdrantClient(":memory:")
+    client.create_collection(
+        "docs", vectors_config=models.VectorParams(size=2, distance=models.Distance.COSINE)
+    )
+    keys: list[int | str] = [i * 5 for i in range(37)]
+    if ids == "uuids":
+        keys = [f"00000000-0000-0000-0000-{i * 5:012d}" for i in range(37)]
+    payloads = [{"page_content": f"text {i}"} if i != 11 else {"other": 1} for i in range(37)]  # 11: no text
+    points = [
+        models.PointStruct(id=k, vector=[1.0, 0.5], payload=p) for k, p in zip(keys, payloads, strict=True)
+    ]
+    client.upsert("docs", points, wait=True)
+    source = QdrantSource(client, collection="docs", page_size=2)
+    same_cut(source)
+    assert list(source.shard_bounds(str(keys[-1]), 5)) == []  # nothing after the last point
