@@ -70,6 +70,13 @@ def check(config: Config, embedder: Any, ledger: Ledger) -> None:
     """Refuse what the ray engine cannot do (exit 2, naming the fix); `reindex run` calls it before the
     migration's run and target are touched. (A provider batch embedder never gets here: it runs on the
     driver's machine under either engine.)"""
+    for role, section in (("source", config.source), ("target", config.target)):
+        if section.get("kind") == "qdrant" and section.get("path") is not None:
+            raise ConfigError(
+                f"[{role}] is Qdrant local mode (path = {section['path']!r}), which one process opens at a"
+                " time; the ray engine's workers each open it",
+                hint=f'give [{role}] the url of a Qdrant server, or use engine = "local"',
+            )
     if isinstance(ledger, SqliteLedger) and config.ray.address not in _LOCAL_ADDRESSES:
         raise ConfigError(
             f"[run] state is a SQLite file, which only this machine reaches; a Ray cluster at"
@@ -382,10 +389,24 @@ def _read(item: dict[str, Any], config: Config) -> Documents:
 
 
 class ShardWorker:
-    """One embedding actor: the model, a target connection and a ledger connection, opened once."""
+    """One embedding actor: the model, a target connection and a ledger connection, opened once. What fails
+    to open with a ReindexError (an unreachable backend, another model) answers every shard with that error,
+    which the driver raises as itself; raised here, Ray would report a dead actor and a traceback."""
 
     def __init__(
         self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int], book: Any = None
+    ) -> None:
+        context = _ray().get_runtime_context()
+        self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
+        self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
+        self._broken = b""
+        try:
+            self._open(config, plan_id, nonce, lease, book)
+        except ReindexError as exc:
+            self._broken = pickle.dumps(exc)
+
+    def _open(
+        self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int], book: Any
     ) -> None:
         self.ledger = open_ledger(config)
         self.ledger.fence(Lease(*lease))
@@ -398,9 +419,6 @@ class ShardWorker:
                 hint="give every node the same model weights and the same config",
             )
         m = with_nonce(m, nonce) if nonce else m
-        context = _ray().get_runtime_context()
-        self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
-        self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
         self.pipeline = Pipeline(
             source=m.source,
             embedder=m.embedder,
@@ -416,6 +434,8 @@ class ShardWorker:
 
     def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
         nothing = {**_NOTHING, "seq": int(item["seq"]), "node": self.node, "actor": self.actor}
+        if self._broken:
+            return nothing | {"error": self._broken}
         if item["refused"] or (not item["error"] and self.pipeline.budget.exhausted):
             return nothing | {"refused": True}  # the budget refused a shard: claim nothing more
         error = item["error"]

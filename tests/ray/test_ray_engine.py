@@ -6,6 +6,7 @@ Every test drives `reindex.commands` by TOML: a JSONL source, the free `hash` em
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -158,6 +159,32 @@ def test_a_cluster_address_with_a_sqlite_ledger_is_refused(tmp_path: Path, pg_ds
         commands.run(cluster)
     assert refused.value.exit_code == 2
     assert commands.status(cluster).state == "not-started"  # refused before the run began
+
+
+def test_a_qdrant_folder_in_local_mode_is_refused_before_ray_starts(tmp_path: Path, pg_dsn: str) -> None:
+    """One process opens a local-mode folder at a time; the workers would each fail to open it."""
+    source = corpus(tmp_path / "docs.jsonl", 10)
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray")
+    cluster = dataclasses.replace(
+        cluster, target={"kind": "qdrant", "path": str(tmp_path / "qdrant"), "alias": "ray_docs"}
+    )
+    with pytest.raises(ConfigError, match="Qdrant local mode") as refused:
+        commands.run(cluster)
+    assert refused.value.exit_code == 2 and "url of a Qdrant server" in str(refused.value.hint)
+
+
+def test_a_worker_that_cannot_open_its_backends_fails_the_run_with_that_error(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """The workers' Postgres sessions are refused (a bad setting only they get): the run ends with the
+    error the local engine would give (exit 2, naming the section), not a dead actor's traceback."""
+    source = corpus(tmp_path / "docs.jsonl", 10)
+    cluster = config(
+        tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", env={"PGOPTIONS": "-c work_mem=nonsense"}
+    )
+    with pytest.raises(ConfigError, match="work_mem") as failed:
+        commands.run(cluster)
+    assert failed.value.exit_code == 2 and "[target] dsn" in str(failed.value)
 
 
 def test_the_postgres_ledger_runs_a_ray_migration(tmp_path: Path, pg_dsn: str) -> None:
