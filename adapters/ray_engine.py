@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import pickle
+import signal
 import socket
 import threading
 import time
@@ -312,7 +313,12 @@ def _cluster(ray: Any, config: Config) -> Iterator[None]:
         options |= {"address": "local", "num_cpus": settings.num_cpus, "include_dashboard": False}
     else:
         options["address"] = settings.address
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(**options)
+    if threading.current_thread() is threading.main_thread() and on_sigterm is not None:
+        # ray.init puts its own SIGTERM handler (exit 15, and its core's stack dump) in place of the run's:
+        # a reclaimed driver must finish its in-flight shards and exit 75, as under the local engine.
+        signal.signal(signal.SIGTERM, on_sigterm)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         yield

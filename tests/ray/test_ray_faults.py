@@ -74,6 +74,32 @@ def test_a_driver_killed_with_sigkill_is_resumed_by_rerunning(
     complete_and_equal_to_local(tmp_path, pg_dsn, source, cluster)
 
 
+def test_a_driver_sent_sigterm_exits_75_and_a_rerun_finishes(
+    tmp_path: Path, pg_dsn: str, local_ray: None
+) -> None:
+    """A reclaimed driver (SIGTERM) stops claiming shards and exits 75, as under the local engine. It
+    exited 15 with a stack dump once: `ray.init` had put Ray's own SIGTERM handler in place of the run's."""
+    source = corpus(tmp_path / "docs.jsonl", 1200)
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=20)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "reindex", "run", "-c", str(cluster.path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_shards(Path(cluster.run.state), 3, driver)  # type: ignore[arg-type]
+        driver.send_signal(signal.SIGTERM)
+        _, err = driver.communicate(timeout=120)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 75, err
+    assert "rerun the same command" in err and "SIGTERM received" not in err
+    assert commands.status(cluster).shards_done < 61, "the driver finished before it was stopped"
+    complete_and_equal_to_local(tmp_path, pg_dsn, source, cluster)
+
+
 def wait_for_shards(state: Path, count: int, driver: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
