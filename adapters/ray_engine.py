@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from contextlib import closing, contextmanager, suppress
+from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -279,7 +279,11 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], 
             "lease": (lease.key, lease.token),
             "book": book,
         },
-        compute=ray.data.ActorPoolStrategy(size=settings.actors),
+        compute=ray.data.ActorPoolStrategy(
+            size=settings.actors,
+            max_concurrent_calls_per_actor=settings.shards_per_actor,
+            enable_true_multi_threading=settings.shards_per_actor > 1,  # lanes, not just batching threads
+        ),
         num_cpus=settings.cpus_per_actor,
         num_gpus=settings.gpus_per_actor,
         runtime_env=settings.runtime_env or None,
@@ -412,10 +416,25 @@ def _read(item: dict[str, Any], config: Config) -> Documents:
     return docs
 
 
+@dataclass
+class _Lane:
+    """One shard at a time inside an actor: its own ledger, source and target connections and pipeline
+    (its progress counts only its shards); the actor's lanes share the model and its lock."""
+
+    pipeline: Pipeline
+    resources: ExitStack  # the lane's connections, closed with it
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self.resources.close()
+
+
 class ShardWorker:
-    """One embedding actor: the model, a target connection and a ledger connection, opened once. What fails
-    to open with a ReindexError (an unreachable backend, another model) answers every shard with that error,
-    which the driver raises as itself; raised here, Ray would report a dead actor and a traceback."""
+    """One embedding actor: the model, loaded once, and up to `[ray] shards_per_actor` lanes, each a shard
+    in flight with connections of its own, so one shard embeds while another writes and records (the model
+    takes one call at a time, as in the local engine). What fails to open with a ReindexError (an
+    unreachable backend, another model) answers every shard with that error, which the driver raises as
+    itself; raised here, Ray would report a dead actor and a traceback."""
 
     def __init__(
         self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int], book: Any = None
@@ -423,56 +442,79 @@ class ShardWorker:
         context = _ray().get_runtime_context()
         self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
         self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
+        self.config, self.plan_id, self.nonce, self.lease, self.book = config, plan_id, nonce, lease, book
+        self.embedder: Any = None
+        self.budget = RemoteBudget(book, config.run.max_cost_usd) if book is not None else None
+        self._model = threading.Lock()
+        self._free: list[_Lane] = []
+        self._lanes: list[_Lane] = []
+        self._opening = threading.Lock()
         self._broken = b""
         try:
-            self._open(config, plan_id, nonce, lease, book)
+            self._free.append(self._open())  # the model and a first lane now: a bad config fails at once
         except ReindexError as exc:
             self._broken = pickle.dumps(exc)
 
-    def _open(
-        self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int], book: Any
-    ) -> None:
-        self.ledger = open_ledger(config)
-        self.ledger.fence(Lease(*lease))
-        self._backends = open_backends(config)
-        source, sink = self._backends.__enter__()
-        m = migration(config, source, sink)
-        if m.plan_id != plan_id:
-            raise ConfigError(
-                f"this worker computes plan {m.plan_id}, the driver {plan_id}: its model or backends differ",
-                hint="give every node the same model weights and the same config",
+    def _open(self) -> _Lane:
+        config = self.config
+        with ExitStack() as resources:
+            ledger = open_ledger(config)
+            resources.callback(ledger.close)
+            ledger.fence(Lease(*self.lease))
+            source, sink = resources.enter_context(open_backends(config))
+            m = migration(config, source, sink, self.embedder)
+            if m.plan_id != self.plan_id:
+                raise ConfigError(
+                    f"this worker computes plan {m.plan_id}, the driver {self.plan_id}: its model or"
+                    " backends differ",
+                    hint="give every node the same model weights and the same config",
+                )
+            self.embedder = m.embedder
+            m = with_nonce(m, self.nonce) if self.nonce else m
+            pipeline = Pipeline(
+                source=m.source,
+                embedder=m.embedder,
+                sink=m.sink,
+                ledger=ledger,
+                spec=m.spec,
+                plan_id=self.plan_id,
+                run=config.run,
+                claims=LedgerClaims(ledger, self.plan_id),
+                worker=f"{self.node}/{self.actor}",
+                budget=self.budget,
+                model_lock=self._model,
             )
-        m = with_nonce(m, nonce) if nonce else m
-        self.pipeline = Pipeline(
-            source=m.source,
-            embedder=m.embedder,
-            sink=m.sink,
-            ledger=self.ledger,
-            spec=m.spec,
-            plan_id=plan_id,
-            run=config.run,
-            claims=LedgerClaims(self.ledger, plan_id),
-            worker=f"{self.node}/{self.actor}",
-            budget=RemoteBudget(book, config.run.max_cost_usd) if book is not None else None,
-        )
+            lane = _Lane(pipeline, resources.pop_all())
+        self._lanes.append(lane)
+        return lane
+
+    def _take(self) -> _Lane:
+        with self._opening:  # Ray calls this from as many threads as the actor has lanes
+            return self._free.pop() if self._free else self._open()
 
     def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
         nothing = {**_NOTHING, "seq": int(item["seq"]), "node": self.node, "actor": self.actor}
         if self._broken:
             return nothing | {"error": self._broken}
-        if item["refused"] or (not item["error"] and self.pipeline.budget.exhausted):
+        if item["refused"] or (not item["error"] and self.budget is not None and self.budget.exhausted):
             return nothing | {"refused": True}  # the budget refused a shard: claim nothing more
         error = item["error"]
         if not error:
             try:
-                return self._process(item) or nothing | {"refused": True}
+                lane = self._take()
+            except ReindexError as exc:
+                return nothing | {"error": pickle.dumps(exc)}
+            try:
+                return self._process(lane.pipeline, item) or nothing | {"refused": True}
             except ReindexError as exc:  # LeaseLost, BackendError, ...: the driver raises it
                 error = pickle.dumps(exc)
+            finally:
+                with self._opening:
+                    self._free.append(lane)
         return nothing | {"error": error}
 
-    def _process(self, item: dict[str, Any]) -> dict[str, Any] | None:
+    def _process(self, pipeline: Pipeline, item: dict[str, Any]) -> dict[str, Any] | None:
         started = time.monotonic()
-        pipeline = self.pipeline
         before = replace(pipeline.progress)
         pretokenized: Pretokenized | None = pickle.loads(item["tokens"]) if item["tokens"] else None
         shard = pipeline.run_shard(int(item["seq"]), item["after"], pickle.loads(item["docs"]), pretokenized)
@@ -495,9 +537,8 @@ class ShardWorker:
 
     def __del__(self) -> None:
         """An actor going away closes what it opened; nobody is left to hear of a failure to close."""
-        with suppress(Exception):
-            self._backends.__exit__(None, None, None)
-            self.ledger.close()
+        for lane in getattr(self, "_lanes", ()):
+            lane.close()
 
 
 _NOTHING: dict[str, Any] = {

@@ -105,6 +105,8 @@ class RayConfig(BaseModel):
     cpus_per_actor: float = Field(1.0, ge=0)
     gpus_per_actor: float = Field(0.0, ge=0)  # 1 on CUDA machines: one GPU per actor
     cpus_per_task: float = Field(1.0, gt=0)  # each read task
+    # shards each actor holds at once: one embeds while another writes and records (one model call at a time)
+    shards_per_actor: int = Field(2, ge=1, le=8)
     namespace: str | None = None
     runtime_env: dict[str, Any] = Field(default_factory=dict)  # passed to ray.init as given
     num_cpus: int | None = Field(None, ge=1)  # local Ray only: CPUs it may use (default: all)

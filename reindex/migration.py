@@ -78,9 +78,9 @@ def open_migration(config: Config) -> Iterator[Migration]:
         yield migration(config, source, sink)
 
 
-def migration(config: Config, source: Source, sink: Sink) -> Migration:
-    """Load the model and name the target and the plan."""
-    embedder: Embedder = registry.build("embedder", config.embedder)
+def migration(config: Config, source: Source, sink: Sink, embedder: Embedder | None = None) -> Migration:
+    """Load the model (unless given one already loaded) and name the target and the plan."""
+    embedder = embedder or registry.build("embedder", config.embedder)
     info = embedder.info
     name = str(config.target.get("name") or target_name(config.alias, info.fingerprint))
     if name == config.alias:

@@ -109,9 +109,11 @@ class Pipeline:
         budget: Spending | None = None,
         claims: Claims | None = None,
         worker: str | None = None,
+        model_lock: threading.Lock | None = None,
     ) -> None:
         """`claims`: where text claims live (default: this process's memory, see `ClaimBook`); `worker`:
-        recorded with each shard (the ray engine's "node/actor")."""
+        recorded with each shard (the ray engine's "node/actor"); `model_lock`: held for each model call,
+        shared by pipelines that share the embedder (a ray actor's lanes)."""
         self.source, self.embedder, self.sink, self.ledger = source, embedder, sink, ledger
         self.spec, self.plan_id, self.config = spec, plan_id, run
         self.stop = stop or threading.Event()
@@ -121,7 +123,7 @@ class Pipeline:
         self._failed = threading.Event()
         self._failure: BaseException | None = None
         self._last_mark = time.monotonic()
-        self._model = threading.Lock()  # the writer re-embeds lost copies; one model call at a time
+        self._model = model_lock or threading.Lock()  # the writer re-embeds lost copies: one call at a time
         self._feeder = Feeder(embedder, retrying)
         self._claims = claims or ClaimBook(ledger, plan_id)
         self.worker = worker

@@ -163,6 +163,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="part 1: the free hash embedder (plumbing only), or all-MiniLM-L6-v2 fp32 on CPU (real work)",
     )
     parser.add_argument(
+        "--model-ms",
+        type=float,
+        default=0.0,
+        help="hash: every model call also takes this long off the CPU (a sleep), standing for a GPU-bound"
+        " model on this CPU-only machine: the model's time does not compete for the cores",
+    )
+    parser.add_argument(
+        "--shards-per-actor", type=int, default=None, help="[ray] shards_per_actor (default: the config's)"
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -208,12 +218,16 @@ def _counts(text: str) -> tuple[int, ...]:
     return counts
 
 
-def engine_cases(actors: Sequence[int], cpus_per_actor: float | None = None) -> list[EngineCase]:
+def engine_cases(
+    actors: Sequence[int], cpus_per_actor: float | None = None, shards_per_actor: int | None = None
+) -> list[EngineCase]:
     """local, then per actor count a cold and a warm ray case. Two actors or more share the 2 CPUs
     (cpus_per_actor 1/actors), so the read tasks still get a CPU."""
     cases = [EngineCase("local", "local")]
     for count in actors:
         ray: dict[str, Any] = {"num_cpus": RAY_CPUS, "actors": count}
+        if shards_per_actor is not None:
+            ray["shards_per_actor"] = shards_per_actor
         if cpus_per_actor is not None:
             ray["cpus_per_actor"] = cpus_per_actor
         elif count > 1:
@@ -231,7 +245,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     work.mkdir()
     load_before = os.getloadavg()
     started = time.perf_counter()
-    cases = engine_cases(args.actors, args.cpus_per_actor)
+    cases = engine_cases(args.actors, args.cpus_per_actor, args.shards_per_actor)
     with postgres(args.workdir) as dsn:
         engine = None if args.skip_engine else engine_part(args, work, dsn, cases)
         ledger = None if args.skip_ledger else ledger_part(args, work, dsn)
@@ -255,7 +269,8 @@ def engine_part(
             run = engine_case(args, work, dsn, corpus, case, repeat)
             runs[case.name].append(run)
             console.print(f"  {run.documents:,} documents in {run.seconds:.2f} s")
-    return {**engine_results(cases, runs), "embedder": args.embedder}
+    embedder = f"{args.embedder}, {args.model_ms:g} ms per model call" if args.model_ms else args.embedder
+    return {**engine_results(cases, runs), "embedder": embedder}
 
 
 def ledger_part(args: argparse.Namespace, work: Path, dsn: str) -> dict[str, Any]:
@@ -323,6 +338,8 @@ def settings(args: argparse.Namespace, cases: Sequence[EngineCase]) -> dict[str,
 def embedder_section(args: argparse.Namespace) -> dict[str, Any]:
     if args.embedder == "minilm":
         return {"kind": "sentence-transformers", "model": str(minilm_path()), "threads": args.threads}
+    if args.model_ms:
+        return {"kind": "hash", "dim": ZERO_DIM, "latency_ms": args.model_ms}
     return {"kind": "hash", "dim": ZERO_DIM}
 
 

@@ -29,6 +29,7 @@ from reindex import commands, registry
 from reindex.commands import RunReport
 from reindex.config import Config, load
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
+from reindex.migration import leased, open_migration
 from reindex.pipeline import Progress, scan_documents
 from reindex.validation import screen
 from tests.lifecycle.support import toml
@@ -109,10 +110,22 @@ def same_as_local(dsn: str, local: RunReport, report: RunReport, config: Config)
     assert commands.verify(config).complete
 
 
-def test_a_ray_run_builds_the_same_target_as_the_local_engine(tmp_path: Path, pg_dsn: str) -> None:
+@pytest.mark.parametrize("lanes", [1, 2])
+def test_a_ray_run_builds_the_same_target_as_the_local_engine(
+    tmp_path: Path, pg_dsn: str, lanes: int
+) -> None:
     source = corpus(tmp_path / "docs.jsonl")
     local = commands.run(config(tmp_path, pg_dsn, source, alias="local_docs", engine="local"))
-    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", actors=2, cpus_per_actor=0.5)
+    cluster = config(
+        tmp_path,
+        pg_dsn,
+        source,
+        alias="ray_docs",
+        engine="ray",
+        actors=2,
+        cpus_per_actor=0.5,
+        shards_per_actor=lanes,
+    )
     report = commands.run(cluster)
     same_as_local(pg_dsn, local, report, cluster)
     status = commands.status(cluster)
@@ -318,6 +331,50 @@ def test_read_tasks_tokenize_with_the_models_tokenizer_and_the_actors_take_their
     np.testing.assert_array_equal(ahead.tokens.ids, embedder.tokenize_columns(texts).ids)
     report = commands.run(cluster)
     same_as_local(pg_dsn, local, report, cluster)
+
+
+def test_an_actor_holds_a_second_shard_in_its_own_lane_while_the_first_is_in_the_model(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """`shards_per_actor = 2`: a shard that arrives while another is in the model gets a lane of its own
+    (its own ledger and target connections) and the same loaded model; both are recorded, each row counting
+    only its own shard. Driven in this process, the way Ray's actor threads call the worker."""
+    source = corpus(tmp_path / "docs.jsonl")
+    slow = {"kind": "hash", "dim": 16, "latency_ms": 400}  # a model call long enough to arrive during
+    cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", embedder=slow)
+    with leased(cluster) as (ledger, lease), open_migration(cluster) as m:
+        m = commands.attach(m, ledger, create=True)
+        first, second = ray_engine.plan(m, ledger)[:2]
+        items = [
+            ray_engine._read_shard(
+                {"seq": s.seq, "after": s.after_cursor, "last": s.last_cursor, "documents": s.documents},
+                cluster,
+            )
+            for s in (first, second)
+        ]
+        worker = ray_engine.ShardWorker(cluster, m.plan_id, m.spec.nonce, (lease.key, lease.token))
+        rows: dict[int, dict[str, Any]] = {}
+
+        def call(item: dict[str, Any]) -> None:
+            rows[int(item["seq"])] = worker(item)
+
+        threads = [threading.Thread(target=call, args=(item,)) for item in items]
+        threads[0].start()
+        time.sleep(0.2)  # the first shard is in the model now
+        threads[1].start()
+        for thread in threads:
+            thread.join()
+        lanes = worker._lanes
+        assert len(lanes) == 2 and lanes[0].pipeline.embedder is lanes[1].pipeline.embedder
+        assert lanes[0].pipeline.ledger is not lanes[1].pipeline.ledger
+        assert [rows[s.seq]["error"] for s in (first, second)] == [b"", b""]
+        assert [rows[s.seq]["documents"] for s in (first, second)] == [first.documents, second.documents]
+        assert {shard.seq for shard in ledger.shard_plan(m.plan_id) if shard.recorded} == {
+            first.seq,
+            second.seq,
+        }
+        for lane in lanes:
+            lane.close()
 
 
 def test_a_paid_online_model_on_ray_workers_stops_at_one_cluster_wide_budget(
