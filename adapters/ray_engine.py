@@ -364,8 +364,8 @@ def _read_shard(
 
     Ray Data fuses this function into the actor's process when their resources are equal (CPU-only
     settings): there the actor tokenizes after its claims, as the local engine does, since tokenizing
-    here first would only add a second screening. Apart (an actor with a GPU, a read task without), the
-    read tasks tokenize on the CPUs while the actors embed."""
+    here first would only tokenize, in the same process, texts the claims then set aside. Apart (an actor
+    with a GPU, a read task without), the read tasks hash and tokenize on the CPUs while the actors embed."""
     row = {
         "seq": item["seq"],
         "after": item["after"],
@@ -442,7 +442,7 @@ class ShardWorker:
         context = _ray().get_runtime_context()
         self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
         self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
-        self.config, self.plan_id, self.nonce, self.lease, self.book = config, plan_id, nonce, lease, book
+        self.config, self.plan_id, self.nonce, self.lease = config, plan_id, nonce, lease
         self.embedder: Any = None
         self.budget = RemoteBudget(book, config.run.max_cost_usd) if book is not None else None
         self._model = threading.Lock()

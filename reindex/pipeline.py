@@ -182,10 +182,10 @@ class Pipeline:
         self, seq: int, after: str | None, records: Sequence[Record], pretokenized: Pretokenized | None = None
     ) -> Shard | None:
         """One shard of a run, start to end in this thread: prepare, embed, write, record (the ray engine's
-        actors call this for each shard the driver planned, with its texts tokenized by the read task that
-        read it: `pretokenized`). None if the budget refuses its tokens: nothing
-        is sent or recorded, and the texts it claimed stay claimed until a rerun releases them (as for a
-        shard that died in flight; a shard that meets one meanwhile embeds that text itself)."""
+        actors call this for each shard the driver planned, with its texts hashed and tokenized by the read
+        task that read it: `pretokenized`). None if the budget refuses its tokens: nothing is sent or
+        recorded, and the texts it claimed stay claimed until a rerun releases them (as for a shard that
+        died in flight; a shard that meets one meanwhile embeds that text itself)."""
         shard = self._prepare(seq, after, records, pretokenized)
         if not self.budget.allows(shard.token_count):
             return None

@@ -19,7 +19,7 @@ from reindex.columns import Documents, TokenColumns, documents, tokenize
 from reindex.config import RunConfig
 from reindex.ledger import DeadLetter
 from reindex.ports import Record, Vectors
-from reindex.validation import screen
+from reindex.validation import content_hashes, screen
 
 Claim = Callable[
     [dict[str, str]], dict[str, tuple[str, str]]
@@ -29,8 +29,10 @@ Copy = tuple[Record, str, str]  # (record, content hash, the document that carri
 
 @dataclass
 class Pretokenized:
-    """A shard's distinct texts tokenized ahead of its claims: row `rows[hash]` of `tokens`."""
+    """A shard's distinct texts tokenized ahead of its claims: row `rows[hash]` of `tokens`; `hashes`: every
+    document's content hash, in the shard's order, so that screening it again hashes nothing."""
 
+    hashes: list[str | None]
     rows: dict[str, int]
     tokens: TokenColumns
 
@@ -45,14 +47,16 @@ class Pretokenized:
 def pretokenize(tokenizer: Callable[[list[str]], TokenColumns], records: Sequence[Record]) -> Pretokenized:
     """Tokenize each distinct text `prepare_shard` could embed from `records`: all that screening keeps, as
     the claims that will set some aside are not known yet (a copy's tokens are then not used)."""
-    screened = screen(documents(records))
+    docs = documents(records)
+    hashes = content_hashes(docs.texts)
+    screened = screen(docs, hashes)
     rows: dict[str, int] = {}
     texts: list[str] = []
     for digest, text in zip(screened.hashes, screened.records.texts, strict=True):
         if digest not in rows:
             rows[digest] = len(texts)
             texts.append(text)
-    return Pretokenized(rows, tokenizer(texts) if texts else TokenColumns.from_tokens([]))
+    return Pretokenized(hashes, rows, tokenizer(texts) if texts else TokenColumns.from_tokens([]))
 
 
 @dataclass
@@ -106,7 +110,10 @@ def prepare_shard(
     """Screen, fold duplicate ids, set aside texts embedded elsewhere in the run (`claim`), tokenize each
     remaining distinct text once (or take its rows from `pretokenized`), and apply the over-length policy."""
     docs = documents(records)
-    screened = screen(docs)
+    ahead = (
+        pretokenized.hashes if pretokenized is not None and len(pretokenized.hashes) == len(docs) else None
+    )
+    screened = screen(docs, ahead)
     kept, hashes, copies, claimed = _claim(screened.records, screened.hashes, claim)
     unique: dict[str, int] = {}
     owner = [unique.setdefault(digest, len(unique)) for digest in hashes]

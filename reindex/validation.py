@@ -52,13 +52,14 @@ class Screened:
     duplicates: int = 0
 
 
-def screen(records: Sequence[Record]) -> Screened:
+def screen(records: Sequence[Record], hashes: Sequence[str | None] | None = None) -> Screened:
     """Drop unreadable and empty documents and fold duplicate ids (a conflict dead-letters all copies).
+    `hashes`: the texts' `content_hashes`, when computed before (the ray engine's read tasks).
 
     Columnar: one hash comprehension over the texts, one set for the ids; per-document Python only for the
     documents that are dropped or duplicated."""
     docs = documents(records)
-    hashes = _hashes(docs.texts)
+    hashes = content_hashes(docs.texts) if hashes is None else list(hashes)
     empty = [row for row, text in enumerate(docs.texts) if not text or text.isspace()]
     unreadable = [row for row, digest in enumerate(hashes) if digest is None] if None in hashes else []
     defects = {row: reason for row, (reason, _) in docs.defects.items()}
@@ -80,7 +81,7 @@ def screen(records: Sequence[Record]) -> Screened:
     return result
 
 
-def _hashes(texts: list[str]) -> list[str | None]:
+def content_hashes(texts: list[str]) -> list[str | None]:
     """Content hashes of all texts in one comprehension; None for a text that is not valid Unicode (a lone
     surrogate: no tokenizer accepts it). One encode of the joined texts proves the common case."""
     try:

@@ -232,10 +232,12 @@ class TokenizeCounter(HashEmbedder):
         return super().tokenize_columns(texts)
 
 
-def test_a_shard_prepared_from_texts_tokenized_ahead_is_the_shard_tokenized_here(tiny_model: Path) -> None:
+def test_a_shard_prepared_from_texts_tokenized_ahead_is_the_shard_tokenized_here(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The ray engine's read tasks tokenize a shard's distinct texts before its claims are known; the actor
     takes the rows of the texts it still owns, and must end with the shard it would have made itself,
-    without tokenizing again."""
+    without tokenizing or hashing the texts again."""
     embedder = TokenizeCounter(dim=16, max_tokens=12, tokenizer=str(tiny_model))
     records = [
         Record("a", "alpha beta", {}),
@@ -253,7 +255,9 @@ def test_a_shard_prepared_from_texts_tokenized_ahead_is_the_shard_tokenized_here
     assert embedder.column_tokenizer is not None
     ahead = pretokenize(embedder.column_tokenizer, records)
     assert len(ahead.tokens) == 4  # alpha beta, gamma..., delta epsilon, zeta
-    shard = prepare_shard(embedder, run, 0, None, records, claim, ahead)
+    with monkeypatch.context() as patched:
+        patched.setattr("reindex.validation.content_hashes", lambda texts: pytest.fail("hashed again"))
+        shard = prepare_shard(embedder, run, 0, None, records, claim, ahead)
     assert embedder.tokenized == 0
     here = prepare_shard(embedder, run, 0, None, records, claim)
     assert embedder.tokenized == 3
