@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 # uuid5(NAMESPACE_URL, "reindex-embeddings:point-id"); fixed forever: it derives every stored point id
 POINT_NAMESPACE = uuid.UUID("2e3bcf89-fa2e-52a1-bf7e-fc2a1fb506f9")
 META_KEY = "reindex"  # collection metadata key holding fingerprint, dim, alias, model, created_at
+NATIVE_IDS = "native"  # collection metadata `point_ids`: integer document ids stay integer point ids (point_id)
 INDEX_KEYS = ["reindex_id", "reindex_fingerprint", "reindex_content_hash", "reindex_origin"]
 ADOPTED = "application"  # `reindex_origin` of a point the application wrote and `adopt` gave the other keys
 # `<alias>__reindex_serves__<target>`: the guard alias that makes alias moves compare-and-swap (move_alias)
@@ -80,19 +81,40 @@ class _Connection(BaseModel):
         return self
 
 
-def point_id(doc_id: str) -> str:
-    """Map a document id to its Qdrant point id.
+def point_id(doc_id: str) -> int | str:
+    """Map a document id to its Qdrant point id: the id the application already uses where it is one.
 
-    A canonical UUID string is kept, so LangChain or LlamaIndex code still addresses the point by it.
-    Every other id, decimal ones included, becomes uuid5(POINT_NAMESPACE, id): integer point ids would
-    fold "7" and "007" into one point, and one id type keeps scroll order uniform.
+    A canonical unsigned integer ("7", not "007" or "+7") is kept as that integer point id, and a canonical
+    UUID string as itself, so the application addresses its points through the alias by the ids it has
+    always used (a Qdrant source names each document by its point id). Every other id becomes
+    uuid5(POINT_NAMESPACE, id), so "007" never folds into point 7. The map is one to one: an integer and
+    a UUID are never the same point id.
     """
-    try:
-        if str(uuid.UUID(doc_id)) == doc_id:
-            return doc_id
-    except ValueError:
-        pass
-    return str(uuid.uuid5(POINT_NAMESPACE, doc_id))
+    if _is_point_number(doc_id):
+        return int(doc_id)
+    return _uuid_point_id(doc_id)
+
+
+def _uuid_point_id(doc_id: str) -> str:
+    """The point id of targets built before integer ids were kept: a canonical UUID as itself, else uuid5."""
+    if len(doc_id) == 36:
+        try:
+            if str(uuid.UUID(doc_id)) == doc_id:
+                return doc_id
+        except ValueError:
+            pass
+    return _uuid5(doc_id)
+
+
+def _is_point_number(doc_id: str) -> bool:
+    """A canonical decimal unsigned 64-bit integer: what str() of an integer point id gives."""
+    return (
+        doc_id.isascii()
+        and doc_id.isdigit()
+        and (doc_id == "0" or doc_id[0] != "0")
+        and len(doc_id) <= 20
+        and int(doc_id) < 2**64
+    )
 
 
 class QdrantSource:
@@ -201,10 +223,16 @@ class QdrantSource:
             yield last, count
 
     def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
-        wanted = [p for p in (_parse_point_id(i) for i in ids) if p is not None]
+        """The documents with these ids (`_document_id`): the point of that id, or the point a reindex
+        target stored the document under."""
+        wanted = set(ids)
+        candidates = {str(p): p for i in wanted for p in _candidate_points(i)}
         with _translated():
-            points = self._client.retrieve(self._require(), wanted, with_payload=True, with_vectors=False)
-        return (self._record(point) for point in points)
+            points = self._client.retrieve(
+                self._require(), list(candidates.values()), with_payload=True, with_vectors=False
+            )
+        records = (self._record(point) for point in points)
+        return (record for record in records if record.id in wanted)
 
     def reading(self, sink: Sink, alias: str, previous: str) -> QdrantSource | None:
         """This source over `previous` when it reads the alias or `previous` itself in the sink's storage:
@@ -240,12 +268,13 @@ class QdrantSource:
     def _record(self, point: models.Record) -> Record:
         payload = point.payload or {}
         text = _dotted(payload, self.text_field)
-        doc_id = str(point.id)
+        doc_id = _document_id(point)
+        cursor = None if doc_id == str(point.id) else str(point.id)  # scans resume after a point id
         if text is None:
-            return Record(doc_id, "", payload, defect="missing_text")
+            return Record(doc_id, "", payload, cursor, defect="missing_text")
         if not isinstance(text, str):
-            return Record(doc_id, "", payload, defect="invalid_text_type")
-        return Record(doc_id, text, payload)
+            return Record(doc_id, "", payload, cursor, defect="invalid_text_type")
+        return Record(doc_id, text, payload, cursor)
 
     def _pick_vector(self, vectors: Any) -> tuple[str | None, Any]:
         if not isinstance(vectors, Mapping):
@@ -286,6 +315,7 @@ class QdrantSink:
         self.upsert_batch = upsert_batch
         self._lease: str | None = None
         self._vector_names: dict[str, str | None] = {}
+        self._native: dict[str, bool] = {}
 
     @classmethod
     def from_config(cls, config: Config) -> QdrantSink:
@@ -318,6 +348,7 @@ class QdrantSink:
             "plan_id": spec.plan_id,
             "nonce": spec.nonce,
             "created_at": datetime.now(UTC).isoformat(),
+            "point_ids": NATIVE_IDS,
         }
         with _translated():
             self._client.create_collection(
@@ -359,8 +390,9 @@ class QdrantSink:
         from qdrant_client import models
 
         groups: dict[str, list[Any]] = {}
+        ids_of = self._point_ids(target)
         for doc_id, digest in expected.items():
-            groups.setdefault(digest, []).append(point_id(doc_id))
+            groups.setdefault(digest, []).append(ids_of([doc_id])[0])
         for digest, points in groups.items():
             with _translated():
                 self._client.delete(target, models.FilterSelector(filter=_hash_is(digest, points)), wait=True)
@@ -382,7 +414,7 @@ class QdrantSink:
                 f"{len(docs)} records, {len(vectors)} vectors and {len(rows.content_hashes)} hashes differ"
             )
         name = self._vector_name(target)
-        ids: list[Any] = _point_ids(docs.ids)
+        ids: list[Any] = self._point_ids(target)(docs.ids)
         payloads = _point_payloads(docs, rows.content_hashes, rows.fingerprint)
         guards: dict[str, Any] = {} if mode is None else {"update_mode": mode, "update_filter": only}
         for start in range(0, len(ids), self.upsert_batch):
@@ -402,7 +434,7 @@ class QdrantSink:
         from qdrant_client import models
 
         with _translated():
-            self._client.delete(target, models.PointIdsList(points=[point_id(i) for i in ids]), wait=True)
+            self._client.delete(target, models.PointIdsList(points=self._point_ids(target)(ids)), wait=True)
 
     def finalize(self, spec: TargetSpec) -> None:
         """Index `reindex_id` on a server, for verify and sync; local mode has no payload indexes."""
@@ -506,12 +538,11 @@ class QdrantSink:
                 return
 
     def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
-        by_point = {point_id(i): i for i in ids}
+        point_ids = self._point_ids(target)(ids)
+        by_point = {str(p): i for p, i in zip(point_ids, ids, strict=True)}
         name = self._vector_name(target)
         with _translated():
-            points = self._client.retrieve(
-                target, list(by_point), with_payload=False, with_vectors=_with_vector(name)
-            )
+            points = self._client.retrieve(target, point_ids, with_payload=False, with_vectors=_with_vector(name))
         return {by_point[str(p.id)]: _stored_vector(p, name) for p in points}
 
     def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
@@ -519,11 +550,14 @@ class QdrantSink:
         name = self._vector_name(target)
         ids = list(expected)
         found: dict[str, Vectors] = {}
+        ids_of = self._point_ids(target)
         for start in range(0, len(ids), self.upsert_batch):
-            by_point = {point_id(i): i for i in ids[start : start + self.upsert_batch]}
+            part = ids[start : start + self.upsert_batch]
+            point_ids = ids_of(part)
+            by_point = {str(p): i for p, i in zip(point_ids, part, strict=True)}
             with _translated():
                 points = self._client.retrieve(
-                    target, list(by_point), with_payload=INDEX_KEYS, with_vectors=_with_vector(name)
+                    target, point_ids, with_payload=INDEX_KEYS, with_vectors=_with_vector(name)
                 )
             for point in points:
                 doc_id = by_point[str(point.id)]
@@ -675,6 +709,7 @@ class QdrantSink:
             with _translated():
                 self._client.delete_collection(target)
         self._vector_names.pop(target, None)
+        self._native.pop(target, None)
 
     def close(self) -> None:
         _release(self._lease)
@@ -682,13 +717,25 @@ class QdrantSink:
 
     def _vector_name(self, target: str) -> str | None:
         if target not in self._vector_names:
-            with _translated():
-                config = self._client.get_collection(target).config
-            vectors = config.params.vectors
-            names: list[str | None] = list(vectors) if isinstance(vectors, Mapping) else [None]
-            recorded = _reindex_meta(config).get("vector")
-            self._vector_names[target] = recorded if recorded in names else next(iter(names), None)
+            self._read_layout(target)
         return self._vector_names[target]
+
+    def _point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]:
+        """How `target` names its points: `point_id` (integer ids kept), or on a target built before that
+        was recorded (`NATIVE_IDS`), a UUID for every document, so a resumed run keeps its scheme."""
+        if target not in self._native:
+            self._read_layout(target)
+        return _point_ids if self._native[target] else _uuid_point_ids
+
+    def _read_layout(self, target: str) -> None:
+        with _translated():
+            config = self._client.get_collection(target).config
+        vectors = config.params.vectors
+        names: list[str | None] = list(vectors) if isinstance(vectors, Mapping) else [None]
+        meta = _reindex_meta(config)
+        recorded = meta.get("vector")
+        self._vector_names[target] = recorded if recorded in names else next(iter(names), None)
+        self._native[target] = meta.get("point_ids") == NATIVE_IDS
 
     def _collections(self) -> set[str]:
         with _translated():
@@ -756,7 +803,7 @@ def _unhashed(doc_id: str) -> Any:
     parsed = _parse_point_id(doc_id)
     return models.Filter(
         must=[
-            models.HasIdCondition(has_id=[point_id(doc_id) if parsed is None else parsed]),
+            models.HasIdCondition(has_id=[_uuid_point_id(doc_id) if parsed is None else parsed]),
             models.IsEmptyCondition(is_empty=models.PayloadField(key="reindex_content_hash")),
         ]
     )
@@ -1100,9 +1147,22 @@ def _parse_point_id(value: str, *, strict: bool = False) -> int | str | None:
         return None
 
 
-def _point_ids(doc_ids: Sequence[str]) -> list[str]:
-    """`point_id` of every id: only a 36-character id can be a canonical UUID, the rest is uuid5 directly."""
-    return [point_id(i) if len(i) == 36 else _uuid5(i) for i in doc_ids]
+def _point_ids(doc_ids: Sequence[str]) -> list[Any]:
+    """`point_id` of every id."""
+    return [point_id(i) for i in doc_ids]
+
+
+def _uuid_point_ids(doc_ids: Sequence[str]) -> list[Any]:
+    """`_uuid_point_id` of every id: a target built before integer ids were kept."""
+    return [_uuid_point_id(i) for i in doc_ids]
+
+
+def _candidate_points(doc_id: str) -> set[int | str]:
+    """The point ids a document may be stored under: its own id as a point id, `point_id`, or the UUID
+    an older target derived."""
+    parsed = _parse_point_id(doc_id)
+    found: set[int | str] = {point_id(doc_id), _uuid_point_id(doc_id)}
+    return found if parsed is None else found | {parsed}
 
 
 _NAMESPACE_BYTES = POINT_NAMESPACE.bytes
@@ -1166,8 +1226,15 @@ def _json_safe(value: Any) -> Any:
 
 
 def _document_id(point: Any) -> str:
-    """The source's id of a point: `reindex_id` on points we wrote, else the point id (an index we adopt)."""
-    return str((point.payload or {}).get("reindex_id", point.id))
+    """The one name of a point's document, for every read (source scans, verify, sync, search): the
+    `reindex_id` the tool stored, where the point's id is the one the tool derives from it (`point_id`, or
+    an older target's UUID); else the point id itself (a point the application wrote, or one whose
+    payload it copied from another point)."""
+    own = str(point.id)
+    stored = (point.payload or {}).get("reindex_id")
+    if not isinstance(stored, str) or stored == own:
+        return own
+    return stored if own in (str(point_id(stored)), _uuid_point_id(stored)) else own
 
 
 def _with_vector(name: str | None) -> bool | list[str]:

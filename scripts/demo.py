@@ -187,7 +187,7 @@ def write_judgements(documents: Sequence[Document]) -> int:
     from adapters.qdrant import point_id
 
     # The Qdrant source names a document by its point id (the legacy collection has no id field of its own).
-    names: dict[str, Callable[[str], str]] = {"pgvector": str, "qdrant": point_id}
+    names: dict[str, Callable[[str], str]] = {"pgvector": str, "qdrant": lambda i: str(point_id(i))}
     for backend, path in QRELS.items():
         rows = "".join(f"q{n}\t{names[backend](i)}\t1\n" for n, (i, _) in enumerate(picked))
         path.write_text("query-id\tcorpus-id\tscore\n" + rows)

@@ -187,12 +187,14 @@ def test_missing_collection_is_a_config_error_naming_it() -> None:
         QdrantSource(QdrantClient(":memory:"), collection="nope").count()
 
 
-def test_point_id_keeps_canonical_uuids_and_derives_the_rest() -> None:
+def test_point_id_keeps_canonical_uuids_and_integers_and_derives_the_rest() -> None:
     canonical = str(uuid.uuid4())
     assert point_id(canonical) == canonical
     assert point_id(canonical.upper()) != canonical
-    assert point_id("7") != point_id("007")
-    assert uuid.UUID(point_id("7")).version == 5
+    assert point_id("7") == 7 and point_id("0") == 0 and point_id(str(2**64 - 1)) == 2**64 - 1
+    for derived in ("007", "+7", "-7", "7.0", str(2**64), "٧"):  # the last: an Arabic-Indic seven
+        assert uuid.UUID(str(point_id(derived))).version == 5, derived
+    assert point_id("007") != point_id("7")
 
 
 def test_write_stores_a_json_safe_payload_with_the_reindex_keys() -> None:

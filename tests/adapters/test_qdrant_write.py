@@ -58,7 +58,7 @@ def stored(client: QdrantClient, target: str) -> dict[str, tuple[dict[str, Any],
     for point in points:
         payload = dict(point.payload or {})
         vector = point.vector["text-dense"] if isinstance(point.vector, dict) else point.vector
-        assert str(point.id) == point_id(payload["reindex_id"])
+        assert str(point.id) == str(point_id(payload["reindex_id"]))
         result[payload["reindex_id"]] = (payload, list(vector or []))
     return result
 
