@@ -58,7 +58,9 @@ if TYPE_CHECKING:
 # uuid5(NAMESPACE_URL, "reindex-embeddings:point-id"); fixed forever: it derives every stored point id
 POINT_NAMESPACE = uuid.UUID("2e3bcf89-fa2e-52a1-bf7e-fc2a1fb506f9")
 META_KEY = "reindex"  # collection metadata key holding fingerprint, dim, alias, model, created_at
-NATIVE_IDS = "native"  # collection metadata `point_ids`: integer document ids stay integer point ids (point_id)
+NATIVE_IDS = (
+    "native"  # collection metadata `point_ids`: integer document ids stay integer point ids (point_id)
+)
 INDEX_KEYS = ["reindex_id", "reindex_fingerprint", "reindex_content_hash", "reindex_origin"]
 ADOPTED = "application"  # `reindex_origin` of a point the application wrote and `adopt` gave the other keys
 # `<alias>__reindex_serves__<target>`: the guard alias that makes alias moves compare-and-swap (move_alias)
@@ -241,9 +243,13 @@ class QdrantSource:
             return None
         if _location(sink._client) != _location(self._client):
             return None
+        return self.over(previous)
+
+    def over(self, index: str) -> QdrantSource:
+        """This source's settings over another collection of the same store, sharing this client."""
         return QdrantSource(
             self._client,
-            collection=previous,
+            collection=index,
             text_field=self.text_field,
             vector_name=self.vector_name,
             page_size=self.page_size,
@@ -542,7 +548,9 @@ class QdrantSink:
         by_point = {str(p): i for p, i in zip(point_ids, ids, strict=True)}
         name = self._vector_name(target)
         with _translated():
-            points = self._client.retrieve(target, point_ids, with_payload=False, with_vectors=_with_vector(name))
+            points = self._client.retrieve(
+                target, point_ids, with_payload=False, with_vectors=_with_vector(name)
+            )
         return {by_point[str(p.id)]: _stored_vector(p, name) for p in points}
 
     def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:

@@ -33,6 +33,7 @@ from reindex.migration import (
 from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate, ledger_advice, spread
 from reindex.ports import DeferredEmbedder
+from reindex.served import judged
 from reindex.sync import (
     AfterFlip,
     Settled,
@@ -405,7 +406,9 @@ def verify(config: Config, *, sample: int = 0) -> Coverage:
 def _verify(
     m: Migration, ledger: Ledger, *, sample: int = 0, also: Callable[[Comparison], None] | None = None
 ) -> Coverage:
-    """The coverage of this migration's target; before any run, an empty target's (nothing complete)."""
+    """The coverage of this migration's target; before any run, an empty target's (nothing complete).
+    After the flip to it, judged against what the alias serves (`reindex.served`)."""
+    m = judged(m, ledger)
     report = coverage(
         m.source,
         m.sink,
@@ -701,6 +704,7 @@ def dlq_retry(config: Config) -> DeadLetterReport:
 
 
 def _retry(m: Migration, ledger: Ledger) -> DeadLetterReport:
+    m = judged(m, ledger)  # after the flip the dead letters are read from the collection the run read
     ids = [d.doc_id for d in ledger.dead_letters(m.plan_id)]
     pipeline = m.pipeline(ledger)
     written, vanished = 0, 0

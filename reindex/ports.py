@@ -323,6 +323,11 @@ class IndexSource(Protocol):
         None when it reads something else, which then still holds every write."""
         ...
 
+    def over(self, index: str) -> Source:
+        """This source's settings (text field, vector) over another index of the same store: the target
+        that the alias serves after a flip (`reindex.served`)."""
+        ...
+
 
 @runtime_checkable
 class GuardedSink(Protocol):

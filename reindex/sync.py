@@ -21,6 +21,7 @@ from reindex.errors import ConfigError
 from reindex.ledger import DeadLetter, Ledger
 from reindex.pipeline import retrying
 from reindex.ports import AdoptingSink, DeferredEmbedder, GuardedSink, IndexSource, Record, Rows, Sink, Source
+from reindex.served import judged
 from reindex.validation import excused, text_hash
 from reindex.verify import Category, Comparison, compare, load_rows
 
@@ -55,6 +56,7 @@ def catch_up(m: Migration, ledger: Ledger, *, keep: Settled | None = None) -> Sy
     `keep` receives the source as this catch-up read it (`Settled.gaps` tells later writes by it)."""
     started = time.monotonic()
     _refuse_while_jobs_are_open(m, ledger)
+    m = judged(m, ledger)
     m.sink.prepare(m.spec)
     letters = ledger.dead_letters(m.plan_id)
     previous = {d.doc_id for d in letters}
@@ -144,6 +146,9 @@ class AfterFlip:
     # which may be inserts of the window or deletes through the alias since; left alone, listed
     uncertain: int = 0
     examples: list[str] = field(default_factory=list)
+    # documents whose text the application changed in place through the alias since the flip (the vector
+    # left as it was): kept, and re-embedded from the text it gave them
+    edited: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -229,10 +234,10 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
     (re-embedded, or deleted), unless the application has since written that document through the alias
     into the new target, whose later write stands."""
     started = time.monotonic()
-    old = None
+    old = served = None
     if isinstance(m.source, IndexSource) and previous is not None and settled.taken:
-        old = m.source.reading(m.sink, m.spec.alias, previous)
-    if old is None:
+        old, served = m.source.reading(m.sink, m.spec.alias, previous), m.source.over(m.spec.name)
+    if old is None or served is None:
         again = catch_up(m, ledger)
         done = AfterFlip(
             "source",
@@ -244,50 +249,72 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
         )
         ledger.record_verification(m.plan_id, True, done.to_json(), kind=AFTER_FLIP)
         return done
+    sink = m.sink
+    if not isinstance(sink, GuardedSink):
+        raise TypeError(f"{type(sink).__name__} cannot write only where nothing changed meanwhile")
     db = settled.db
     load_rows(db, "INSERT OR REPLACE INTO old VALUES (?,?)", ((r.id, text_hash(r)) for r in old.scan()))
     load_rows(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", excused(ledger.dead_letters(m.plan_id)).items())
     load_rows(db, "INSERT OR REPLACE INTO now VALUES (?,?,?)", _states(m))  # last: the newest view of it
     carry, gone, uncertain, kept = [], [], [], 0
-    for doc_id, in_old, touched, unseen in db.execute(_WINDOW):
+    window = list(db.execute(_WINDOW))
+    edited = _edited_in_place(served, db, [row[0] for row in window])
+    for doc_id, in_old, touched, unseen in window:
         if settled.rebuilt and unseen:
             uncertain.append(doc_id)
-        elif touched:
+        elif touched or doc_id in edited:
             kept += 1
         elif in_old:
             carry.append(doc_id)
         else:
             gone.append(doc_id)
-    sink = m.sink
-    if not isinstance(sink, GuardedSink):
-        raise TypeError(f"{type(sink).__name__} cannot write only where nothing changed meanwhile")
     found = dict(_hashes(db, "settled", [*carry, *gone]))
-    guarded = _Guarded(sink, expected := {i: found.get(i) for i in [*carry, *gone]})
-    pipeline = replace(m, source=old, sink=cast(Sink, guarded)).pipeline(ledger)
-    written: list[str] = []
-    dead: list[DeadLetter] = []
-    for chunk in chunks(carry, m.config.run.shard_size):
-        shard = pipeline.process(fetch_records(old, chunk))
-        written += shard.written_ids
-        dead += shard.dead
+    expected = {i: found.get(i) for i in [*carry, *gone]}
+    written, dead = _rewrite(m, ledger, old, sink, carry, expected)
+    # the application's text edited in place since the flip, under the vector of the text before: its
+    # text stands, embedded now (guarded by the hash still stored, so a newer write stands in turn)
+    stored = dict(_hashes(db, "now", sorted(edited)))
+    _, dead_edits = _rewrite(m, ledger, served, sink, sorted(edited), stored)
     # a text that failed must not keep the vector of the one before; a point never stored has none to delete
     failed = {d.doc_id for d in dead}
     doomed = {i: expected[i] for i in sorted({*gone, *failed}) if expected.get(i) is not None}
+    doomed |= {d.doc_id: h for d in dead_edits if (h := stored.get(d.doc_id)) is not None}
     for chunk in chunks(list(doomed.items()), DELETE_CHUNK):
         retrying(sink.delete_guarded, m.spec.name, dict(chunk))
-    ledger.record_dead_letters(m.plan_id, dead)
+    ledger.record_dead_letters(m.plan_id, [*dead, *dead_edits])
     report = AfterFlip(
         "previous",
         carried=len(written),
         deleted=len(gone),
         kept=kept,
-        dead_letters=len(dead),
+        dead_letters=len(dead) + len(dead_edits),
         seconds=round(time.monotonic() - started, 3),
         uncertain=len(uncertain),
         examples=uncertain[:5],
+        edited=len(edited),
     )
     ledger.record_verification(m.plan_id, True, report.to_json(), kind=AFTER_FLIP)
     return report
+
+
+def _rewrite(
+    m: Migration,
+    ledger: Ledger,
+    source: Source,
+    sink: GuardedSink,
+    ids: Sequence[str],
+    expected: Mapping[str, str | None],
+) -> tuple[list[str], list[DeadLetter]]:
+    """Embed these documents as `source` holds them now and write each only where the target still
+    holds what `expected` says: (written ids, dead letters)."""
+    pipeline = replace(m, source=source, sink=cast(Sink, _Guarded(sink, expected))).pipeline(ledger)
+    written: list[str] = []
+    dead: list[DeadLetter] = []
+    for chunk in chunks(ids, m.config.run.shard_size):
+        shard = pipeline.process(fetch_records(source, list(chunk)))
+        written += shard.written_ids
+        dead += shard.dead
+    return written, dead
 
 
 def mark_after_flip(m: Migration, ledger: Ledger, *, previous: str | None) -> None:
@@ -322,6 +349,20 @@ _WINDOW = """
       AND NOT (settled.id IS NULL AND old.id IS NOT NULL AND dead.id IS NOT NULL AND dead.hash IS old.hash)
     ORDER BY ids.id
 """
+
+
+def _edited_in_place(served: Source, db: sqlite3.Connection, ids: Sequence[str]) -> set[str]:
+    """The documents whose text the target serves now differs from the one the settled target held: an
+    edit through the alias since the flip that leaves the bookkeeping as it was (`set_payload` of the text
+    under the old vector), which the stored hashes cannot show. Its later write stands; the vector it left
+    is stale, and the next catch-up re-embeds it."""
+    edited: set[str] = set()
+    for chunk in chunks(ids, DELETE_CHUNK):
+        settled = dict(_hashes(db, "settled", chunk))
+        for record in fetch_records(served, chunk):
+            if record.id in settled and text_hash(record) != settled[record.id]:
+                edited.add(record.id)
+    return edited
 
 
 class _Guarded:

@@ -1,0 +1,103 @@
+"""After the flip, the truth is what the alias serves.
+
+A source that reads the index the alias served (a Qdrant collection, through the alias or by its own
+name) stops being the truth at the flip: from then on the application writes through the alias into
+this migration's target, and the old collection is frozen. Judged against the frozen collection, every
+document the application adds through the alias reads as orphaned (and `sync` deletes it), every edit as
+reverted; judged against the target alone (the alias), the dead letters vanish, since only the old
+collection holds the documents that could not be embedded.
+
+So `verify`, `sync` and `dlq retry` read, once the alias serves this migration's target, a source made
+of both: every document the target serves, as it serves it now, and each dead letter of the run that the
+target does not hold, as the collection the run read holds it. pgvector sources (a table, or the view
+the alias is) are not index sources: the view is the truth before and after the flip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from reindex.cutover import last_move
+from reindex.ledger import Ledger
+from reindex.ports import IndexSource, Record, Sink, Source, SourceSchema
+
+if TYPE_CHECKING:
+    from reindex.migration import Migration
+
+
+def judged(m: Migration, ledger: Ledger) -> Migration:
+    """`m` with the source that is the truth now: `ServedSource` once the alias serves this migration's
+    target and the source reads the index it replaced; else `m` as it is."""
+    if not isinstance(m.source, IndexSource) or isinstance(m.source, ServedSource):
+        return m
+    moved = last_move(ledger, m.spec.alias)
+    if moved is None or moved.new != m.spec.name or moved.old is None:
+        return m
+    if m.sink.alias(m.spec.alias).target != m.spec.name:  # rolled back, or moved on by hand
+        return m
+    previous = m.source.reading(m.sink, m.spec.alias, moved.old)
+    if previous is None:  # the source reads something else, which still holds every write
+        return m
+    read = previous if m.sink.describe(moved.old) is not None else None  # None: pruned since
+    dead = [letter.doc_id for letter in ledger.dead_letters(m.plan_id)]
+    return replace(m, source=ServedSource(m.source, m.source.over(m.spec.name), read, dead))
+
+
+class ServedSource:
+    """The target as it serves now, plus the run's dead letters it does not hold, read from `previous`
+    (None: that collection was pruned, and its documents with it). Names, schema and identity stay the
+    configured source's, so the plan id and the target's layout are the ones the run used."""
+
+    def __init__(
+        self, configured: Source, served: Source, previous: Source | None, dead: Sequence[str]
+    ) -> None:
+        self.configured, self.served, self.previous = configured, served, previous
+        self._dead = list(dict.fromkeys(dead))
+        self._extra: list[Record] | None = None
+
+    def schema(self) -> SourceSchema:
+        return self.configured.schema()
+
+    def identity(self) -> str:
+        return self.configured.identity()
+
+    def count(self) -> int | None:
+        served = self.served.count()
+        return None if served is None else served + len(self._unserved())
+
+    def scan(self, after: str | None = None) -> Iterator[Record]:
+        """The served documents in the target's order; a whole scan ends with the unserved dead letters."""
+        yield from self.served.scan(after)
+        if after is None:
+            yield from self._unserved()
+
+    def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
+        found = list(self.served.fetch(ids))
+        yield from found
+        held = {record.id for record in found}
+        dead = set(self._dead)
+        rest = [i for i in ids if i not in held and i in dead]
+        if rest and self.previous is not None:
+            yield from self.previous.fetch(rest)
+
+    def reading(self, sink: Sink, alias: str, previous: str) -> Source | None:
+        assert isinstance(self.configured, IndexSource)
+        return self.configured.reading(sink, alias, previous)
+
+    def over(self, index: str) -> Source:
+        assert isinstance(self.configured, IndexSource)
+        return self.configured.over(index)
+
+    def close(self) -> None:
+        """The configured source owns the connection; the migration closes it."""
+
+    def _unserved(self) -> list[Record]:
+        """The dead letters the target does not hold, as the collection the run read holds them."""
+        if self._extra is None:
+            self._extra = []
+            if self._dead and self.previous is not None:
+                held = {record.id for record in self.served.fetch(self._dead)}
+                self._extra = [r for r in self.previous.fetch(self._dead) if r.id not in held]
+        return self._extra
