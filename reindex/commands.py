@@ -43,6 +43,7 @@ from reindex.sync import (
     fetch_records,
     mark_after_flip,
     pending_after_flip,
+    settled_path,
 )
 from reindex.units import iso_utc
 from reindex.validation import excused
@@ -480,14 +481,15 @@ def _cutover(
                 hint=f"see `reindex compare -c {m.config.path} --json`; --force promotes anyway (recorded)",
             )
     checked: list[Coverage] = []
-    with Settled() as settled:
+    with Settled(settled_path(ledger, m)) as settled:
 
         def check() -> None:
             if sync and not m.sink.holds_writers:
                 catch_up(m, ledger, keep=settled)  # what came since; writers go on
                 checked.append(_complete_but_later_writes_or_refused(m, ledger, force, sample, settled))
-                settled.take(m)  # what the flip will serve, to tell a write that missed it after the flip
-                mark_after_flip(m, ledger, previous=m.sink.alias(m.spec.alias).target)
+                previous = m.sink.alias(m.spec.alias).target
+                settled.take(m, previous)  # what the flip will serve, to tell a write that missed it after
+                mark_after_flip(m, ledger, previous=previous)
                 return
             if sync:
                 catch_up(m, ledger)  # what came since, writers held
@@ -521,8 +523,9 @@ def _finish_pending_flip(m: Migration, ledger: Ledger) -> AfterFlip | None:
     previous = pending_after_flip(m, ledger)
     if previous is None:
         return None
-    with Settled() as settled:
-        settled.rebuild(m)  # the view kept before the flip died with the process that took it
+    with Settled(settled_path(ledger, m)) as settled:
+        if not settled.recall(m, previous):
+            settled.rebuild(m)  # the view kept before the flip died with the process that took it
         return after_flip(m, ledger, previous, settled)
 
 

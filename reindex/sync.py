@@ -158,26 +158,40 @@ class Settled:
     """The target as the final catch-up left it, just verified: each vector's id, content hash and origin,
     in a scratch database (bounded memory, as verify). After the flip, anything in the target that differs
     from this was written by the application through the alias. The scratch database is made on first use:
-    a cutover that needs none (pgvector, or no --sync) pays nothing."""
+    a cutover that needs none (pgvector, or no --sync) pays nothing.
 
-    def __init__(self) -> None:
+    With `path` (beside a SQLite ledger) it is durable: a `cutover --sync` killed between the flip and the
+    end of its carry-over leaves it, and the next `cutover --sync` or `sync` finishes the carry-over from
+    it (`recall`), telling a document the window inserted into the old index from one the application
+    deleted through the alias since. Without it (a Postgres ledger: the next command may run elsewhere),
+    that carry-over rebuilds the view from the target (`rebuild`)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._path = path
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._db: sqlite3.Connection | None = None
-        self.taken = self.rebuilt = False
+        self.taken = self.rebuilt = self.finished = False
 
     @property
     def db(self) -> sqlite3.Connection:
         if self._db is not None:
             return self._db
-        self._scratch = tempfile.TemporaryDirectory(prefix="reindex-settled-")
-        self._db = sqlite3.connect(Path(self._scratch.name) / "settled.db", isolation_level=None)
+        if self._path is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="reindex-settled-")
+            self._db = sqlite3.connect(Path(self._scratch.name) / "settled.db", isolation_level=None)
+            self._db.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;")
+        else:
+            self._db = sqlite3.connect(self._path, isolation_level=None)
+            self._db.executescript(
+                "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA temp_store=FILE;"
+            )
         self._db.executescript("""
-            PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;
-            CREATE TABLE settled (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
-            CREATE TABLE now (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
-            CREATE TABLE old (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
-            CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
-            CREATE TABLE read (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS settled (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS now (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS old (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS read (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS taken (target TEXT NOT NULL, previous TEXT);
         """)
         return self._db
 
@@ -198,10 +212,21 @@ class Settled:
             gaps += sum((i in now, now.get(i)) == (i in seen, seen.get(i)) for i in chunk)
         return gaps
 
-    def take(self, m: Migration) -> None:
+    def take(self, m: Migration, previous: str | None = None) -> None:
+        """Keep the target as it is now, before the flip from `previous`; durable once this returns."""
+        self.db.execute("DELETE FROM taken")
         self.db.execute("DELETE FROM settled")
         load_rows(self.db, "INSERT OR REPLACE INTO settled VALUES (?,?,?)", _states(m))
+        self.db.execute("INSERT INTO taken VALUES (?, ?)", (m.spec.name, previous))  # last: it is whole
         self.taken = True
+
+    def recall(self, m: Migration, previous: str) -> bool:
+        """Take up the view a killed `cutover --sync` kept of this target before its flip from `previous`."""
+        if self._path is None or not self._path.exists():
+            return False
+        taken = self.db.execute("SELECT target, previous FROM taken").fetchall()
+        self.taken = taken == [(m.spec.name, previous)]
+        return self.taken
 
     def rebuild(self, m: Migration) -> None:
         """After a kill between the flip and the end of `after_flip`: the settled target as far as the
@@ -217,12 +242,23 @@ class Settled:
             self._db.close()
         if self._scratch is not None:
             self._scratch.cleanup()
+        if self._path is not None and self.finished:  # carried over: nothing left to finish
+            for leftover in (self._path, *(Path(f"{self._path}{end}") for end in ("-wal", "-shm"))):
+                leftover.unlink(missing_ok=True)
 
     def __enter__(self) -> Settled:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def settled_path(ledger: Ledger, m: Migration) -> Path | None:
+    """Where a durable `Settled` lives: beside a SQLite ledger, one per migration; None for Postgres."""
+    path = getattr(ledger, "path", None)
+    if not isinstance(path, Path):
+        return None
+    return path.with_name(f"{path.name}.settled-{m.plan_id[:16]}")
 
 
 def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Settled) -> AfterFlip:
@@ -253,6 +289,8 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
     if not isinstance(sink, GuardedSink):
         raise TypeError(f"{type(sink).__name__} cannot write only where nothing changed meanwhile")
     db = settled.db
+    for scratch in ("old", "now", "dead"):  # what a killed pass read is out of date
+        db.execute(f"DELETE FROM {scratch}")
     load_rows(db, "INSERT OR REPLACE INTO old VALUES (?,?)", ((r.id, text_hash(r)) for r in old.scan()))
     load_rows(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", excused(ledger.dead_letters(m.plan_id)).items())
     load_rows(db, "INSERT OR REPLACE INTO now VALUES (?,?,?)", _states(m))  # last: the newest view of it
@@ -294,6 +332,7 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
         edited=len(edited),
     )
     ledger.record_verification(m.plan_id, True, report.to_json(), kind=AFTER_FLIP)
+    settled.finished = True
     return report
 
 

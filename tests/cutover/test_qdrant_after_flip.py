@@ -126,8 +126,8 @@ def test_an_edit_through_the_alias_after_the_flip_outlives_the_window_edit_it_fo
     invoke("run", "-c", str(config))
     original_take, original_after_flip = sync.Settled.take, sync.after_flip
 
-    def take(self: sync.Settled, m: Any) -> None:  # the window: the alias still serves `notes`
-        original_take(self, m)
+    def take(self: sync.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
+        original_take(self, m, *args)
         upsert(m.sink._client, OLD, {5: "note 5, edited in the window"})
 
     def after_flip(m: Any, *args: Any) -> Any:  # after the flip, a documented in-place edit of the text

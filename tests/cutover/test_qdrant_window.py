@@ -173,14 +173,18 @@ def test_a_gap_no_later_write_explains_still_refuses_the_flip(
     assert invoke("resolve", "-c", str(migration))["target"] == "notes"
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["view-kept", "view-lost"])
 @pytest.mark.parametrize("finish", ["cutover", "sync"])
 def test_a_cutover_killed_after_the_flip_is_seen_by_verify_and_finished_by_the_next_one(
-    migration: Path, monkeypatch: pytest.MonkeyPatch, finish: str
+    migration: Path, monkeypatch: pytest.MonkeyPatch, finish: str, kept: bool
 ) -> None:
-    """The view of the target kept before the flip dies with the process. Until a `cutover --sync` finishes
-    the catch-up, verify says it is pending; the next one rebuilds what it can from the target itself:
-    changes and deletes of the window are carried, and a document only the old collection holds (inserted
-    in the window, or deleted through the alias since: nothing tells which) is left alone and listed."""
+    """Until a `cutover --sync` finishes the catch-up, verify says it is pending, and the next `cutover
+    --sync` or `sync` finishes it. The view of the target kept before the flip is durable beside a SQLite
+    ledger: with it, the window's insert is carried and the application's delete since stands. Without it
+    (lost, as with a Postgres ledger on another machine), the next one rebuilds what it can from the target
+    itself: changes and deletes of the window are carried, and a document only the old collection holds
+    (inserted in the window, or deleted through the alias since: nothing tells which) is left alone and
+    listed."""
 
     def window(client: QdrantClient) -> None:
         upsert(client, OLD, {"w": "note w, written in the window", "n1": "note 1, edited in the window"})
@@ -205,6 +209,11 @@ def test_a_cutover_killed_after_the_flip_is_seen_by_verify_and_finished_by_the_n
         delete(client, "n5")
     finally:
         client.close()
+    views = list(migration.parent.glob("state.db.settled-*"))
+    assert views, "the view kept before the flip is not beside the ledger"
+    if not kept:
+        for view in views:
+            view.unlink()
     # finished first, before a catch-up adopts the application's writes since (which would hide them)
     finished = invoke(
         *(
@@ -215,8 +224,12 @@ def test_a_cutover_killed_after_the_flip_is_seen_by_verify_and_finished_by_the_n
     )
     assert not finished.get("changed")
     after = finished["after_flip"]
-    assert (after["carried"], after["deleted"], after["kept"], after["uncertain"]) == (1, 1, 1, 2)
-    assert sorted(after["examples"]) == sorted([uid("w"), uid("n5")])
+    if kept:
+        assert (after["carried"], after["deleted"], after["kept"], after["uncertain"]) == (2, 1, 0, 0)
+    else:
+        assert (after["carried"], after["deleted"], after["kept"], after["uncertain"]) == (1, 1, 1, 2)
+        assert sorted(after["examples"]) == sorted([uid("w"), uid("n5")])
+    assert not list(migration.parent.glob("state.db.settled-*")), "the finished view was left behind"
     report = invoke("verify", "-c", str(migration))
     assert report["complete"] and report["after_flip_pending"] is None
 
@@ -225,7 +238,12 @@ def test_a_cutover_killed_after_the_flip_is_seen_by_verify_and_finished_by_the_n
         now = served(client)
     finally:
         client.close()
-    assert uid("n4") not in now and uid("n5") not in now and uid("w") not in now
+    assert uid("n4") not in now and uid("n5") not in now
+    if kept:  # the window's insert, carried
+        assert now[uid("w")][0] == "note w, written in the window"
+        assert np.allclose(now[uid("w")][1], vector(NEW, "note w, written in the window"), atol=1e-6)
+    else:
+        assert uid("w") not in now
     assert now[uid("n1")][0] == "note 1, edited in the window"
     assert np.allclose(now[uid("n1")][1], vector(NEW, "note 1, edited in the window"), atol=1e-6)
     assert now[uid("n2")][0] == "note 2, edited after the flip"
