@@ -19,7 +19,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from reindex.cutover import last_move
 from reindex.ledger import Ledger
 from reindex.ports import IndexSource, Record, Sink, Source, SourceSchema
 
@@ -32,10 +31,12 @@ def judged(m: Migration, ledger: Ledger) -> Migration:
     target and the source reads the index it replaced; else `m` as it is."""
     if not isinstance(m.source, IndexSource) or isinstance(m.source, ServedSource):
         return m
-    moved = last_move(ledger, m.spec.alias)
-    if moved is None or moved.new != m.spec.name or moved.old is None:
+    if m.sink.alias(m.spec.alias).target != m.spec.name:  # not flipped yet, rolled back, or moved on
         return m
-    if m.sink.alias(m.spec.alias).target != m.spec.name:  # rolled back, or moved on by hand
+    # the move that put it there: done, or pending where a kill came between the flip and its record
+    moves = [c for c in ledger.cutovers(m.spec.alias) if c.state != "aborted" and c.new == m.spec.name]
+    moved = moves[-1] if moves else None
+    if moved is None or moved.old is None:
         return m
     previous = m.source.reading(m.sink, m.spec.alias, moved.old)
     if previous is None:  # the source reads something else, which still holds every write

@@ -1,0 +1,424 @@
+"""The lifecycle with an application that writes through the alias at every step (issue 31).
+
+A live Qdrant collection behind an alias is migrated while the application goes on writing through that
+alias with its ordinary client calls (upsert with the vector of the model the alias serves at that moment,
+set_payload and overwrite_payload of the text, delete by id and by filter), on integer or UUID point ids,
+with the source read through the alias or by the old collection's own name. Its writes land between the
+tool's commands and at the instants inside `cutover --sync` that matter: right after the final catch-up
+(the window before the flip) and right after the flip. Commands are killed at each step of `cutover --sync`
+and of `sync`, then recovered as the README says (run the same command again).
+
+After every step the checker asserts:
+- no acknowledged application write is lost or reverted: once a sync or a `cutover --sync` returns, the
+  alias serves exactly the application's documents (less, after the flip, those whose text cannot be
+  embedded: the dead letters), with the texts it last wrote;
+- verify says complete only if every served vector equals a fresh embedding of its served text under the
+  served fingerprint, and the dead letters it counts are exactly the application's unembeddable documents;
+- the ledger reconciles (in = written + dead-lettered) after every run and sync that returned.
+
+A kill here is an exception raised at the chosen point (a `BaseException`, so no handler of the tool's
+catches it): the process's `finally` blocks still run, which a SIGKILL would skip; the subprocess crash
+tests (tests/durability) cover that difference. Budget: CI runs a bounded number of examples;
+`REINDEX_SOAK=<n>` multiplies them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from qdrant_client import QdrantClient, models
+
+from adapters.memory import HashEmbedder
+from reindex import commands, crashpoints, sync
+from reindex.config import Config, load
+from reindex.errors import VerificationFailed
+from reindex.fingerprint import content_hash, target_name
+from tests.lifecycle.support import toml
+
+SOAK = max(1, int(os.environ.get("REINDEX_SOAK", "1")))
+DIM = 8
+ALIAS, OLD_COLLECTION = "notes_live", "notes"
+OLD = HashEmbedder(DIM, seed="old")  # the model the application used before: the same dimension
+NEW = HashEmbedder(DIM, seed="new")
+NAMES = tuple(range(1, 9))
+WORDS = st.sampled_from(("alpha", "beta", "gamma", "delta"))
+GOOD = st.lists(WORDS, min_size=1, max_size=3).map(" ".join)
+POISON = st.sampled_from(("", "   "))
+KILLS = (
+    "cutover_after_intent",
+    "cutover_after_move",
+    "after_flip_start",
+    "after_flip_mid",
+    "sync_before_adopt",
+)
+
+
+class Killed(BaseException):
+    """The process dies here."""
+
+
+def poison(text: str) -> bool:
+    return not text.strip()
+
+
+class QdrantApplication(RuleBasedStateMachine):
+    """One live collection, one application, one migration to the `new` model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="reindex-appwrites-"))
+        self.storage = self.root / "qdrant"
+        self.truth: dict[int, str] = {}  # name -> the text the application last wrote (acknowledged)
+        self.integer_ids = True
+        self.source = ALIAS
+        self.pending = False  # a kill left the carry-over after the flip unfinished
+        self.phase: str | None = None  # "window": the application writes between final catch-up and flip
+        self.window_written: dict[int, str] = {}  # what it wrote in the window of a carry-over still due
+        self.deleted_since_flip: set[int] = set()  # what it deleted through the alias since that flip
+        self.ran = False
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    # the world -------------------------------------------------------------------------------------------
+
+    def point(self, name: int) -> int | str:
+        return name if self.integer_ids else str(uuid.uuid5(uuid.NAMESPACE_URL, f"note-{name}"))
+
+    def name_of(self, point: Any) -> int:
+        return next(n for n in NAMES if str(self.point(n)) == str(point))
+
+    @contextmanager
+    def client(self) -> Iterator[QdrantClient]:
+        client = QdrantClient(path=str(self.storage))
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def config(self) -> Config:
+        path = self.root / "notes.toml"
+        path.write_text(
+            toml(
+                {
+                    "source": {
+                        "kind": "qdrant",
+                        "path": str(self.storage),
+                        "collection": self.source,
+                        "text_field": "text",
+                    },
+                    "embedder": {"kind": "hash", "dim": DIM, "seed": "new"},
+                    "target": {"kind": "qdrant", "path": str(self.storage), "alias": ALIAS},
+                    "run": {"state": str(self.root / "state.db"), "shard_size": 3, "max_dead_letters": 1.0},
+                }
+            )
+        )
+        return load(path)
+
+    @property
+    def target(self) -> str:
+        return target_name(ALIAS, NEW.info.fingerprint)
+
+    def flipped(self, client: QdrantClient | None = None) -> bool:
+        if client is None:
+            with self.client() as opened:
+                return self.flipped(opened)
+        aliases = {a.alias_name: a.collection_name for a in client.get_aliases().aliases}
+        return aliases.get(ALIAS) == self.target
+
+    def served(self, collection: str = ALIAS) -> dict[int, tuple[str, list[float], dict[str, Any]]]:
+        with self.client() as client:
+            points, _ = client.scroll(collection, limit=100, with_payload=True, with_vectors=True)
+        return {
+            self.name_of(p.id): ((p.payload or {}).get("text"), p.vector, p.payload or {}) for p in points
+        }  # type: ignore[misc]
+
+    def expected_served(self) -> dict[int, str]:
+        """What the alias must serve: every document before the flip; after it, the embeddable ones."""
+        if not self.flipped():
+            return dict(self.truth)
+        return {n: t for n, t in self.truth.items() if not poison(t)}
+
+    # the application writes through the alias -------------------------------------------------------------
+
+    def _write(self, client: QdrantClient, op: tuple[Any, ...]) -> None:
+        """One application write, made with the model the alias serves now; the truth follows it."""
+        kind, name, text = op
+        flipped = self.flipped(client)
+        model = NEW if flipped else OLD
+        # what it can address: served, and its own (a pending carry-over may serve what it deleted)
+        served = {self.name_of(p.id) for p in client.scroll(ALIAS, limit=100)[0]} & set(self.truth)
+        if kind == "upsert":
+            vector = model.vector(text) if not poison(text) else OLD.vector("blank")
+            client.upsert(ALIAS, [models.PointStruct(id=self.point(name), vector=vector.tolist(), payload={"text": text})], wait=True)  # fmt: skip
+            self.truth[name] = text
+        elif kind in ("set_payload", "overwrite_payload") and name in served:
+            if kind == "set_payload":
+                client.set_payload(ALIAS, {"text": text}, points=[self.point(name)], wait=True)
+            else:
+                client.overwrite_payload(ALIAS, {"text": text}, points=[self.point(name)], wait=True)
+            self.truth[name] = text
+        elif kind == "delete" and name in served:
+            client.delete(ALIAS, models.PointIdsList(points=[self.point(name)]), wait=True)
+            self.truth.pop(name, None)
+            self.deleted_since_flip |= {name} if flipped else set()
+        elif kind == "delete_by_filter" and name in served:
+            text = self.truth[name]
+            match = models.FieldCondition(key="text", match=models.MatchValue(value=text))
+            client.delete(ALIAS, models.FilterSelector(filter=models.Filter(must=[match])), wait=True)
+            for other in served:
+                if self.truth.get(other) == text:
+                    self.truth.pop(other)
+                    self.deleted_since_flip |= {other} if flipped else set()
+        if self.phase == "window" and name in self.truth:
+            self.window_written[name] = self.truth[name]
+        event(f"application {kind}")
+
+    def _ops(self, data: st.DataObject, label: str, *, flipped: bool | None = None) -> list[tuple[Any, ...]]:
+        """Writes of good texts only once flipped: a blank text written through the alias after the flip
+        is a dead letter the target cannot serve (README, Reading through the alias)."""
+        texts = GOOD if (self.flipped() if flipped is None else flipped) else st.one_of(GOOD, GOOD, POISON)
+        kinds = st.sampled_from(
+            ("upsert", "upsert", "set_payload", "overwrite_payload", "delete", "delete_by_filter")
+        )
+        op = st.tuples(kinds, st.sampled_from(NAMES), texts)
+        drawn: list[tuple[Any, ...]] = data.draw(st.lists(op, max_size=3), label=label)
+        return drawn
+
+    @initialize(
+        integer_ids=st.booleans(),
+        by_name=st.booleans(),
+        corpus=st.dictionaries(
+            st.sampled_from(NAMES), st.one_of(GOOD, GOOD, GOOD, POISON), min_size=1, max_size=6
+        ),
+    )
+    def live_collection(self, integer_ids: bool, by_name: bool, corpus: dict[int, str]) -> None:
+        self.integer_ids, self.source = integer_ids, OLD_COLLECTION if by_name else ALIAS
+        with self.client() as client:
+            client.create_collection(
+                OLD_COLLECTION, models.VectorParams(size=DIM, distance=models.Distance.COSINE)
+            )
+            create = models.CreateAlias(collection_name=OLD_COLLECTION, alias_name=ALIAS)
+            client.update_collection_aliases(
+                change_aliases_operations=[models.CreateAliasOperation(create_alias=create)]
+            )
+            for name, text in corpus.items():
+                self._write(client, ("upsert", name, text))
+        event(f"integer ids: {integer_ids}, source by name: {by_name}")
+
+    @rule(data=st.data())
+    def application_writes(self, data: st.DataObject) -> None:
+        ops = self._ops(data, "writes")
+        with self.client() as client:
+            for op in ops:
+                self._write(client, op)
+
+    # the operator ----------------------------------------------------------------------------------------
+
+    @rule()
+    def run(self) -> None:
+        report = commands.run(self.config())
+        assert report.reconciled, report.to_json()
+        self.ran = True
+
+    @precondition(lambda self: self.ran)
+    @rule(kill=st.sampled_from((None, None, "after_flip_start", "after_flip_mid", "sync_before_adopt")))
+    def sync(self, kill: str | None) -> None:
+        with self._killed_at(kill) as died:
+            commands.sync(self.config())
+        if died():
+            return
+        self.pending = False
+        assert commands.status(self.config()).reconciled
+        self._acknowledged_writes_stand("sync")
+
+    @precondition(lambda self: self.ran)
+    @rule(with_sync=st.booleans(), kill=st.sampled_from((None, None, *KILLS)), data=st.data())
+    def cutover(self, with_sync: bool, kill: str | None, data: st.DataObject) -> None:
+        window = self._ops(data, "window") if with_sync else []
+        after = self._ops(data, "after the flip", flipped=True) if with_sync else []
+        with self._killed_at(kill, window, after, with_sync) as died:
+            try:
+                commands.cutover(self.config(), sync=with_sync)
+            except VerificationFailed:
+                assert not self.pending or not with_sync, "a cutover --sync refused to finish a pending flip"
+                event("cutover refused")
+                return
+        if died():
+            return
+        event(f"cutover{' --sync' if with_sync else ''} returned")
+        if with_sync:
+            self._acknowledged_writes_stand("cutover --sync")
+
+    def _the_one_known_gap(self) -> None:
+        """A document written into the old collection in the window and deleted through the alias before
+        the carry-over reads it comes back: a delete leaves no trace to read (README). Tolerated in exactly
+        that form; the application then has it again."""
+        served = {n: t for n, (t, _, _) in self.served().items()}
+        for name, text in self.window_written.items():
+            if name in self.deleted_since_flip and name not in self.truth and served.get(name) == text:
+                event("known gap: a window write deleted through the alias before the carry-over came back")
+                self.truth[name] = text
+
+    @precondition(lambda self: self.ran)
+    @rule()
+    def verify(self) -> None:
+        coverage = commands.verify(self.config())
+        event(f"verify complete: {coverage.complete}")
+        if not coverage.complete:
+            return
+        assert not self.pending, "verify is complete while the carry-over after the flip is pending"
+        built = self.served(self.target)
+        good = {n: t for n, t in self.truth.items() if not poison(t)}
+        assert {n: t for n, (t, _, _) in built.items()} == good, (
+            "complete, but not the application's documents"
+        )
+        for name, (text, vector, payload) in built.items():
+            assert np.allclose(vector, NEW.vector(text), atol=1e-6), f"{name}: complete with a stale vector"
+            digest = payload.get("reindex_content_hash")
+            assert digest in (None, content_hash(text)), f"{name}: stored hash is not its text's"
+            fingerprint = payload.get("reindex_fingerprint")
+            assert fingerprint in (None, NEW.info.fingerprint), f"{name}: fingerprint {fingerprint}"
+        dead = sum(poison(t) for t in self.truth.values())
+        assert coverage.dead_letters == dead, f"dead letters {coverage.dead_letters}, the truth has {dead}"
+
+    # after every step ------------------------------------------------------------------------------------
+
+    @invariant()
+    def the_alias_serves_every_acknowledged_write_unless_a_carry_over_is_pending(self) -> None:
+        if self.pending or not self.ran:
+            return
+        if not self.flipped():
+            self._acknowledged_writes_stand("the old collection")
+
+    def _acknowledged_writes_stand(self, after: str) -> None:
+        if not self.pending:
+            self._the_one_known_gap()
+            self.window_written, self.deleted_since_flip = {}, set()
+        served = {n: t for n, (t, _, _) in self.served().items()}
+        assert served == self.expected_served(), (
+            f"after {after}: the alias serves {served}, the truth {self.expected_served()}"
+        )
+
+    @contextmanager
+    def _killed_at(
+        self,
+        point: str | None,
+        window: list[tuple[Any, ...]] | None = None,
+        after: list[tuple[Any, ...]] | None = None,
+        with_sync: bool = True,
+    ) -> Iterator[Callable[[], bool]]:
+        """Patch the application's writes in at the window and after the flip, and the kill at `point`."""
+        died = [False]
+        patches: list[tuple[Any, str, Any]] = []
+
+        def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+            original = getattr(owner, name)
+            patches.append((owner, name, original))
+            setattr(owner, name, make(original))
+
+        def kill(name: str) -> None:
+            if name == point:
+                died[0] = True
+                raise Killed(name)
+
+        def take(original: Any) -> Any:
+            def taken(settled: Any, m: Any, *args: Any) -> None:
+                original(settled, m, *args)
+                self.phase = "window"
+                try:
+                    for op in window or ():
+                        self._write(m.sink._client, op)
+                finally:
+                    self.phase = None
+
+            return taken
+
+        def after_flip(original: Any) -> Any:
+            def flipped(m: Any, *args: Any) -> Any:
+                self.pending = True  # the flip landed; its carry-over runs now
+                for op in after or ():
+                    self._write(m.sink._client, op)
+                kill("after_flip_start")
+                done = original(m, *args)
+                self.pending = False  # carried over: nothing of the window is due any more
+                return done
+
+            return flipped
+
+        def rewrite(original: Any) -> Any:
+            def rewritten(*args: Any) -> Any:
+                done = original(*args)
+                kill("after_flip_mid")
+                return done
+
+            return rewritten
+
+        def adopt(original: Any) -> Any:
+            def adopted(*args: Any) -> Any:
+                kill("sync_before_adopt")
+                return original(*args)
+
+            return adopted
+
+        def crash(original: Any) -> Any:
+            def crashed(name: str) -> None:
+                if name == "cutover_after_move" and point == name:
+                    self.pending = self.pending or bool(with_sync)  # the flip landed, its carry-over is due
+                kill(name)
+                original(name)
+
+            return crashed
+
+        patch(sync.Settled, "take", take)
+        patch(commands, "after_flip", after_flip)
+        patch(sync, "after_flip", after_flip)
+        patch(sync, "_rewrite", rewrite)
+        patch(sync, "_adopt", adopt)
+        patch(crashpoints, "crash_if_armed", crash)
+        try:
+            try:
+                yield lambda: died[0]
+            except Killed as exc:
+                event(f"killed at {exc}")
+        finally:
+            for owner, name, original in reversed(patches):
+                setattr(owner, name, original)
+        if died[0] and not self.flipped():
+            self.pending = False  # killed before the flip: nothing to carry over
+
+
+def _settings(examples: int, steps: int) -> settings:
+    return settings(
+        phases=[Phase.explicit, Phase.generate] if os.environ.get("NO_SHRINK") else list(Phase),
+        max_examples=examples * SOAK,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+def test_on_qdrant_application_writes_through_the_alias_are_never_lost_and_complete_means_fresh() -> None:
+    run_state_machine_as_test(QdrantApplication, settings=_settings(12, 14))
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
