@@ -72,6 +72,11 @@ KILLS = (
 )
 
 
+def _parts(point: Any) -> tuple[str, list[float], dict[str, Any]]:
+    payload = point.payload or {}
+    return payload.get("text"), point.vector, payload
+
+
 class Killed(BaseException):
     """The process dies here."""
 
@@ -148,9 +153,7 @@ class QdrantApplication(RuleBasedStateMachine):
     def served(self, collection: str = ALIAS) -> dict[int, tuple[str, list[float], dict[str, Any]]]:
         with self.client() as client:
             points, _ = client.scroll(collection, limit=100, with_payload=True, with_vectors=True)
-        return {
-            self.name_of(p.id): ((p.payload or {}).get("text"), p.vector, p.payload or {}) for p in points
-        }  # type: ignore[misc]
+        return {self.name_of(p.id): _parts(p) for p in points}
 
     def expected_served(self) -> dict[int, str]:
         """What the alias must serve: every document before the flip; after it, the embeddable ones."""
