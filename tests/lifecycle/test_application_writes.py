@@ -74,7 +74,7 @@ KILLS = (
 
 def _parts(point: Any) -> tuple[str, list[float], dict[str, Any]]:
     payload = point.payload or {}
-    return payload.get("text"), point.vector, payload
+    return str(payload.get("text")), point.vector, payload
 
 
 class Killed(BaseException):
