@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
@@ -57,6 +57,10 @@ SWITCH_INTERVAL = 1e-4
 # cyclic collector's default first generation (700 allocations) only re-walks them: 5% of a run's wall time
 # through an online endpoint, 0.25 s per 20,000 documents, all of it holding the GIL. A run raises it.
 GC_THRESHOLD = 50_000
+# How long a copy waits for the shard that claimed its text (in another lane or on another worker) to store
+# it, polling at growing intervals up to COPY_POLL_MAX: past that it embeds the text itself.
+COPY_PATIENCE = 600.0
+COPY_POLL_MAX = 1.0
 _DONE = object()
 _END = object()
 
@@ -410,14 +414,32 @@ class Pipeline:
             shard.unstorable |= unstorable(shard.records, shard.hashes, refused)
             keep_records(shard, [record.id not in gone for record in shard.records])
             shard.dead.extend(refused)
-        copies = copy_rows(self._claims, self.sink, self.spec, self.plan_id, shard.copies)
-        shard.dead.extend(copies.dead)
-        if copies.rows is not None:
-            refused = self._write_rows(copies.rows)
-            shard.dead.extend(refused)
-            gone = {letter.doc_id for letter in refused}
-            shard.copied += [record.id for record in copies.rows.records if record.id not in gone]
-        self._embed_lost(shard, copies.waiting + copies.lost)
+        lost: list[Copy] = []
+        for copies in self._copies(shard.copies):
+            shard.dead.extend(copies.dead)
+            lost += copies.lost
+            if copies.rows is not None:
+                refused = self._write_rows(copies.rows)
+                shard.dead.extend(refused)
+                gone = {letter.doc_id for letter in refused}
+                shard.copied += [record.id for record in copies.rows.records if record.id not in gone]
+        self._embed_lost(shard, lost)
+
+    def _copies(self, copies: list[Copy]) -> Iterator[Copies]:
+        """The shard's copies as they become ready: at once when their owner stores their text (or the
+        ledger says it died or is lost), later when the shard that claimed it is still in flight (another
+        lane's, another worker's). Embedding those now would bill their texts twice, and without a
+        reservation, past `max_cost_usd`: so they wait for the owner's write, polling. They stop waiting,
+        and are embedded here, once the budget is exhausted (the owner's shard may be the one it refused,
+        whose claims stay) or after COPY_PATIENCE seconds."""
+        found = copy_rows(self._claims, self.sink, self.spec, self.plan_id, copies)
+        deadline, pause = time.monotonic() + COPY_PATIENCE, 0.02
+        while found.waiting and time.monotonic() < deadline and not self.budget.exhausted:
+            yield replace(found, waiting=[])
+            time.sleep(pause)
+            pause = min(pause * 2, COPY_POLL_MAX)
+            found = copy_rows(self._claims, self.sink, self.spec, self.plan_id, found.waiting)
+        yield replace(found, waiting=[], lost=found.lost + found.waiting)
 
     def _embed_lost(self, shard: Shard, lost: list[Copy]) -> None:
         """Copies whose owner no longer stores their text's vector: embed them here and take the text over."""

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from adapters.memory import HashEmbedder, MemorySink, MemorySource
+from reindex.claims import LedgerClaims
 from reindex.config import RunConfig
+from reindex.cost import Budget
 from reindex.errors import BackendError, Interrupted
 from reindex.ledger import SqliteLedger
 from reindex.pipeline import Pipeline
@@ -266,3 +268,73 @@ def test_a_shard_prepared_from_texts_tokenized_ahead_is_the_shard_tokenized_here
     assert (shard.dead, shard.truncated, shard.claimed) == (here.dead, here.truncated, here.claimed)
     for column in ("counts", "original", "ids", "offsets"):
         np.testing.assert_array_equal(getattr(shard.tokens, column), getattr(here.tokens, column))
+
+
+class BillingEmbedder(HashEmbedder):
+    """Bills each token it embeds, as a paid provider does (the pipeline reads `billed_tokens`)."""
+
+    billed_tokens = 0
+
+    def embed_columns(self, tokens):
+        self.billed_tokens += int(tokens.counts.sum())
+        return super().embed_columns(tokens)
+
+
+def lane(path: Path, embedder, sink, spec, *, budget=None, claims=None, lock=None) -> Pipeline:
+    """A pipeline over its own ledger connection, as each of a ray actor's lanes has."""
+    ledger = SqliteLedger(path)
+    return Pipeline(
+        source=MemorySource([]),
+        embedder=embedder,
+        sink=sink,
+        ledger=ledger,
+        spec=spec,
+        plan_id="plan",
+        run=RunConfig(shard_size=100),
+        budget=budget,
+        claims=claims(ledger) if claims else None,
+        model_lock=lock,
+    )
+
+
+def paid_target(path: Path, embedder, sink) -> TargetSpec:
+    spec = TargetSpec(
+        "docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), MemorySource([]).schema()
+    )
+    sink.prepare(spec)
+    SqliteLedger(path).begin("plan", alias="docs", target=spec.name, fingerprint=spec.fingerprint, model={})
+    return spec
+
+
+def test_a_shard_waits_for_the_shard_that_claimed_its_texts_and_copies_them_instead_of_paying_again(
+    tmp_path,
+):
+    """Two lanes share the model: the second shard repeats the first one's texts and claims them while the
+    first is in the model. It copies them once the first stores them; embedding them itself would bill each
+    text twice, past a budget reserved for them once."""
+    embedder = BillingEmbedder(dim=16, max_tokens=8, latency_ms=300)
+    sink = MemorySink()
+    spec = paid_target(tmp_path / "state.db", embedder, sink)
+    ours = [Record(f"a{i}", f"document {i} text", {}) for i in range(8)]
+    repeats = [Record(f"b{i}", record.text, {}) for i, record in enumerate(ours)]
+    tokens = 3 * len(ours)
+    budget = Budget(max_usd=float(tokens), price_per_million=1e6)  # a dollar a token: room for each text once
+    model = threading.Lock()
+    first, second = (
+        lane(tmp_path / "state.db", embedder, sink, spec, budget=budget, claims=claim_rows, lock=model)
+        for claim_rows in (lambda ledger: LedgerClaims(ledger, "plan"),) * 2
+    )
+    done = threading.Thread(target=first.run_shard, args=(0, None, ours))
+    done.start()
+    time.sleep(0.1)  # the first shard is in the model
+    shard = second.run_shard(1, "a7", repeats)
+    done.join()
+    assert shard is not None and shard.copied == [record.id for record in repeats]
+    assert embedder.billed_tokens == tokens and budget.spent_tokens == tokens
+    assert ledger_summary(tmp_path).shards == 2
+
+
+def ledger_summary(tmp_path):
+    summary = SqliteLedger(tmp_path / "state.db").summary("plan")
+    assert summary is not None
+    return summary
