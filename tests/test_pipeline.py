@@ -14,7 +14,8 @@ from adapters.memory import HashEmbedder, MemorySink, MemorySource
 from reindex.claims import LedgerClaims
 from reindex.config import RunConfig
 from reindex.cost import Budget
-from reindex.errors import BackendError, Interrupted
+from reindex.errors import BackendError, BudgetRefused, Interrupted
+from reindex.fingerprint import content_hash
 from reindex.ledger import SqliteLedger
 from reindex.pipeline import Pipeline
 from reindex.ports import Record, Rows, TargetSpec, Tokens, Vectors
@@ -338,3 +339,43 @@ def ledger_summary(tmp_path):
     summary = SqliteLedger(tmp_path / "state.db").summary("plan")
     assert summary is not None
     return summary
+
+
+@pytest.mark.parametrize("engine", ["local", "ray actor"])
+def test_copies_a_shard_must_embed_itself_need_the_budget_too(tmp_path, engine):
+    """The ledger names owners for half the texts whose vectors the target no longer holds (a sync moved
+    them on): the shard that meets their copies embeds them, and that is spending like any other. Refused,
+    the shard stops unrecorded within the limit (the local run with exit 75, the ray actor's shard refused),
+    with the texts it stored settled, so that a raised limit finishes without paying for them again."""
+    embedder = BillingEmbedder(dim=16, max_tokens=8)
+    sink = MemorySink()
+    spec = paid_target(tmp_path / "state.db", embedder, sink)
+    records = corpus(20)
+    gone = {content_hash(record.text): f"gone-{record.id}" for record in records[10:]}
+    SqliteLedger(tmp_path / "state.db").settle_texts(
+        "plan", [(h, "written") for h in sorted(gone)], owners=gone
+    )
+    own = 3 * 10  # "document i text": three words each, half of them the shard's own texts
+    limit = own + 5.0  # dollars, at a dollar a token: not the copies' 30 tokens more
+    budget = Budget(max_usd=limit, price_per_million=1e6)
+    if engine == "local":
+        pipeline = lane(tmp_path / "state.db", embedder, sink, spec, budget=budget)
+        pipeline.source = MemorySource(records)
+        with pytest.raises(BudgetRefused, match="budget reached") as stopped:
+            pipeline.run()
+        assert stopped.value.exit_code == 75
+    else:
+        claims = lambda ledger: LedgerClaims(ledger, "plan")  # noqa: E731
+        pipeline = lane(tmp_path / "state.db", embedder, sink, spec, budget=budget, claims=claims)
+        assert pipeline.run_shard(0, None, records) is None
+    assert embedder.billed_tokens == own and budget.spent_tokens == own <= limit
+    assert budget.reserved_tokens == 0
+    assert ledger_summary(tmp_path).shards == 0
+    raised = lane(tmp_path / "state.db", embedder, sink, spec, budget=Budget(100.0, 1e6))
+    raised.source = MemorySource(records)
+    raised.run()
+    assert embedder.billed_tokens == own + 30  # the stored texts are copied, not billed again
+    dead = {d.doc_id: d.content_hash for d in raised.ledger.dead_letters("plan")}
+    assert coverage(
+        raised.source, sink, spec.name, dim=16, fingerprint=spec.fingerprint, dead_letters=dead
+    ).complete
