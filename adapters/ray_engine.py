@@ -13,7 +13,8 @@ letters, and a replayed record is recognised and changes nothing. A task or acto
 is retried by Ray; a driver that dies leaves unrecorded shards in the plan, and rerunning `reindex run` does
 them. Workers' ledger writes are fenced with the driver's lease token: a driver that lost its lease cannot
 have its workers record anything. Text claims go to the ledger (as for provider batches), so dedupe holds
-across the whole cluster. A spending limit (`[run] max_cost_usd`) is one budget for the whole cluster, held
+across the whole cluster: a shard whose texts another has claimed waits for that shard to store them and
+copies them (`Pipeline._copies`), rather than paying for them twice. A spending limit (`[run] max_cost_usd`) is one budget for the whole cluster, held
 by an actor on the driver's node: every worker reserves a shard's tokens there before sending them.
 """
 

@@ -50,8 +50,14 @@ class ClaimBook:
         return {digest: (self._claims[digest], "claimed") for digest in hashes & self._claims.keys()}
 
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
-        """What the ledger says of each text, with this run's in-flight claims on top."""
-        states = self.ledger.text_states(plan_id, hashes)
+        """What the ledger says of each text, with this run's in-flight claims on top. A claim in the ledger
+        that this book does not hold is no one's here (a stopped ray or batch run left it, and only its
+        rerun fulfils it): it is left out, so its copies are embedded, not waited for."""
+        states = {
+            digest: state
+            for digest, state in self.ledger.text_states(plan_id, hashes).items()
+            if state[1] != "claimed"
+        }
         with self._lock:
             states |= self._booked(set(hashes))
         return states
@@ -65,7 +71,8 @@ class ClaimBook:
 
 class LedgerClaims:
     """Claims straight in the ledger, for pipelines in several processes at once (the ray engine's actors):
-    each sees the others' claims. The shard's record settles its texts; nothing is held here."""
+    each sees the others' claims, and a copy of a text another shard claimed waits for that shard to store
+    it (`reindex.copies`). The shard's record settles its texts; nothing is held here."""
 
     def __init__(self, ledger: Ledger, plan_id: str) -> None:
         self.ledger, self.plan_id = ledger, plan_id

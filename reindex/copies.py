@@ -4,8 +4,11 @@ A copy is only as good as the vector it copies. The ledger says which document c
 but the owner may have been re-embedded for an edited text since (`sync`), deleted, or its vector may have
 been lost; so the vector is taken only while the owner's stored content hash is still that text's hash
 (`Sink.fetch_matching`). Every other copy is handed back as `lost`: the caller embeds it and becomes the
-text's owner. Nothing is silently dropped: each copy ends written, dead (its text failed for its owner with
-a reason intrinsic to the text), waiting or lost.
+text's owner. A text still claimed (its owner's shard is in flight, in another lane or on another worker) is
+copied as soon as its owner stores it, before the owner's record says so: until then it is `waiting`, and
+the caller waits for it rather than paying for the text a second time. Nothing is silently dropped: each
+copy ends written, dead (its text failed for its owner with a reason intrinsic to the text), waiting or
+lost.
 """
 
 from __future__ import annotations
@@ -42,23 +45,26 @@ def copy_rows(
         return result
     states = ledger.text_states(plan_id, sorted({digest for _, digest, _ in copies}))
     candidates: list[tuple[Copy, str]] = []  # (copy, the owner the ledger names now)
+    claimed: set[int] = set()  # positions in candidates whose owner has not recorded its text yet
     for copy in copies:
         record, digest, _ = copy
         owner, state = states.get(digest, ("", ""))
-        if state == "written":
+        if state in ("written", "claimed"):
+            if state == "claimed":
+                claimed.add(len(candidates))
             candidates.append((copy, owner))
         elif state.startswith("dead:") and state != "dead:unknown":
             detail = "its text, dead-lettered before" if owner == record.id else f"same text as {owner}"
             result.dead.append(DeadLetter(record.id, state[5:], detail, digest))
-        elif state == "claimed":
-            result.waiting.append(copy)
         else:
             result.lost.append(copy)
     stored = _owners_matching(sink, spec.name, candidates)
     ready: list[tuple[Copy, Vectors]] = []
-    for copy, owner in candidates:
+    for position, (copy, owner) in enumerate(candidates):
         if (owner, copy[1]) in stored:
             ready.append((copy, stored[owner, copy[1]]))
+        elif position in claimed:
+            result.waiting.append(copy)
         else:
             result.lost.append(copy)
     # A copy whose own document already stores its text's vector (it copied it before its owner moved on)

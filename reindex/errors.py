@@ -9,6 +9,7 @@ ReindexError                      1  failed (bug or unrecoverable backend error)
 ├── AlreadyRunning                1  another run of the same migration holds its lease
 ├── Interrupted                  75  SIGTERM/SIGINT or retry budget spent: rerun to continue
 │   ├── TransientError           75  a backend fault worth retrying (connection drop, timeout, 429)
+│   ├── BudgetRefused            75  max_cost_usd refused tokens a shard needs after it started: it stops unrecorded
 │   └── LeaseLost                75  another run took the migration's lease: this one stops, writes nothing more
 └── BackendError                  1  a backend failed in a way retrying will not fix
     └── RowsRejected              1  the backend refused some rows for their content: isolated, dead-lettered
@@ -73,6 +74,11 @@ class AlreadyRunning(ReindexError):
 
 class Interrupted(ReindexError):
     exit_code = 75
+
+
+class BudgetRefused(Interrupted):
+    """`[run] max_cost_usd` refused the tokens of copies a shard must embed itself (their owner no longer
+    stores their text) after it had sent its own: the shard stops unrecorded, and a rerun does it."""
 
 
 class TransientError(Interrupted):

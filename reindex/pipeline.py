@@ -19,8 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass, field, replace
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import stamina
@@ -32,7 +32,7 @@ from reindex.columns import Documents, TokenColumns
 from reindex.config import RunConfig
 from reindex.copies import Copies, copy_rows
 from reindex.cost import Budget, Spending
-from reindex.errors import ConfigError, Interrupted, RowsRejected, TransientError
+from reindex.errors import BudgetRefused, ConfigError, Interrupted, RowsRejected, TransientError
 from reindex.feeding import Batch, Feeder
 from reindex.ledger import DeadLetter, Ledger, ShardResult
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
@@ -57,6 +57,10 @@ SWITCH_INTERVAL = 1e-4
 # cyclic collector's default first generation (700 allocations) only re-walks them: 5% of a run's wall time
 # through an online endpoint, 0.25 s per 20,000 documents, all of it holding the GIL. A run raises it.
 GC_THRESHOLD = 50_000
+# How long a copy waits for the shard that claimed its text (in another lane or on another worker) to store
+# it, polling at growing intervals up to COPY_POLL_MAX: past that it embeds the text itself, within the budget.
+COPY_PATIENCE = 600.0
+COPY_POLL_MAX = 1.0
 _DONE = object()
 _END = object()
 
@@ -185,12 +189,18 @@ class Pipeline:
         actors call this for each shard the driver planned, with its texts hashed and tokenized by the read
         task that read it: `pretokenized`). None if the budget refuses its tokens: nothing is sent or
         recorded, and the texts it claimed stay claimed until a rerun releases them (as for a shard that
-        died in flight; a shard that meets one meanwhile embeds that text itself)."""
+        died in flight; a shard that meets one meanwhile embeds that text itself, within the budget). None
+        too if the budget refuses copies it must embed itself after it sent its own texts (`BudgetRefused`):
+        it is not recorded, and what it stored is settled so that nobody pays for it again."""
         shard = self._prepare(seq, after, records, pretokenized)
         if not self.budget.allows(shard.token_count):
             return None
+        shard.reserved = shard.token_count
         self._embed([shard], stoppable=False)
-        self._write(shard)
+        try:
+            self._write(shard)
+        except BudgetRefused:
+            return None
         self._record(shard)
         return shard
 
@@ -229,6 +239,7 @@ class Pipeline:
             shard = self._prepare(seq, after, documents)
             if not self.budget.allows(shard.token_count):
                 break  # over budget: claim nothing more; what is in flight still lands
+            shard.reserved = shard.token_count
             if self._failed.is_set() or not self._put(out, shard):
                 return
             after, seq = shard.last_cursor, seq + 1
@@ -392,7 +403,7 @@ class Pipeline:
             owners=shard.claimed | shard.owners,  # the claims were only in memory: written here, once
             worker=self.worker,
         )
-        self.budget.charge(shard.billed_tokens, reserved=shard.token_count)
+        self.budget.charge(shard.billed_tokens, reserved=shard.reserved)
         self._last_mark = now
         retrying(self.ledger.record_shard, self.plan_id, result)
         self._claims.release(shard.claimed | shard.owners)
@@ -410,20 +421,42 @@ class Pipeline:
             shard.unstorable |= unstorable(shard.records, shard.hashes, refused)
             keep_records(shard, [record.id not in gone for record in shard.records])
             shard.dead.extend(refused)
-        copies = copy_rows(self._claims, self.sink, self.spec, self.plan_id, shard.copies)
-        shard.dead.extend(copies.dead)
-        if copies.rows is not None:
-            refused = self._write_rows(copies.rows)
-            shard.dead.extend(refused)
-            gone = {letter.doc_id for letter in refused}
-            shard.copied += [record.id for record in copies.rows.records if record.id not in gone]
-        self._embed_lost(shard, copies.waiting + copies.lost)
+        lost: list[Copy] = []
+        for copies in self._copies(shard.copies):
+            shard.dead.extend(copies.dead)
+            lost += copies.lost
+            if copies.rows is not None:
+                refused = self._write_rows(copies.rows)
+                shard.dead.extend(refused)
+                gone = {letter.doc_id for letter in refused}
+                shard.copied += [record.id for record in copies.rows.records if record.id not in gone]
+        self._embed_lost(shard, lost)
+
+    def _copies(self, copies: list[Copy]) -> Iterator[Copies]:
+        """The shard's copies as they become ready: at once when their owner stores their text (or the
+        ledger says it died or is lost), later when the shard that claimed it is still in flight (another
+        lane's, another worker's). Embedding those now would bill their texts twice, and without a
+        reservation, past `max_cost_usd`: so they wait for the owner's write, polling. They stop waiting,
+        and are embedded here within the budget, once the budget is exhausted (the owner's shard may be
+        the one it refused, whose claims stay) or after COPY_PATIENCE seconds."""
+        found = copy_rows(self._claims, self.sink, self.spec, self.plan_id, copies)
+        deadline, pause = time.monotonic() + COPY_PATIENCE, 0.02
+        while found.waiting and time.monotonic() < deadline and not self.budget.exhausted:
+            yield replace(found, waiting=[])
+            time.sleep(pause)
+            pause = min(pause * 2, COPY_POLL_MAX)
+            found = copy_rows(self._claims, self.sink, self.spec, self.plan_id, found.waiting)
+        yield replace(found, waiting=[], lost=found.lost + found.waiting)
 
     def _embed_lost(self, shard: Shard, lost: list[Copy]) -> None:
-        """Copies whose owner no longer stores their text's vector: embed them here and take the text over."""
+        """Copies whose owner no longer stores their text's vector: embed them here and take the text over,
+        within the budget (`_refuse` when it says no)."""
         if not lost:
             return
         extra = prepare_shard(self.embedder, self.config, shard.seq, None, [record for record, _, _ in lost])
+        if not self.budget.allows(extra.token_count):
+            self._refuse(shard)
+        shard.reserved += extra.token_count
         self._embed([extra], stoppable=False)
         assert extra.vectors is not None
         refused = self._write_rows(_rows(extra, self.spec.fingerprint))
@@ -442,6 +475,19 @@ class Pipeline:
             if letter.content_hash and letter.content_hash not in shard.settled:
                 shard.owners.setdefault(letter.content_hash, letter.doc_id)
                 shard.settled[letter.content_hash] = f"dead:{letter.reason}"
+
+    def _refuse(self, shard: Shard) -> NoReturn:
+        """The budget refused copies `shard` must embed itself, after it sent its own texts: it stops
+        unrecorded (a rerun does it). What it was billed is charged, and the texts it stored are settled, so
+        that other shards copy them and the rerun finds them stored (its documents copy their own vectors)
+        rather than paying for them again."""
+        self.budget.charge(shard.billed_tokens, reserved=shard.reserved)
+        owners = shard.claimed | shard.owners
+        retrying(
+            functools.partial(self.ledger.settle_texts, owners=owners), self.plan_id, text_settlements(shard)
+        )
+        self._claims.release(owners)
+        raise BudgetRefused(self.budget.message())
 
     def _write_rows(self, rows: Rows) -> list[DeadLetter]:
         return write_rows(self.sink, self.spec.name, rows)

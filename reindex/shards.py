@@ -74,6 +74,7 @@ class Shard:
     truncated: int = 0
     vectors: Vectors | None = None
     billed_tokens: int = 0
+    reserved: int = 0  # tokens the budget holds for this shard: its texts, then copies it embeds itself
     copies: list[Copy] = field(default_factory=list)  # texts another document carries: copied, not embedded
     claimed: dict[str, str] = field(default_factory=dict)  # texts this shard embeds for the run -> owner
     copied: list[str] = field(default_factory=list)  # copies written (ids): not embedded as this shard's own

@@ -41,3 +41,15 @@ def test_a_claim_made_while_the_ledger_is_asked_wins_over_the_ledgers_answer(tmp
     assert book.claim({"h1": "d1", "h2": "d2"}) == {"h1": ("d7", "claimed")}
     assert book.text_states(PLAN, ["h1", "h2"]) == {"h1": ("d7", "claimed"), "h2": ("d2", "claimed")}
     ledger.close()
+
+
+def test_a_claim_in_the_ledger_that_the_book_does_not_hold_is_no_ones_to_wait_for(tmp_path: Path) -> None:
+    """A stopped ray run leaves claims in the ledger that only its rerun fulfils: a pipeline with a book
+    (sync, dlq retry) reads them as nobody's, so a copy of such a text is embedded, not waited for."""
+    ledger = SqliteLedger(tmp_path / "state.db")
+    assert ledger.claim_texts(PLAN, {"h1": "d1", "h2": "d2"}) == {}  # a ray actor's claims, left behind
+    book = ClaimBook(ledger, PLAN)
+    assert book.claim({"h2": "d3"}) == {"h2": ("d2", "claimed")}  # still held against new claims
+    assert book.claim({"h3": "d4"}) == {}
+    assert book.text_states(PLAN, ["h1", "h2", "h3"]) == {"h3": ("d4", "claimed")}
+    ledger.close()

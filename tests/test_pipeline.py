@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 
 from adapters.memory import HashEmbedder, MemorySink, MemorySource
+from reindex.claims import LedgerClaims
 from reindex.config import RunConfig
-from reindex.errors import BackendError, Interrupted
+from reindex.cost import Budget
+from reindex.errors import BackendError, BudgetRefused, Interrupted
+from reindex.fingerprint import content_hash
 from reindex.ledger import SqliteLedger
 from reindex.pipeline import Pipeline
 from reindex.ports import Record, Rows, TargetSpec, Tokens, Vectors
@@ -266,3 +269,113 @@ def test_a_shard_prepared_from_texts_tokenized_ahead_is_the_shard_tokenized_here
     assert (shard.dead, shard.truncated, shard.claimed) == (here.dead, here.truncated, here.claimed)
     for column in ("counts", "original", "ids", "offsets"):
         np.testing.assert_array_equal(getattr(shard.tokens, column), getattr(here.tokens, column))
+
+
+class BillingEmbedder(HashEmbedder):
+    """Bills each token it embeds, as a paid provider does (the pipeline reads `billed_tokens`)."""
+
+    billed_tokens = 0
+
+    def embed_columns(self, tokens):
+        self.billed_tokens += int(tokens.counts.sum())
+        return super().embed_columns(tokens)
+
+
+def lane(path: Path, embedder, sink, spec, *, budget=None, claims=None, lock=None) -> Pipeline:
+    """A pipeline over its own ledger connection, as each of a ray actor's lanes has."""
+    ledger = SqliteLedger(path)
+    return Pipeline(
+        source=MemorySource([]),
+        embedder=embedder,
+        sink=sink,
+        ledger=ledger,
+        spec=spec,
+        plan_id="plan",
+        run=RunConfig(shard_size=100),
+        budget=budget,
+        claims=claims(ledger) if claims else None,
+        model_lock=lock,
+    )
+
+
+def paid_target(path: Path, embedder, sink) -> TargetSpec:
+    spec = TargetSpec(
+        "docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), MemorySource([]).schema()
+    )
+    sink.prepare(spec)
+    SqliteLedger(path).begin("plan", alias="docs", target=spec.name, fingerprint=spec.fingerprint, model={})
+    return spec
+
+
+def test_a_shard_waits_for_the_shard_that_claimed_its_texts_and_copies_them_instead_of_paying_again(
+    tmp_path,
+):
+    """Two lanes share the model: the second shard repeats the first one's texts and claims them while the
+    first is in the model. It copies them once the first stores them; embedding them itself would bill each
+    text twice, past a budget reserved for them once."""
+    embedder = BillingEmbedder(dim=16, max_tokens=8, latency_ms=300)
+    sink = MemorySink()
+    spec = paid_target(tmp_path / "state.db", embedder, sink)
+    ours = [Record(f"a{i}", f"document {i} text", {}) for i in range(8)]
+    repeats = [Record(f"b{i}", record.text, {}) for i, record in enumerate(ours)]
+    tokens = 3 * len(ours)
+    budget = Budget(max_usd=float(tokens), price_per_million=1e6)  # a dollar a token: room for each text once
+    model = threading.Lock()
+    first, second = (
+        lane(tmp_path / "state.db", embedder, sink, spec, budget=budget, claims=claim_rows, lock=model)
+        for claim_rows in (lambda ledger: LedgerClaims(ledger, "plan"),) * 2
+    )
+    done = threading.Thread(target=first.run_shard, args=(0, None, ours))
+    done.start()
+    time.sleep(0.1)  # the first shard is in the model
+    shard = second.run_shard(1, "a7", repeats)
+    done.join()
+    assert shard is not None and shard.copied == [record.id for record in repeats]
+    assert embedder.billed_tokens == tokens and budget.spent_tokens == tokens
+    assert ledger_summary(tmp_path).shards == 2
+
+
+def ledger_summary(tmp_path):
+    summary = SqliteLedger(tmp_path / "state.db").summary("plan")
+    assert summary is not None
+    return summary
+
+
+@pytest.mark.parametrize("engine", ["local", "ray actor"])
+def test_copies_a_shard_must_embed_itself_need_the_budget_too(tmp_path, engine):
+    """The ledger names owners for half the texts whose vectors the target no longer holds (a sync moved
+    them on): the shard that meets their copies embeds them, and that is spending like any other. Refused,
+    the shard stops unrecorded within the limit (the local run with exit 75, the ray actor's shard refused),
+    with the texts it stored settled, so that a raised limit finishes without paying for them again."""
+    embedder = BillingEmbedder(dim=16, max_tokens=8)
+    sink = MemorySink()
+    spec = paid_target(tmp_path / "state.db", embedder, sink)
+    records = corpus(20)
+    gone = {content_hash(record.text): f"gone-{record.id}" for record in records[10:]}
+    SqliteLedger(tmp_path / "state.db").settle_texts(
+        "plan", [(h, "written") for h in sorted(gone)], owners=gone
+    )
+    own = 3 * 10  # "document i text": three words each, half of them the shard's own texts
+    limit = own + 5.0  # dollars, at a dollar a token: not the copies' 30 tokens more
+    budget = Budget(max_usd=limit, price_per_million=1e6)
+    if engine == "local":
+        pipeline = lane(tmp_path / "state.db", embedder, sink, spec, budget=budget)
+        pipeline.source = MemorySource(records)
+        with pytest.raises(BudgetRefused, match="budget reached") as stopped:
+            pipeline.run()
+        assert stopped.value.exit_code == 75
+    else:
+        claims = lambda ledger: LedgerClaims(ledger, "plan")  # noqa: E731
+        pipeline = lane(tmp_path / "state.db", embedder, sink, spec, budget=budget, claims=claims)
+        assert pipeline.run_shard(0, None, records) is None
+    assert embedder.billed_tokens == own and budget.spent_tokens == own <= limit
+    assert budget.reserved_tokens == 0
+    assert ledger_summary(tmp_path).shards == 0
+    raised = lane(tmp_path / "state.db", embedder, sink, spec, budget=Budget(100.0, 1e6))
+    raised.source = MemorySource(records)
+    raised.run()
+    assert embedder.billed_tokens == own + 30  # the stored texts are copied, not billed again
+    dead = {d.doc_id: d.content_hash for d in raised.ledger.dead_letters("plan")}
+    assert coverage(
+        raised.source, sink, spec.name, dim=16, fingerprint=spec.fingerprint, dead_letters=dead
+    ).complete

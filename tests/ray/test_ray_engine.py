@@ -426,6 +426,53 @@ def test_a_paid_online_model_on_ray_workers_stops_at_one_cluster_wide_budget(
     assert report.reconciled and commands.verify(raised).complete
 
 
+def test_two_lanes_bill_a_text_another_lane_still_embeds_once_and_stay_within_the_budget(
+    tmp_path: Path, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every shard repeats the first one's texts, and an actor's two lanes take two shards at once: the
+    second claims while the first is still in a slow model, so its texts are claimed, not yet recorded.
+    It copies them once the first stores them, instead of embedding them again: the provider bills each
+    distinct text once, and a budget for the distinct texts is enough for the whole run."""
+    key = "REINDEX_TEST_OPENAI_KEY"
+    monkeypatch.setenv(key, "sk-test-0123456789abcdef")
+    texts = [f"text {i} of the shard every other shard repeats" for i in range(16)]
+    documents = 64
+    source = tmp_path / "docs.jsonl"
+    source.write_text(
+        "".join(json.dumps({"id": f"d{i:04d}", "text": texts[i % 16]}) + "\n" for i in range(documents))
+    )
+    tokens = sum(len(cl100k().encode(text)) for text in texts)
+    limit = tokens * 1.5 * 0.02 / 1e6  # the distinct texts and half again: a second bill would pass it
+    with Emulator(HashEmbedder(dim=1536, latency_ms=300)) as emulator:  # the second lane claims meanwhile
+        online = {
+            "kind": "openai",
+            "model": "text-embedding-3-small",  # $0.02 per 1M tokens online
+            "dimensions": 64,
+            "base_url": emulator.base_url,
+            "api_key_env": key,
+        }
+        lanes = config(
+            tmp_path,
+            pg_dsn,
+            source,
+            alias="ray_docs",
+            engine="ray",
+            embedder=online,
+            shard_size=16,
+            env={key: os.environ[key]},
+            run={"max_cost_usd": limit},
+            actors=1,
+            shards_per_actor=2,
+        )
+        report = commands.run(lanes)
+        billed = emulator.stats()["billed_tokens"]
+        assert billed == tokens  # each distinct text billed once, across the lanes
+        assert billed * 0.02 / 1e6 <= limit
+        local = config(tmp_path, pg_dsn, source, alias="local_docs", embedder=online, engine="local")
+        same_target(pg_dsn, commands.run(local).target, report.target)
+    assert report.documents == documents and report.reconciled and commands.verify(lanes).complete
+
+
 class _Gated:
     """The actor's second shard waits (at most `patience` s) for a file the driver makes once it holds the
     first shard's row. Second by the actor's clock, not by seq: Ray may run shard 1 before shard 0."""
