@@ -43,6 +43,7 @@ from reindex.sync import (
     mark_after_flip,
     pending_after_flip,
 )
+from reindex.synchronous import online
 from reindex.units import iso_utc
 from reindex.validation import excused
 from reindex.verify import Comparison, Coverage, coverage
@@ -413,7 +414,7 @@ def _verify(
         dim=m.spec.dim,
         fingerprint=m.spec.fingerprint,
         dead_letters=excused(ledger.dead_letters(m.plan_id)),
-        embedder=m.embedder,
+        embedder=online(m.embedder, m.config.run),  # re-embeds the application's rows, and any sample
         sample=sample,
         ceiling=m.config.run.dead_letter_ceiling,
         also=also,
