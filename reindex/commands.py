@@ -45,6 +45,7 @@ from reindex.sync import (
     pending_after_flip,
     settled_path,
 )
+from reindex.synchronous import online
 from reindex.units import iso_utc
 from reindex.validation import excused
 from reindex.verify import Comparison, Coverage, coverage
@@ -417,7 +418,7 @@ def _verify(
         dim=m.spec.dim,
         fingerprint=m.spec.fingerprint,
         dead_letters=excused(ledger.dead_letters(m.plan_id)),
-        embedder=m.embedder,
+        embedder=online(m.embedder, m.config.run),  # re-embeds the application's rows, and any sample
         sample=sample,
         ceiling=m.config.run.dead_letter_ceiling,
         also=also,

@@ -20,8 +20,19 @@ from reindex.batching import chunks
 from reindex.errors import ConfigError
 from reindex.ledger import DeadLetter, Ledger
 from reindex.pipeline import retrying
-from reindex.ports import AdoptingSink, DeferredEmbedder, GuardedSink, IndexSource, Record, Rows, Sink, Source
+from reindex.ports import (
+    AdoptingSink,
+    DeferredEmbedder,
+    GuardedSink,
+    IndexSource,
+    Record,
+    Rows,
+    Sink,
+    Source,
+    Vectors,
+)
 from reindex.served import judged
+from reindex.synchronous import online
 from reindex.validation import excused, text_hash
 from reindex.verify import Category, Comparison, compare, load_rows
 
@@ -61,15 +72,18 @@ def catch_up(m: Migration, ledger: Ledger, *, keep: Settled | None = None) -> Sy
     letters = ledger.dead_letters(m.plan_id)
     previous = {d.doc_id for d in letters}
     # Only dead letters a fresh migration would meet again stay excused; a 429 or an expired line is retried.
-    pipeline = m.pipeline(ledger)
     written: list[str] = []
     dead: list[DeadLetter] = []
-    with compare(m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused(letters)) as comparison:
+    checking = online(m.embedder, m.config.run)  # the application's rows are judged by their vectors too
+    with compare(
+        m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused(letters), embedder=checking
+    ) as comparison:
         kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
         counts = {c: comparison.count(c) for c in kinds}
         if keep is not None:
             keep.read(comparison)
         adopted = _adopt(m, comparison)
+        pipeline = _refuting(m, comparison).pipeline(ledger)
         stale = chain(*(comparison.ids(c) for c in ("missing", "stale", "invalid_vectors", "conflicting")))
         for chunk in chunks(stale, m.config.run.shard_size):
             shard = pipeline.process(fetch_records(m.source, chunk))
@@ -108,6 +122,28 @@ def _adopt(m: Migration, comparison: Comparison) -> int:
     for chunk in chunks(comparison.adoptable(), DELETE_CHUNK):
         adopted += retrying(m.sink.adopt, m.spec.name, dict(chunk), m.spec.fingerprint)
     return adopted
+
+
+def _refuting(m: Migration, comparison: Comparison) -> Migration:
+    """The migration, its sink never handing out a vector the comparison refuted as the stored vector of its
+    text: that row's hash is its text's (pgvector's trigger, an adopted Qdrant point), so a copy of the
+    same text, or the very row being re-embedded, would take the stale vector back (`reindex.copies`)."""
+    refuted = frozenset(comparison.refuted())
+    return replace(m, sink=cast(Sink, _Refuted(m.sink, refuted))) if refuted else m
+
+
+class _Refuted:
+    """The sink, less the refuted vectors in `fetch_matching`."""
+
+    def __init__(self, sink: Sink, refuted: frozenset[str]) -> None:
+        self._sink, self._refuted = sink, refuted
+
+    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
+        kept = {doc_id: digest for doc_id, digest in expected.items() if doc_id not in self._refuted}
+        return self._sink.fetch_matching(target, kept) if kept else {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sink, name)
 
 
 def _refuse_while_jobs_are_open(m: Migration, ledger: Ledger) -> None:

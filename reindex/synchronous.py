@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from reindex.config import RunConfig
 from reindex.errors import TransientError
-from reindex.ports import DeferredEmbedder, JobItem, Tokens, Vectors
+from reindex.ports import DeferredEmbedder, Embedder, JobItem, Tokens, Vectors
 
 
 class SynchronousBatches:
@@ -57,3 +58,13 @@ class SynchronousBatches:
 
     def last_rejections(self) -> dict[int, str]:
         return dict(self._rejected)
+
+
+def online(embedder: Embedder | DeferredEmbedder, run: RunConfig) -> Embedder:
+    """`embedder` as one that embeds inline (verify's fresh embeddings): a provider batch embedder through
+    one small job per call, waited for."""
+    if isinstance(embedder, DeferredEmbedder):
+        return SynchronousBatches(
+            embedder, poll_seconds=run.poll_seconds, poll_max_seconds=run.poll_max_seconds
+        )
+    return embedder

@@ -323,8 +323,8 @@ def sync(s: Screen, r: dict[str, Any]) -> None:
     )
     if r.get("adopted"):
         s.line(
-            f"Adopted {count(r['adopted'], 'vector')} the application wrote: content hashes stored, nothing"
-            " re-embedded"
+            f"Adopted {count(r['adopted'], 'vector')} the application wrote: each agrees with a fresh"
+            " embedding of its text, content hashes stored, vectors kept"
         )
     _after_flip(s, r.get("after_flip"))
     _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
@@ -496,6 +496,17 @@ def _coverage(s: Screen, c: dict[str, Any]) -> None:
         s.line(
             f"Re-embedding check: {integer(sample['checked'])} sampled, {integer(sample['failures'])} differ "
             f"(cosine below {sample['threshold']})"
+        )
+    _application_check(s, c.get("application_check"))
+
+
+def _application_check(s: Screen, check: dict[str, Any] | None) -> None:
+    """The application's rows re-embedded by verify (`reindex.verify.refute_application_rows`)."""
+    if check and check["checked"]:
+        s.line(
+            f"Rows written by the application re-embedded: {integer(check['checked'])}, "
+            f"{integer(check['stale'])} differ from their stored vector (cosine below {check['threshold']}):"
+            " counted stale"
         )
 
 

@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from reindex.batching import chunks
 from reindex.ports import Embedder, IndexEntry, Record, Sink, Source
-from reindex.validation import text_hash
+from reindex.validation import screen, text_hash
 
 CHUNK = 20_000
 EXAMPLES = 5
 SAMPLE_COSINE = 0.999
+APPLICATION_CHUNK = 256  # application rows re-embedded per model call
 Category = Literal[
     "missing", "stale", "orphaned", "invalid_vectors", "dead_letters", "unhashed", "conflicting"
 ]
@@ -57,6 +59,9 @@ class Coverage:
     # the index the alias served before its last flip, while the catch-up after that flip has not finished
     # (a `cutover --sync` on Qdrant killed in between): what reached it in the window may be missing
     after_flip_pending: str | None = None
+    # the application's rows re-embedded and compared with what they store (`refute_application_rows`):
+    # checked, stale (counted in `stale` too), min_cosine, threshold; None when no embedder was at hand
+    application_check: dict[str, Any] | None = None
 
     @property
     def over_ceiling(self) -> bool:
@@ -87,6 +92,11 @@ class Coverage:
             parts.append(f"{sum(others.values()):,} vectors of other fingerprints {sorted(others)}")
         if self.sample and not self.sample["passed"]:
             parts.append(f"{self.sample['failures']} sampled vectors differ from a fresh embedding")
+        if self.application_check and self.application_check["stale"]:
+            parts.append(
+                f"{self.application_check['stale']:,} of the stale are vectors the application wrote that"
+                " differ from a fresh embedding of their text"
+            )
         return ", ".join(parts) or "none"
 
     def to_json(self) -> dict[str, Any]:
@@ -101,8 +111,8 @@ _WHERE: dict[Category, tuple[str, str]] = {  # category -> (id column, FROM ... 
     "dead_letters": ("s.id", f"FROM src s LEFT JOIN tgt t ON t.id = s.id WHERE t.id IS NULL AND {_EXCUSED}"),
     "stale": (
         "t.id",
-        "FROM src s JOIN tgt t ON t.id = s.id WHERE t.hash IS NOT NULL AND t.hash IS NOT s.hash"
-        " AND NOT s.conflict",
+        "FROM src s JOIN tgt t ON t.id = s.id WHERE (t.hash IS NOT NULL AND t.hash IS NOT s.hash"
+        " OR t.id IN (SELECT id FROM refuted)) AND NOT s.conflict",
     ),
     "orphaned": ("t.id", "FROM tgt t LEFT JOIN src s ON s.id = t.id WHERE s.id IS NULL"),
     "invalid_vectors": ("t.id", "FROM tgt t WHERE t.problem IS NOT NULL"),
@@ -123,6 +133,7 @@ class Comparison:
 
     def __init__(self, db: sqlite3.Connection, target: str, seconds: float, *, exists: bool = True) -> None:
         self.db, self.target, self.seconds, self.exists = db, target, seconds, exists
+        self.application_check: dict[str, Any] | None = None  # set by `refute_application_rows`
 
     def count(self, category: Category) -> int:
         return int(self.db.execute(f"SELECT count(*) {_WHERE[category][1]}").fetchone()[0])
@@ -156,9 +167,18 @@ class Comparison:
         their text is the source's, the vector is sane): a sink that can store that bookkeeping should."""
         rows = self.db.execute(
             "SELECT t.id, t.hash FROM tgt t JOIN src s ON s.id = t.id WHERE t.app = 1 AND t.problem IS NULL"
-            " AND t.hash IS NOT NULL AND t.hash IS s.hash AND NOT s.conflict ORDER BY 1"
+            " AND t.hash IS NOT NULL AND t.hash IS s.hash AND NOT s.conflict"
+            " AND t.id NOT IN (SELECT id FROM refuted) ORDER BY 1"
         )
         yield from rows
+
+    def refute(self, ids: Iterable[str]) -> None:
+        """These vectors differ from a fresh embedding of their text: stale, whatever their hash says."""
+        load_rows(self.db, "INSERT OR IGNORE INTO refuted VALUES (?)", ((i,) for i in ids))
+
+    def refuted(self) -> Iterator[str]:
+        for (doc_id,) in self.db.execute("SELECT id FROM refuted ORDER BY 1"):
+            yield doc_id
 
     def application_rows(self) -> int | None:
         """How many vectors the application wrote; None when the target could not tell for some."""
@@ -199,15 +219,25 @@ class Comparison:
             dead_letter_ceiling=limit,
             target_exists=self.exists,
             application_rows=self.application_rows(),
+            application_check=self.application_check,
             **counts,
         )
 
 
 @contextmanager
 def compare(
-    source: Source, sink: Sink, target: str, *, dim: int, dead_letters: Mapping[str, str | None] | None = None
+    source: Source,
+    sink: Sink,
+    target: str,
+    *,
+    dim: int,
+    dead_letters: Mapping[str, str | None] | None = None,
+    embedder: Embedder | None = None,
 ) -> Iterator[Comparison]:
-    """Stream both sides into a scratch database; `dead_letters` maps excused ids to their failed hash."""
+    """Stream both sides into a scratch database; `dead_letters` maps excused ids to their failed hash.
+
+    With `embedder` (inline: a provider batch embedder wrapped by `reindex.synchronous.online`), the rows
+    the application wrote are re-embedded and judged by their vectors too (`refute_application_rows`)."""
     started = time.monotonic()
     exists = sink.describe(target) is not None
     with tempfile.TemporaryDirectory(prefix="reindex-verify-") as scratch:
@@ -218,7 +248,10 @@ def compare(
             if exists:  # a target not built yet is an empty one: every source document is missing
                 entries = _target_rows(sink.scan_index(target, dim))
                 load_rows(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?,?)", entries)
-            yield Comparison(db, target, time.monotonic() - started, exists=exists)
+            comparison = Comparison(db, target, time.monotonic() - started, exists=exists)
+            if exists and embedder is not None:
+                refute_application_rows(comparison, source, sink, embedder)
+            yield comparison
         finally:
             db.close()
 
@@ -240,7 +273,7 @@ def coverage(
 
     `ceiling` maps the source's document count to the most dead letters a complete target may have;
     `also` reads the same comparison for more (cutover's gate on Qdrant), without a second scan."""
-    with compare(source, sink, target, dim=dim, dead_letters=dead_letters) as comparison:
+    with compare(source, sink, target, dim=dim, dead_letters=dead_letters, embedder=embedder) as comparison:
         report = comparison.report(fingerprint, ceiling)
         if also is not None:
             also(comparison)
@@ -259,14 +292,9 @@ def sample_check(
     threshold: float = SAMPLE_COSINE,
 ) -> dict[str, Any]:
     """Re-embed documents and require cosine >= `threshold` with what the target stores."""
-    records = list(source.fetch(ids))
-    stored = sink.fetch(target, [r.id for r in records])
-    records = [r for r in records if r.id in stored]
+    records, cosines = fresh_cosines(source, sink, embedder, target, ids)
     if not records:
         return {"checked": 0, "min_cosine": None, "failures": 0, "threshold": threshold, "passed": True}
-    fresh = embedder.embed(embedder.tokenize([r.text for r in records]))
-    kept = np.stack([stored[r.id] for r in records])
-    cosines = (fresh * kept).sum(axis=1) / (np.linalg.norm(fresh, axis=1) * np.linalg.norm(kept, axis=1))
     failures = int((cosines < threshold).sum())
     return {
         "checked": len(records),
@@ -277,6 +305,64 @@ def sample_check(
     }
 
 
+def fresh_cosines(
+    source: Source, sink: Sink, embedder: Embedder, target: str, ids: Sequence[str]
+) -> tuple[list[Record], NDArray[np.float64]]:
+    """The documents of `ids` both sides still hold, and the cosine of each one's stored vector with a
+    fresh embedding of its text now (NaN where either is not a usable vector). A document a migration
+    would not embed (empty, unreadable: `screen`) is left out, as a provider would refuse the whole call."""
+    records = list(source.fetch(ids))
+    stored = sink.fetch(target, [r.id for r in records])
+    embeddable = set(screen([r for r in records if r.id in stored]).records.ids)
+    records = [r for r in records if r.id in embeddable]
+    if not records:
+        return [], np.empty(0)
+    fresh = embedder.embed(embedder.tokenize([r.text for r in records]))
+    kept = np.stack([stored[r.id] for r in records])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        norms = np.linalg.norm(fresh, axis=1) * np.linalg.norm(kept, axis=1)
+        cosines = (fresh * kept).sum(axis=1, dtype=np.float64) / norms
+    return records, cosines
+
+
+def refute_application_rows(
+    comparison: Comparison,
+    source: Source,
+    sink: Sink,
+    embedder: Embedder,
+    threshold: float = SAMPLE_COSINE,
+) -> dict[str, Any]:
+    """Re-embed the texts of the rows the application wrote that look sound by their bookkeeping (the hash
+    of their text is the source's: `Comparison.adoptable`), and refute those whose stored vector has a
+    cosine below `threshold` with the fresh embedding: a write embedded with the old model (same dimension,
+    so nothing refused it), or a Qdrant text overwritten in place under its old vector (`overwrite_payload`
+    takes the tool's keys with it). They then count as stale, are re-embedded by sync and never adopted.
+
+    The cost is one embedding per application row at each verify and sync (`verify --sample` does the same
+    for its sample): tokens billed by a provider, for those rows only."""
+    ids = [doc_id for doc_id, _ in comparison.adoptable()]
+    refuted: list[str] = []
+    lowest: float | None = None
+    checked = 0
+    for chunk in chunks(ids, APPLICATION_CHUNK):
+        records, cosines = fresh_cosines(source, sink, embedder, comparison.target, chunk)
+        checked += len(records)
+        refuted += [r.id for r, cosine in zip(records, cosines, strict=True) if not cosine >= threshold]
+        finite = cosines[np.isfinite(cosines)]
+        if finite.size:
+            least = float(finite.min())
+            lowest = least if lowest is None else min(lowest, least)
+    comparison.refute(refuted)
+    found = {
+        "checked": checked,
+        "stale": len(set(refuted)),
+        "min_cosine": None if lowest is None else round(lowest, 6),
+        "threshold": threshold,
+    }
+    comparison.application_check = found
+    return found
+
+
 def _scratch_db(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None)
     db.executescript("""
@@ -284,6 +370,7 @@ def _scratch_db(path: Path) -> sqlite3.Connection:
         CREATE TABLE src (id TEXT PRIMARY KEY, hash TEXT, conflict INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
         CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
         CREATE TABLE tgt (id TEXT PRIMARY KEY, hash TEXT, fp TEXT, problem TEXT, app INTEGER) WITHOUT ROWID;
+        CREATE TABLE refuted (id TEXT PRIMARY KEY) WITHOUT ROWID;
     """)
     return db
 

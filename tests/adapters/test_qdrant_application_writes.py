@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient, models
 
+from adapters.memory import HashEmbedder
 from adapters.qdrant import QdrantSink, QdrantSource
 from reindex.fingerprint import content_hash
 from reindex.ports import IndexEntry, Record, Rows, SourceSchema, TargetSpec
@@ -116,3 +117,31 @@ def test_only_sound_application_points_are_adoptable_and_counted(client: QdrantC
         assert list(comparison.adoptable()) == [(uid(3), content_hash("text 3"))]
         report = comparison.report(FINGERPRINT)
     assert (report.application_rows, report.unhashed, report.stale, report.complete) == (2, 1, 0, False)
+
+
+def test_with_an_embedder_an_application_point_of_another_models_vector_is_stale_never_adoptable(
+    client: QdrantClient,
+) -> None:
+    """Its text's hash is right and the old model has the same dimension: only a fresh embedding tells."""
+    sink = built(client)
+    new, old = HashEmbedder(dim=DIM), HashEmbedder(dim=DIM, seed="the old model")
+    texts = {3: "text 3", 5: "text 5"}
+    vectors = {3: old.vectors(["text 3"])[0], 5: new.vectors(["text 5"])[0]}
+    client.upsert(
+        TARGET,
+        [
+            models.PointStruct(id=uid(n), vector=vectors[n].tolist(), payload={"page_content": texts[n]})
+            for n in texts
+        ],
+    )
+    source = QdrantSource(client, collection=TARGET)
+    with compare(source, sink, TARGET, dim=DIM, embedder=new) as comparison:
+        assert list(comparison.adoptable()) == [(uid(5), content_hash("text 5"))]
+        assert list(comparison.ids("stale")) == [uid(3)]
+        report = comparison.report(FINGERPRINT)
+    assert (report.stale, report.application_rows, report.complete) == (1, 2, False)
+    assert report.application_check is not None
+    assert (report.application_check["checked"], report.application_check["stale"]) == (2, 1)
+    assert report.application_check["min_cosine"] < 0.999
+    with compare(source, sink, TARGET, dim=DIM) as comparison:  # no embedder (inspect): judged by hash only
+        assert comparison.report(FINGERPRINT).stale == 0
