@@ -43,6 +43,7 @@ from reindex.ports import (
     IndexEntry,
     Record,
     Rows,
+    Sink,
     SourceSchema,
     TargetInfo,
     TargetSpec,
@@ -125,6 +126,7 @@ class PostgresSource:
         self._db = _Database(dsn, "source", vectors=False)
         self.table = table
         self.page_size = page_size
+        self._columns = (id_column, text_column, vector_column)
         with self._db.setup() as conn:
             self._shape = _read_source_shape(conn, table, id_column, text_column, vector_column)
             relation = _qualified_name(conn, self._shape.oid)
@@ -220,6 +222,27 @@ class PostgresSource:
         with self._db.errors():
             rows = self._db.connection().execute(self._select() + where, [list(ids)]).fetchall()
         return iter([self._record(row) for row in rows])
+
+    def reading(self, sink: Sink, alias: str, previous: str) -> PostgresSource | None:
+        """This source over `previous` when it reads the alias (the view) or `previous` itself, in the
+        sink's own database: the table the application wrote to until the flip (`reindex.served`)."""
+        if not isinstance(sink, PgvectorSink) or self.table not in (alias, previous):
+            return None
+        if _database_of(sink.identity()) != _database_of(self._identity):
+            return None
+        return self.over(previous)
+
+    def over(self, index: str) -> PostgresSource:
+        """This source's columns over another table or view of the same database (its own connection)."""
+        id_column, text_column, vector_column = self._columns
+        return PostgresSource(
+            self._db.dsn,
+            table=index,
+            id_column=id_column,
+            text_column=text_column,
+            vector_column=vector_column,
+            page_size=self.page_size,
+        )
 
     def close(self) -> None:
         self._db.close()
@@ -913,6 +936,11 @@ _DSN_HINT = (
     "percent-encode reserved characters of a URL password (@ %40, / %2F, : %3A, space %20), "
     "or quote a keyword value: password='a b'"
 )
+
+
+def _database_of(identity: str) -> str:
+    """`<system identifier>/<database>` of a source's or sink's identity."""
+    return "/".join(identity.partition(":")[2].split("/")[:2])
 
 
 def mask_dsn(text: str) -> str:

@@ -33,7 +33,7 @@ from reindex.migration import (
 from reindex.pipeline import Pipeline, Progress
 from reindex.planning import PlanReport, estimate, ledger_advice, spread
 from reindex.ports import DeferredEmbedder
-from reindex.served import judged
+from reindex.served import as_served
 from reindex.sync import (
     AfterFlip,
     Settled,
@@ -409,20 +409,20 @@ def _verify(
     m: Migration, ledger: Ledger, *, sample: int = 0, also: Callable[[Comparison], None] | None = None
 ) -> Coverage:
     """The coverage of this migration's target; before any run, an empty target's (nothing complete).
-    After the flip to it, judged against what the alias serves (`reindex.served`)."""
-    m = judged(m, ledger)
-    report = coverage(
-        m.source,
-        m.sink,
-        m.spec.name,
-        dim=m.spec.dim,
-        fingerprint=m.spec.fingerprint,
-        dead_letters=excused(ledger.dead_letters(m.plan_id)),
-        embedder=online(m.embedder, m.config.run),  # re-embeds the application's rows, and any sample
-        sample=sample,
-        ceiling=m.config.run.dead_letter_ceiling,
-        also=also,
-    )
+    After the flip to it, against what the alias serves (`reindex.served`)."""
+    with as_served(m, ledger) as served:
+        report = coverage(
+            served.source,
+            m.sink,
+            m.spec.name,
+            dim=m.spec.dim,
+            fingerprint=m.spec.fingerprint,
+            dead_letters=excused(ledger.dead_letters(m.plan_id)),
+            embedder=online(m.embedder, m.config.run),  # re-embeds the application's rows, and any sample
+            sample=sample,
+            ceiling=m.config.run.dead_letter_ceiling,
+            also=also,
+        )
     previous = pending_after_flip(m, ledger)
     if previous is not None:
         report = replace(report, complete=False, after_flip_pending=previous)
@@ -708,7 +708,11 @@ def dlq_retry(config: Config) -> DeadLetterReport:
 
 
 def _retry(m: Migration, ledger: Ledger) -> DeadLetterReport:
-    m = judged(m, ledger)  # after the flip the dead letters are read from the collection the run read
+    with as_served(m, ledger) as served:  # after the flip, dead letters are read from the index the run read
+        return _retry_served(served, ledger)
+
+
+def _retry_served(m: Migration, ledger: Ledger) -> DeadLetterReport:
     ids = [d.doc_id for d in ledger.dead_letters(m.plan_id)]
     pipeline = m.pipeline(ledger)
     written, vanished = 0, 0

@@ -16,6 +16,7 @@ the alias is) are not index sources: the view is the truth before and after the 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -26,24 +27,38 @@ if TYPE_CHECKING:
     from reindex.migration import Migration
 
 
-def judged(m: Migration, ledger: Ledger) -> Migration:
+@contextmanager
+def as_served(m: Migration, ledger: Ledger) -> Iterator[Migration]:
     """`m` with the source that is the truth now: `ServedSource` once the alias serves this migration's
     target and the source reads the index it replaced; else `m` as it is."""
+    source = _served(m, ledger)
+    if source is None:
+        yield m
+        return
+    try:
+        yield replace(m, source=source)
+    finally:
+        source.close()
+
+
+def _served(m: Migration, ledger: Ledger) -> ServedSource | None:
     if not isinstance(m.source, IndexSource) or isinstance(m.source, ServedSource):
-        return m
+        return None
     if m.sink.alias(m.spec.alias).target != m.spec.name:  # not flipped yet, rolled back, or moved on
-        return m
+        return None
     # the move that put it there: done, or pending where a kill came between the flip and its record
     moves = [c for c in ledger.cutovers(m.spec.alias) if c.state != "aborted" and c.new == m.spec.name]
     moved = moves[-1] if moves else None
     if moved is None or moved.old is None:
-        return m
+        return None
     previous = m.source.reading(m.sink, m.spec.alias, moved.old)
     if previous is None:  # the source reads something else, which still holds every write
-        return m
-    read = previous if m.sink.describe(moved.old) is not None else None  # None: pruned since
+        return None
+    if m.sink.describe(moved.old) is None:  # pruned since, and the dead letters' documents with it
+        previous.close()
+        previous = None
     dead = [letter.doc_id for letter in ledger.dead_letters(m.plan_id)]
-    return replace(m, source=ServedSource(m.source, m.source.over(m.spec.name), read, dead))
+    return ServedSource(m.source, m.source.over(m.spec.name), previous, dead)
 
 
 class ServedSource:
@@ -92,7 +107,11 @@ class ServedSource:
         return self.configured.over(index)
 
     def close(self) -> None:
-        """The configured source owns the connection; the migration closes it."""
+        """Close what this opened over the target and the old index; the migration closes the configured
+        source (a Qdrant client is shared among the three: closing these releases nothing)."""
+        self.served.close()
+        if self.previous is not None:
+            self.previous.close()
 
     def _unserved(self) -> list[Record]:
         """The dead letters the target does not hold, as the collection the run read holds them."""

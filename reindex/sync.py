@@ -31,7 +31,7 @@ from reindex.ports import (
     Source,
     Vectors,
 )
-from reindex.served import judged
+from reindex.served import as_served
 from reindex.synchronous import online
 from reindex.validation import excused, text_hash
 from reindex.verify import Category, Comparison, compare, load_rows
@@ -65,9 +65,13 @@ def catch_up(m: Migration, ledger: Ledger, *, keep: Settled | None = None) -> Sy
     """Bring the target level with the source now. Idempotent: a second sync finds nothing to do.
 
     `keep` receives the source as this catch-up read it (`Settled.gaps` tells later writes by it)."""
-    started = time.monotonic()
     _refuse_while_jobs_are_open(m, ledger)
-    m = judged(m, ledger)
+    with as_served(m, ledger) as served:  # after the flip to this target, the truth is what it serves
+        return _catch_up(served, ledger, keep)
+
+
+def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None) -> SyncReport:
+    started = time.monotonic()
     m.sink.prepare(m.spec)
     letters = ledger.dead_letters(m.plan_id)
     previous = {d.doc_id for d in letters}

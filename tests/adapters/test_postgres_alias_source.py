@@ -93,3 +93,32 @@ def test_a_source_named_like_the_alias_survives_cutover_edits_and_a_second_migra
     assert back.target == adopted.target
     assert query(pg_dsn, "SELECT vector_dims(embedding) FROM docs WHERE id = 7") == [(16,)]
     assert commands.verify(first).complete
+
+
+def test_dead_letters_keep_counting_after_the_flip_onto_a_view_named_like_the_source(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """After the first cutover the source `docs` is the view over the target, which holds no dead letter:
+    verify and `dlq retry` go on judging them by the table the run read (`docs__adopted`)."""
+    from adapters.memory import HashEmbedder
+
+    make_docs(pg_dsn)
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("UPDATE docs SET body = '   ' WHERE id = 3")
+    first = config(tmp_path, pg_dsn, 'kind = "hash"\ndim = 16')
+    assert commands.run(first).reconciled
+    assert commands.verify(first).dead_letters == 1
+    commands.cutover(first)
+
+    after = commands.verify(first)
+    assert after.complete and after.dead_letters == 1 and after.source_documents == DOCUMENTS
+    retried = commands.dlq_retry(first)
+    assert (retried.vanished, retried.total) == (0, 1)
+    assert commands.verify(first).dead_letters == 1
+
+    text = "a text at last"  # the application writes the document through the view, with the new model
+    vector = "[" + ",".join(map(str, HashEmbedder(dim=16).vector(text).tolist())) + "]"
+    with psycopg.connect(pg_dsn) as conn:
+        conn.execute("INSERT INTO docs (id, body, topic, embedding) VALUES (3, %s, 't3', %s)", [text, vector])
+    fixed = commands.verify(first)
+    assert fixed.complete and fixed.dead_letters == 0 and fixed.application_rows == 1
