@@ -24,6 +24,7 @@ tests (tests/durability) cover that difference. Budget: CI runs a bounded number
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psycopg
 import pytest
 from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
@@ -45,6 +47,8 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from pgvector.psycopg import register_vector
+from psycopg import sql
 from qdrant_client import QdrantClient, models
 
 from adapters.memory import HashEmbedder
@@ -410,6 +414,237 @@ class QdrantApplication(RuleBasedStateMachine):
             self.pending = False  # killed before the flip: nothing to carry over
 
 
+_tables = itertools.count()
+
+
+class PgvectorApplication(RuleBasedStateMachine):
+    """One live table the application reads and writes by its own name, migrated with the source named like
+    the alias (the first cutover adopts the table and puts a view in its place). pgvector holds the writers
+    through `cutover --sync`'s final catch-up and flip, so the application writes between commands; its
+    writes are upserts with the model the name serves, text-only updates, and deletes by id and by text."""
+
+    DSN = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="reindex-appwrites-pg-"))
+        self.table = f"notes_{next(_tables)}"
+        self.truth: dict[int, str] = {}
+        self.integer_ids = True
+        self.ran = False
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def key(self, name: int) -> int | str:
+        return name if self.integer_ids else str(uuid.uuid5(uuid.NAMESPACE_URL, f"note-{name}"))
+
+    def name_of(self, key: Any) -> int:
+        return next(n for n in NAMES if str(self.key(n)) == str(key))
+
+    @property
+    def target(self) -> str:
+        return target_name(self.table, NEW.info.fingerprint)
+
+    def config(self) -> Config:
+        path = self.root / "notes.toml"
+        path.write_text(
+            toml(
+                {
+                    "source": {
+                        "kind": "postgres",
+                        "dsn": self.DSN,
+                        "table": self.table,
+                        "text_column": "text",
+                    },
+                    "embedder": {"kind": "hash", "dim": DIM, "seed": "new"},
+                    "target": {"kind": "pgvector", "dsn": self.DSN, "alias": self.table, "index": "none"},
+                    "run": {"state": str(self.root / "state.db"), "shard_size": 3, "max_dead_letters": 1.0},
+                }
+            )
+        )
+        return load(path)
+
+    def query(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.DSN, autocommit=True) as conn:
+            register_vector(conn)
+            cursor = conn.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
+
+    def flipped(self) -> bool:
+        rows = self.query(
+            "SELECT c.relname FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid"
+            " JOIN pg_class c ON c.oid = d.refobjid WHERE r.ev_class = %s::regclass AND c.oid <> r.ev_class",
+            [self.table],
+        )
+        return any(name == self.target for (name,) in rows)
+
+    def rows(self, relation: str) -> dict[int, tuple[str, Any, dict[str, Any]]]:
+        """name -> (text, vector, bookkeeping) of a table or the view."""
+        columns = [c for (c,) in self.query(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped",
+            [relation],
+        )]  # fmt: skip
+        kept = [c for c in ("reindex_content_hash", "reindex_fingerprint") if c in columns]
+        listed = sql.SQL(", ").join(sql.Identifier(c) for c in ["id", "text", "embedding", *kept])
+        found = self.query(sql.SQL("SELECT {} FROM {}").format(listed, sql.Identifier(relation)))
+        return {self.name_of(r[0]): (r[1], r[2], dict(zip(kept, r[3:], strict=True))) for r in found}
+
+    def expected_served(self) -> dict[int, str]:
+        if not self.flipped():
+            return dict(self.truth)
+        return {n: t for n, t in self.truth.items() if not poison(t)}
+
+    def _write(self, op: tuple[Any, ...]) -> None:
+        kind, name, text = op
+        model = NEW if self.flipped() else OLD
+        served = set(self.rows(self.table)) & set(self.truth)
+        table = sql.Identifier(self.table)
+        if kind == "upsert":
+            vector = model.vector(text) if not poison(text) else OLD.vector("blank")
+            self.query(
+                sql.SQL("INSERT INTO {} (id, text, embedding) VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE"
+                        " SET text = excluded.text, embedding = excluded.embedding").format(table),
+                [self.key(name), text, vector],
+            )  # fmt: skip
+            self.truth[name] = text
+        elif kind in ("set_payload", "overwrite_payload") and name in served:  # the text alone
+            self.query(sql.SQL("UPDATE {} SET text = %s WHERE id = %s").format(table), [text, self.key(name)])
+            self.truth[name] = text
+        elif kind == "delete" and name in served:
+            self.query(sql.SQL("DELETE FROM {} WHERE id = %s").format(table), [self.key(name)])
+            self.truth.pop(name)
+        elif kind == "delete_by_filter" and name in served:
+            gone = self.query(
+                sql.SQL("DELETE FROM {} WHERE text = %s RETURNING id").format(table), [self.truth[name]]
+            )
+            for (key,) in gone:
+                self.truth.pop(self.name_of(key), None)
+        event(f"application {kind}")
+
+    @initialize(
+        integer_ids=st.booleans(),
+        corpus=st.dictionaries(
+            st.sampled_from(NAMES), st.one_of(GOOD, GOOD, GOOD, POISON), min_size=1, max_size=6
+        ),
+    )
+    def live_table(self, integer_ids: bool, corpus: dict[int, str]) -> None:
+        self.integer_ids = integer_ids
+        kind = sql.SQL("bigint" if integer_ids else "uuid")
+        self.query(
+            sql.SQL("CREATE TABLE {} (id {} PRIMARY KEY, text text NOT NULL, embedding vector({}))").format(
+                sql.Identifier(self.table), kind, sql.Literal(DIM)
+            )
+        )
+        for name, text in corpus.items():
+            self._write(("upsert", name, text))
+        event(f"integer ids: {integer_ids}")
+
+    @rule(data=st.data())
+    def application_writes(self, data: st.DataObject) -> None:
+        texts = GOOD if self.flipped() else st.one_of(GOOD, GOOD, POISON)
+        kinds = st.sampled_from(("upsert", "upsert", "set_payload", "delete", "delete_by_filter"))
+        for op in data.draw(
+            st.lists(st.tuples(kinds, st.sampled_from(NAMES), texts), max_size=3), label="writes"
+        ):
+            self._write(op)
+
+    @rule()
+    def run(self) -> None:
+        report = commands.run(self.config())
+        assert report.reconciled, report.to_json()
+        self.ran = True
+
+    @precondition(lambda self: self.ran)
+    @rule(kill=st.sampled_from((None, None, "sync_before_adopt")))
+    def sync(self, kill: str | None) -> None:
+        with _killed(kill) as died:
+            commands.sync(self.config())
+        if died():
+            return
+        assert commands.status(self.config()).reconciled
+        self._acknowledged_writes_stand("sync")
+
+    @precondition(lambda self: self.ran)
+    @rule(
+        with_sync=st.booleans(),
+        kill=st.sampled_from(
+            (None, None, "cutover_after_intent", "cutover_before_commit", "cutover_after_move")
+        ),
+    )
+    def cutover(self, with_sync: bool, kill: str | None) -> None:
+        with _killed(kill) as died:
+            try:
+                commands.cutover(self.config(), sync=with_sync)
+            except VerificationFailed:
+                event("cutover refused")
+                return
+        if not died():
+            event(f"cutover{' --sync' if with_sync else ''} returned")
+        self._acknowledged_writes_stand("cutover")
+
+    @precondition(lambda self: self.ran)
+    @rule()
+    def verify(self) -> None:
+        coverage = commands.verify(self.config())
+        event(f"verify complete: {coverage.complete}")
+        if not coverage.complete:
+            return
+        built = self.rows(self.target)
+        good = {n: t for n, t in self.truth.items() if not poison(t)}
+        assert {n: t for n, (t, _, _) in built.items()} == good, (
+            "complete, but not the application's documents"
+        )
+        for name, (text, vector, kept) in built.items():
+            assert np.allclose(vector, NEW.vector(text), atol=1e-6), f"{name}: complete with a stale vector"
+            assert kept.get("reindex_content_hash") == content_hash(text), (
+                f"{name}: stored hash is not its text's"
+            )
+            assert kept.get("reindex_fingerprint") == NEW.info.fingerprint, f"{name}: another fingerprint"
+        dead = sum(poison(t) for t in self.truth.values())
+        assert coverage.dead_letters == dead, f"dead letters {coverage.dead_letters}, the truth has {dead}"
+
+    @invariant()
+    def the_name_serves_every_acknowledged_write(self) -> None:
+        if self.ran:
+            self._acknowledged_writes_stand("the last step")
+
+    def _acknowledged_writes_stand(self, after: str) -> None:
+        served = {n: t for n, (t, _, _) in self.rows(self.table).items()}
+        assert served == self.expected_served(), (
+            f"after {after}: served {served}, the truth {self.expected_served()}"
+        )
+
+
+@contextmanager
+def _killed(point: str | None) -> Iterator[Callable[[], bool]]:
+    """The process dies at `point` (a crash point, or just before sync adopts)."""
+    died = [False]
+    original_crash, original_adopt = crashpoints.crash_if_armed, sync._adopt
+
+    def kill(name: str) -> None:
+        if name == point:
+            died[0] = True
+            raise Killed(name)
+
+    def crashed(name: str) -> None:
+        kill(name)
+        original_crash(name)
+
+    def adopted(*args: Any) -> Any:
+        kill("sync_before_adopt")
+        return original_adopt(*args)
+
+    crashpoints.crash_if_armed, sync._adopt = crashed, adopted  # type: ignore[assignment]
+    try:
+        try:
+            yield lambda: died[0]
+        except Killed as exc:
+            event(f"killed at {exc}")
+    finally:
+        crashpoints.crash_if_armed, sync._adopt = original_crash, original_adopt
+
+
 def _settings(examples: int, steps: int) -> settings:
     return settings(
         phases=[Phase.explicit, Phase.generate] if os.environ.get("NO_SHRINK") else list(Phase),
@@ -425,3 +660,10 @@ def test_on_qdrant_application_writes_through_the_alias_are_never_lost_and_compl
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def test_on_pgvector_application_writes_through_the_name_are_never_lost_and_complete_means_fresh(
+    pg_dsn: str,
+) -> None:
+    machine = type("PgvectorApplicationHere", (PgvectorApplication,), {"DSN": pg_dsn})
+    run_state_machine_as_test(machine, settings=_settings(6, 12))
