@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from reindex import crashpoints
 from reindex.columns import Documents, documents
@@ -67,6 +67,10 @@ ADOPTED = "application"  # `reindex_origin` of a point the application wrote and
 GUARD_MARK = "__reindex_serves__"
 BOUNDS_PAGE = 10_000  # points per ids-only scroll page when a ray driver plans shards
 _NAME_MAX = 255  # Qdrant's limit on collection and alias names
+# What a Qdrant server refuses in a new collection's name (its `validate_collection_name`), as qdrant-client's
+# local mode does: it keeps each collection in a folder named after it. An alias is read as a collection name.
+_NAME_REFUSED = '<>:"/\\|?*\0\x1f'
+_ALIAS_MAX = _NAME_MAX - len(GUARD_MARK) - 16  # its guard alias, `_guard` hashed past the limit, must fit
 _DISTANCES: dict[str, Distance] = {"Cosine": "cosine", "Dot": "dot", "Euclid": "euclid"}
 
 
@@ -315,6 +319,18 @@ class QdrantSink:
         alias: str
         name: str | None = None
         upsert_batch: int = Field(default=256, ge=1)
+
+        @field_validator("alias")
+        @classmethod
+        def _alias_qdrant_accepts(cls, alias: str) -> str:
+            """Refused here, at config time: Qdrant would refuse it only at cutover, after the whole run.
+            Its target, `<alias>__<fp8>`, is then one Qdrant accepts too."""
+            return _creatable(alias, _ALIAS_MAX, "for the guard alias the tool adds") if alias else alias
+
+        @field_validator("name")
+        @classmethod
+        def _name_qdrant_accepts(cls, name: str | None) -> str | None:
+            return _creatable(name, _NAME_MAX, "Qdrant's limit") if name else name
 
     def __init__(self, client: QdrantClient, *, upsert_batch: int = 256) -> None:
         self._client = client
@@ -815,6 +831,25 @@ def _unhashed(doc_id: str) -> Any:
             models.IsEmptyCondition(is_empty=models.PayloadField(key="reindex_content_hash")),
         ]
     )
+
+
+def _creatable(name: str, longest: int, why: str) -> str:
+    """`name` if Qdrant accepts it for a collection or alias the tool creates; else a ValueError naming the fix."""
+    refused = sorted(set(name) & set(_NAME_REFUSED))
+    if refused:
+        fixed = "".join("_" if c in _NAME_REFUSED else c for c in name)
+        raise ValueError(
+            f"{name!r} has {', '.join(map(repr, refused))}, which Qdrant refuses in collection and alias"
+            f" names: use e.g. {fixed!r}"
+        )
+    if name in (".", ".."):
+        raise ValueError(f"{name!r} is not a name Qdrant accepts: use letters or digits")
+    if len(name) > longest:
+        raise ValueError(
+            f"{name[:16]!r}... is {len(name)} characters long: shorten it to {longest} characters or fewer"
+            f" ({why})"
+        )
+    return name
 
 
 def _check_existing(info: TargetInfo, spec: TargetSpec) -> None:

@@ -537,8 +537,12 @@ def _complete_but_later_writes_or_refused(
     moved since the final catch-up read it. A difference in a document written since is carried over after
     the flip (`after_flip`); any other refuses the cutover, as an incomplete target does."""
     gaps: list[int] = []
+    fingerprint = m.spec.fingerprint
     report = _verify(
-        m, ledger, sample=sample, also=lambda comparison: gaps.append(settled.unexplained(comparison))
+        m,
+        ledger,
+        sample=sample,
+        also=lambda comparison: gaps.append(settled.unexplained(comparison, fingerprint)),
     )
     if report.complete or force or not report.target_exists or gaps[0]:
         return _refused_unless_complete(m, report, force)

@@ -240,13 +240,13 @@ class Settled:
         self.db.execute("DELETE FROM read")
         load_rows(self.db, "INSERT OR REPLACE INTO read VALUES (?,?)", comparison.source_hashes())
 
-    def unexplained(self, comparison: Comparison) -> int:
-        """The documents where source and target differ while the source still holds what the final
-        catch-up read: real gaps. One whose source changed since is a write the catch-up could not see,
-        which `after_flip` carries over."""
-        kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
+    def unexplained(self, comparison: Comparison, fingerprint: str) -> int:
+        """The documents verify holds against the target (`Comparison.faults`: a vector of another
+        fingerprint or without a content hash too) while the source still holds what the final catch-up
+        read: real gaps. One whose source changed since is a write the catch-up could not see, which
+        `after_flip` carries over."""
         gaps = 0
-        for chunk in chunks(chain(*(comparison.ids(k) for k in kinds)), 500):
+        for chunk in chunks(comparison.faults(fingerprint), 500):
             now = dict(comparison.source_hashes(chunk))
             seen = dict(_hashes(self.db, "read", chunk))
             gaps += sum((i in now, now.get(i)) == (i in seen, seen.get(i)) for i in chunk)

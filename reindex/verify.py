@@ -120,6 +120,17 @@ _WHERE: dict[Category, tuple[str, str]] = {  # category -> (id column, FROM ... 
     "conflicting": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE s.conflict"),
 }
 
+# What verify holds against a complete target, besides dead letters past the ceiling: the ids of these
+# categories, and vectors of a fingerprint other than the expected one (`Comparison.faults`, `report`).
+PROBLEMS: tuple[Category, ...] = (
+    "missing",
+    "stale",
+    "orphaned",
+    "invalid_vectors",
+    "unhashed",
+    "conflicting",
+)
+_FOREIGN = "SELECT t.id FROM tgt t WHERE coalesce(t.fp, 'none') IS NOT ?"
 
 # A source may hold one id twice (a JSONL file): with two texts, a fresh migration dead-letters the id.
 _INSERT_SOURCE = (
@@ -142,6 +153,14 @@ class Comparison:
         column, where = _WHERE[category]
         suffix = f" LIMIT {int(limit)}" if limit is not None else ""
         for (doc_id,) in self.db.execute(f"SELECT {column} {where} ORDER BY 1{suffix}"):
+            yield doc_id
+
+    def faults(self, expected_fingerprint: str | None) -> Iterator[str]:
+        """Every id that keeps the target from being complete, as `report` judges it: those of the
+        PROBLEMS categories and those of vectors of another fingerprint, each once, in order."""
+        selects = [f"SELECT {_WHERE[c][0]} {_WHERE[c][1]}" for c in PROBLEMS]
+        query = " UNION ".join([*selects, _FOREIGN]) + " ORDER BY 1"
+        for (doc_id,) in self.db.execute(query, (expected_fingerprint or "none",)):
             yield doc_id
 
     def source_hashes(self, ids: Sequence[str] | None = None) -> Iterator[tuple[str, str | None]]:
@@ -197,8 +216,7 @@ class Comparison:
         fingerprints = dict(
             self.db.execute("SELECT coalesce(fp, 'none'), count(*) FROM tgt GROUP BY 1 ORDER BY 2 DESC")
         )
-        problems = ("missing", "stale", "orphaned", "invalid_vectors", "unhashed", "conflicting")
-        complete = not any(counts[k] for k in problems) and set(fingerprints) <= {
+        complete = not any(counts[k] for k in PROBLEMS) and set(fingerprints) <= {
             expected_fingerprint or "none"
         }
         source_documents = self.db.execute("SELECT count(*) FROM src").fetchone()[0]

@@ -199,6 +199,57 @@ def test_dead_letters_are_listed_and_retried_after_a_fix(tmp_path: Path, pg_dsn:
     assert invoke("verify", "-c", str(config))[0] == 0
 
 
+@pytest.mark.parametrize(
+    ("key", "name", "message"),
+    [
+        ("alias", "docs/live", "'docs/live' has '/', which Qdrant refuses in collection and alias names"),
+        ("name", "docs/v2", "'docs/v2' has '/', which Qdrant refuses in collection and alias names"),
+        ("alias", "docs:live", "use e.g. 'docs_live'"),
+        ("name", 'd<o>c"s|v?2*', "use e.g. 'd_o_c_s_v_2_'"),
+        ("name", "docs\\v2", "use e.g. 'docs_v2'"),
+        ("name", "..", "'..' is not a name Qdrant accepts"),
+        ("alias", "a" * 222, "shorten it to 221 characters or fewer"),
+        ("name", "n" * 256, "shorten it to 255 characters or fewer"),
+    ],
+)
+def test_a_qdrant_name_qdrant_would_refuse_fails_plan_with_exit_2(
+    tmp_path: Path, key: str, name: str, message: str
+) -> None:
+    """Caught at config time, before anything is read or built, not by `run` once the work is done."""
+    corpus = write_corpus(tmp_path / "docs.jsonl", 5)
+    target = f'kind = "qdrant"\npath = "{tmp_path / "qdrant"}"\nalias = "docs"'
+    escaped = name.replace("\\", "\\\\").replace('"', '\\"')
+    target = target.replace('alias = "docs"', f'alias = "{escaped}"') if key == "alias" else target
+    config = write_config(
+        tmp_path / "q.toml",
+        source=f'kind = "jsonl"\npath = "{corpus}"',
+        embedder='kind = "hash"\ndim = 8',
+        target=target + (f'\nname = "{escaped}"' if key == "name" else ""),
+        state=tmp_path / "state.db",
+    )
+    code, _, stderr = invoke("plan", "-c", str(config), "--no-calibrate")
+    assert code == 2, stderr
+    assert f"[target] {key}: " in stderr and message in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "state.db").exists() and not (tmp_path / "qdrant").exists()
+
+
+def test_the_longest_qdrant_alias_runs_and_cuts_over(tmp_path: Path) -> None:
+    """221 characters: its target (alias + 10) and its guard alias (alias + 34, hashed) fit in Qdrant's 255."""
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document {i}"}) + "\n" for i in range(5)))
+    config = write_config(
+        tmp_path / "q.toml",
+        source=f'kind = "jsonl"\npath = "{corpus}"',
+        embedder='kind = "hash"\ndim = 8',
+        target=f'kind = "qdrant"\npath = "{tmp_path / "qdrant"}"\nalias = "{"a" * 221}"',
+        state=tmp_path / "state.db",
+    )
+    assert invoke("run", "-c", str(config))[0] == 0
+    code, moved, _ = invoke("cutover", "-c", str(config), "--json")
+    assert code == 0 and moved is not None and moved["changed"], moved
+
+
 def test_whole_migration_into_qdrant_local_with_a_real_model(tmp_path: Path, tiny_model: Path) -> None:
     corpus = write_corpus(tmp_path / "docs.jsonl", 120)
     storage = tmp_path / "qdrant"

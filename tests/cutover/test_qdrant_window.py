@@ -173,6 +173,52 @@ def test_a_gap_no_later_write_explains_still_refuses_the_flip(
     assert invoke("resolve", "-c", str(migration))["target"] == "notes"
 
 
+def foreign_fingerprint(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "reindex_fingerprint": "someothermodel00"}
+
+
+def no_content_hash(payload: dict[str, Any]) -> dict[str, Any]:
+    """Neither a stored hash nor a text to derive one from: staleness unknown."""
+    return {k: v for k, v in payload.items() if k not in ("reindex_content_hash", "text")}
+
+
+@pytest.mark.parametrize(
+    ("rewrite", "problem"),
+    [
+        (foreign_fingerprint, "1 vectors of other fingerprints ['someothermodel00']"),
+        (no_content_hash, "1 without content hash"),
+    ],
+)
+def test_a_point_written_into_the_target_in_the_window_refuses_the_flip_as_verify_does(
+    migration: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rewrite: Callable[[dict[str, Any]], dict[str, Any]],
+    problem: str,
+) -> None:
+    """Something writes straight into the target after the final catch-up, a point whose document did not
+    change: plain verify and cutover refuse that target, so `cutover --sync` refuses it too."""
+    original = sync.catch_up
+
+    def intruding(m: Any, ledger: Any, **kwargs: Any) -> Any:
+        report = original(m, ledger, **kwargs)
+        client, target = m.sink._client, m.spec.name
+        (point,) = client.retrieve(target, [uid("n7")], with_payload=True, with_vectors=True)
+        payload = rewrite(dict(point.payload or {}))
+        client.upsert(
+            target, [models.PointStruct(id=point.id, vector=point.vector, payload=payload)], wait=True
+        )
+        return report
+
+    monkeypatch.setattr(commands, "catch_up", intruding)
+    refused = invoke("cutover", "-c", str(migration), "--sync", exit_code=3)
+    assert problem in refused["error"]["message"]
+    monkeypatch.undo()
+    assert invoke("resolve", "-c", str(migration))["target"] == "notes"
+    report = invoke("verify", "-c", str(migration), exit_code=3)
+    assert not report["complete"] and report["missing"] == report["stale"] == 0
+    assert problem in invoke("cutover", "-c", str(migration), exit_code=3)["error"]["message"]
+
+
 @pytest.mark.parametrize("kept", [True, False], ids=["view-kept", "view-lost"])
 @pytest.mark.parametrize("finish", ["cutover", "sync"])
 def test_a_cutover_killed_after_the_flip_is_seen_by_verify_and_finished_by_the_next_one(

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from reindex import commands
+from reindex import commands, sync
 from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.ledger import Cutover, SqliteLedger
@@ -113,6 +113,48 @@ def test_cutover_refuses_a_corrupted_target_and_the_alias_stays(setup: Setup, mu
     corrupt(setup)
     message = refused(setup)
     assert expected in message and setup.target in message
+
+
+WINDOW: dict[str, tuple[str | None, str, str]] = {  # (done beforehand, written in the window, refusal)
+    "foreign fingerprint": (
+        None,
+        "UPDATE {target} SET reindex_fingerprint = 'someothermodel0' WHERE id = 'd0005'",
+        "1 vectors of other fingerprints ['someothermodel0']",
+    ),
+    # the column is NOT NULL: an operator has to loosen it first; an UPDATE that sets the hash itself keeps
+    # what it sets (the trigger fills only a hash it was left to fill)
+    "no content hash": (
+        "ALTER TABLE {target} ALTER COLUMN reindex_content_hash DROP NOT NULL",
+        "UPDATE {target} SET reindex_content_hash = NULL WHERE id = 'd0006'",
+        "1 without content hash",
+    ),
+}
+
+
+@pytest.mark.parametrize("write", list(WINDOW))
+def test_cutover_sync_refuses_what_is_written_into_the_target_in_the_window_as_cutover_does(
+    setup: Setup, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """Written straight into the target after each catch-up (the last one runs with the alias's writers
+    held, not the target's): `cutover --sync` refuses it exactly as a plain cutover does."""
+    before, statement, expected = WINDOW[write]
+    if before is not None:
+        setup.sql(before)
+    original = sync.catch_up
+
+    def intruding(m: Any, ledger: Any, **kwargs: Any) -> Any:
+        report = original(m, ledger, **kwargs)
+        setup.sql(statement)
+        return report
+
+    monkeypatch.setattr(commands, "catch_up", intruding)
+    with pytest.raises(VerificationFailed) as caught:
+        commands.cutover(setup.new, sync=True)
+    assert caught.value.exit_code == 3 and expected in str(caught.value)
+    assert setup.alias_target() == setup.live
+    monkeypatch.undo()
+    assert expected in refused(setup)
+    assert not commands.verify(setup.new).complete
 
 
 def test_the_vector_column_type_forbids_a_wrong_dimension(setup: Setup) -> None:
