@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adapters import pg_copy
+from adapters import pg_copy, postgres_rules
 from reindex import crashpoints
 from reindex.columns import Documents, documents
 from reindex.errors import (
@@ -129,6 +129,8 @@ class PostgresSource:
         self._columns = (id_column, text_column, vector_column)
         with self._db.setup() as conn:
             self._shape = _read_source_shape(conn, table, id_column, text_column, vector_column)
+            columns = [Column(a.name, a.type) for a in self._shape.columns]
+            self._rules = postgres_rules.read_rules(conn, self._shape.oid, columns)
             relation = _qualified_name(conn, self._shape.oid)
             self._identity = f"postgres:{_server_identity(conn)}/{relation}#{id_column},{text_column}"
 
@@ -149,8 +151,9 @@ class PostgresSource:
             id_field=shape.key.name,
             text_field=shape.text.name,
             vector_field=shape.vector.name if shape.vector else None,
-            columns=tuple(Column(a.name, a.type) for a in shape.columns),
+            columns=tuple(self._rules.columns[a.name] for a in shape.columns),
             distance=shape.distance,
+            checks=self._rules.checks,
         )
 
     def count(self) -> int | None:
@@ -418,6 +421,7 @@ class PgvectorSink:
                 _grant(conn, layout.ident, _grants_of(conn, live))
             with conn.transaction():
                 _accept_application_writes(conn, layout, spec)
+                postgres_rules.continue_numbering(conn, None, layout.oid, scan=True)
         self._layouts.pop(spec.name, None)  # it may have gained the origin column
 
     def describe(self, target: str) -> TargetInfo | None:
@@ -661,6 +665,7 @@ class PgvectorSink:
                     f"alias {alias!r} serves {resolved.info.target!r}, expected {expected!r}",
                     hint="another cutover moved it meanwhile; check `reindex status`",
                 )
+            postgres_rules.continue_numbering(conn, resolved.target_oid, _one_oid(conn, target))
             grants = _grants_of(conn, resolved.oid) if resolved.oid is not None else []
             _replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)
             crashpoints.crash_if_armed("cutover_before_commit")
@@ -1020,6 +1025,12 @@ def _regclass(conn: Connection, name: str) -> int | None:
     return None if row is None or row[0] is None else int(row[0])
 
 
+def _one_oid(conn: Connection, name: str) -> int:
+    oid = _regclass(conn, name)
+    assert oid is not None
+    return oid
+
+
 def _server_identity(conn: Connection) -> str:
     """`<system identifier>/<database>`: the cluster's own id survives renamed hosts, ports and users."""
     psycopg = _psycopg()
@@ -1153,7 +1164,15 @@ def _create_target(conn: Connection, spec: TargetSpec) -> None:
 
     ident = _identifier(spec.name)
     definitions = _schema_columns(conn, spec) if spec.source.columns else _schemaless_columns(spec)
-    conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, sql.SQL(", ").join(definitions)))
+    errors = _psycopg().errors
+    try:
+        conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, sql.SQL(", ").join(definitions)))
+    except (errors.UndefinedFunction, errors.UndefinedTable, errors.UndefinedObject) as exc:
+        raise ConfigError(
+            f"the target database cannot give {spec.name!r} the source's defaults and checks: "
+            + _first_line(exc),
+            hint="create what they use there first (a function, a sequence, an extension)",
+        ) from None
     meta = {
         "fingerprint": spec.fingerprint,
         "dim": spec.dim,
@@ -1184,9 +1203,19 @@ def _schema_columns(conn: Connection, spec: TargetSpec) -> list[sql.Composable]:
     for column in spec.source.columns:
         key = sql.SQL(" PRIMARY KEY" if column.name == spec.source.id_field else "")
         definitions.append(
-            sql.SQL("{} {}{}").format(sql.Identifier(column.name), _checked_type(conn, column.type), key)
+            sql.SQL("{} {}{}{}").format(
+                sql.Identifier(column.name),
+                _checked_type(conn, column.type),
+                postgres_rules.column_rules(column),
+                key,
+            )
         )
-    return [*definitions, _vector_column(vector, spec.dim), *_reindex_columns()]
+    return [
+        *definitions,
+        _vector_column(vector, spec.dim),
+        *_reindex_columns(),
+        *postgres_rules.checks(spec.source.checks),
+    ]
 
 
 def _schemaless_columns(spec: TargetSpec) -> list[sql.Composable]:
@@ -1628,6 +1657,7 @@ def _adopt(
     if _regclass(conn, adopted) is not None:
         raise CutoverRefused(f"cannot adopt {alias!r}: {adopted!r} already exists")
     assert resolved.oid is not None
+    postgres_rules.continue_numbering(conn, resolved.oid, _one_oid(conn, target))
     grants = _grants_of(conn, resolved.oid)
     conn.execute(
         sql.SQL("ALTER TABLE {} RENAME TO {}").format(_identifier(alias), sql.Identifier(_split(adopted)[-1]))

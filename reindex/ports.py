@@ -36,6 +36,17 @@ class Record:
 class Column:
     name: str
     type: str  # as Postgres' format_type() prints it: 'bigint', 'jsonb', 'vector(768)'
+    not_null: bool = False
+    default: str | None = None  # the default's expression as Postgres prints it; None for a numbered one
+    numbered: bool = False  # an identity or serial column: keys the database hands out from a sequence
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A CHECK constraint of the source table, as Postgres prints it: 'CHECK ((length(text) > 0))'."""
+
+    name: str
+    definition: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +58,7 @@ class SourceSchema:
     vector_field: str | None = None  # pg column / Qdrant vector name of the old vectors; None = unnamed
     columns: tuple[Column, ...] = ()  # the relational schema (Postgres sources); () = schemaless
     distance: Distance = "cosine"
+    checks: tuple[Check, ...] = ()  # the relational schema's CHECK constraints on those columns
 
 
 class Source(Protocol):

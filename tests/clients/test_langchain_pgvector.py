@@ -138,3 +138,29 @@ def test_a_target_built_before_the_origin_column_counts_nothing_until_its_next_f
     new.add_documents(documents([102]), ids=["n102"])
     report = invoke("verify", "-c", str(config))
     assert report["complete"] and report["application_rows"] == 1  # n100, n101 predate the column
+
+
+def test_langchain_adds_through_the_alias_after_cutover_rollback_and_prune(
+    tmp_path: Path, pg_dsn: str, engine: sqlalchemy.Engine
+) -> None:
+    store(engine, OLD_DIM).add_documents(documents(range(40)))  # LangChain picks the ids (uuid4)
+    config = configure(tmp_path, pg_dsn)
+    assert invoke("run", "-c", str(config))["written"] == 40
+    target = invoke("cutover", "-c", str(config))["target"]
+
+    store(engine, NEW_DIM).add_documents(documents(range(100, 103)))  # INSERTs with the ids it picks
+    assert store(engine, NEW_DIM).similarity_search("note 101 about topic 3", k=1)[0].metadata == {"n": 101}
+    report = invoke("verify", "-c", str(config))
+    assert report["complete"] and report["target_vectors"] == 43 and report["application_rows"] == 3
+
+    assert invoke("rollback", "-c", str(config))["target"] == "langchain_pg_embedding__adopted"
+    store(engine, OLD_DIM).add_documents(documents([200]))  # the old model, the old table
+    assert store(engine, OLD_DIM).similarity_search("note 200 about topic 4", k=1)[0].metadata == {"n": 200}
+    assert invoke("cutover", "-c", str(config), "--sync")["target"] == target
+    assert invoke("prune", "-c", str(config), "--keep", "1")["dropped"] == ["langchain_pg_embedding__adopted"]
+    new = store(engine, NEW_DIM)
+    new.add_documents(documents([300]))
+    assert new.similarity_search("note 200 about topic 4", k=1)[0].metadata == {"n": 200}  # synced over
+    assert new.similarity_search("note 300 about topic 6", k=1)[0].metadata == {"n": 300}
+    report = invoke("verify", "-c", str(config))
+    assert report["complete"] and report["stale"] == 0

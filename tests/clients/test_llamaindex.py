@@ -1,7 +1,9 @@
 """LlamaIndex applications reading through the alias before and after cutover, with the model they use on
 each side of the flip: a `QdrantVectorStore` (llama-index-vector-stores-qdrant) over Qdrant local mode
 behind a collection alias, and a `PGVectorStore` (llama-index-vector-stores-postgres) whose `data_<name>`
-table the first cutover adopts, so the application keeps reading it by name, now a view. The Qdrant source
+table the first cutover adopts, so the application keeps reading it by name, now a view, and keeps adding
+nodes through it: the target numbers them with an identity of its own (the table's BIGSERIAL belongs to the
+adopted table, which prune drops). The Qdrant source
 reads the text inside LlamaIndex's `_node_content` JSON payload (`text_field = "_node_content.text"`)."""
 
 from __future__ import annotations
@@ -11,23 +13,27 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 import sqlalchemy
 from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.schema import TextNode
+from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores.types import BasePydanticVectorStore
 from llama_index.vector_stores.postgres import PGVectorStore
 from llama_index.vector_stores.qdrant import QdrantVectorStore
+from psycopg import sql
 from pydantic import PrivateAttr
 from qdrant_client import QdrantClient
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from typer.testing import CliRunner
 
 from adapters.memory import HashEmbedder
+from reindex import registry
 from reindex.cli import app
+from reindex.config import load
 from tests.clients.support import aliased_collection
 
 runner = CliRunner()
@@ -35,14 +41,14 @@ OLD_DIM, NEW_DIM = 16, 24
 ALIAS = "notes_live"  # Qdrant puts no alias over a collection: the application reads notes_live -> notes
 
 
-class Hashed(BaseEmbedding):
-    """The application's model: the tool's hash embedder, so a fresh migration's vectors are known."""
+class Embedded(BaseEmbedding):
+    """The application's model: one of the tool's embedders, so its vectors are the ones the tool writes."""
 
-    _model: HashEmbedder = PrivateAttr()
+    _model: Any = PrivateAttr()
 
-    def __init__(self, dim: int) -> None:
-        super().__init__(model_name=f"hash-{dim}")
-        self._model = HashEmbedder(dim=dim)
+    def __init__(self, model: Any, name: str) -> None:
+        super().__init__(model_name=name)
+        self._model = model
 
     def _embed(self, texts: list[str]) -> list[list[float]]:
         return self._model.embed(self._model.tokenize(texts)).tolist()
@@ -58,6 +64,13 @@ class Hashed(BaseEmbedding):
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
         return self._get_query_embedding(query)
+
+
+class Hashed(Embedded):
+    """The tool's hash embedder, so a fresh migration's vectors are known."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(HashEmbedder(dim=dim), f"hash-{dim}")
 
 
 def invoke(*args: str) -> dict:
@@ -91,8 +104,13 @@ def build(store: BasePydanticVectorStore, dim: int, ids: Sequence[int]) -> None:
 
 
 def top(store: BasePydanticVectorStore, dim: int, query: str) -> int:
-    """The note the application's retriever ranks first for `query`, embedded with its model."""
-    index = VectorStoreIndex.from_vector_store(store, embed_model=Hashed(dim))
+    """The note the application's retriever ranks first for `query`, embedded with its hash model."""
+    return top_with(store, Hashed(dim), query)
+
+
+def top_with(store: BasePydanticVectorStore, model: BaseEmbedding, query: str) -> int:
+    """The note the application's retriever ranks first for `query`, embedded with `model`."""
+    index = VectorStoreIndex.from_vector_store(store, embed_model=model)
     (found, *_) = index.as_retriever(similarity_top_k=3).retrieve(query)
     assert found.node.get_content() == query  # the text comes back whole, read through the alias
     n = found.node.metadata["n"]
@@ -194,3 +212,81 @@ def test_llamaindex_pgvector_reads_through_the_alias_before_and_after_cutover(
         top(pg_store(engines, OLD_DIM), OLD_DIM, "note 7 about topic 0")
     report = invoke("verify", "-c", str(config), "--sample", "40")
     assert report["complete"] and report["target_vectors"] == 120 and report["stale"] == 0
+
+
+def add(store: PGVectorStore, model: BaseEmbedding, ids: Sequence[int]) -> None:
+    """The application adds notes the way LlamaIndex's ingestion does: embedded, then `add()`ed."""
+    added: list[BaseNode] = list(nodes(ids))
+    for node in added:
+        node.embedding = model.get_text_embedding(node.get_content(metadata_mode=MetadataMode.EMBED))
+    assert store.add(added) == [uid(i) for i in ids]
+
+
+def row_ids(pg_dsn: str, ids: Sequence[int]) -> list[int]:
+    """The keys Postgres gave the application's notes (`data_notes.id`, a BIGSERIAL), in note order."""
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            "SELECT id FROM data_notes WHERE node_id = ANY(%s) ORDER BY (metadata_->>'n')::int",
+            [[uid(i) for i in ids]],
+        ).fetchall()
+    assert len(rows) == len(ids)
+    return [int(row[0]) for row in rows]
+
+
+def row_ids_in(pg_dsn: str, table: str, ids: Sequence[int]) -> list[int]:
+    """The keys of the application's notes in one target table, whatever the alias serves now."""
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT id FROM {} WHERE node_id = ANY(%s)").format(sql.Identifier(table)),
+            [[uid(i) for i in ids]],
+        ).fetchall()
+    assert len(rows) == len(ids)
+    return [int(row[0]) for row in rows]
+
+
+def test_llamaindex_pgvector_adds_through_the_alias_after_cutover_rollback_and_prune(
+    tmp_path: Path,
+    pg_dsn: str,
+    engines: tuple[sqlalchemy.Engine, AsyncEngine],
+    tiny_model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    build(pg_store(engines, OLD_DIM), OLD_DIM, range(60))  # ids 1..60 from data_notes_id_seq
+    monkeypatch.setenv("REINDEX_SOURCE_DSN", pg_dsn)
+    monkeypatch.chdir(tmp_path)
+    made = invoke(
+        "init", "notes.toml", "--table", "data_notes", "--source-dsn-env", "REINDEX_SOURCE_DSN",
+        "--model", str(tiny_model),
+    )  # fmt: skip
+    assert (made["source"]["id_column"], made["source"]["text_column"]) == ("id", "text")
+    config = load(Path("notes.toml"))  # the migration exactly as init wrote it
+    invoke("plan", "-c", "notes.toml", "--no-calibrate")
+    assert invoke("run", "-c", "notes.toml")["written"] == 60
+    assert invoke("verify", "-c", "notes.toml")["complete"]
+    target = invoke("cutover", "-c", "notes.toml")["target"]
+
+    model = registry.build("embedder", config.embedder)  # the application switches its model
+    new, dim = Embedded(model, "tiny"), model.info.dim
+    add(pg_store(engines, dim), new, range(100, 105))  # INSERTs with no id: the target's own sequence
+    assert top_with(pg_store(engines, dim), new, "note 103 about topic 5") == 103  # found at once
+    assert min(row_ids(pg_dsn, range(100, 105))) > 60  # after the keys the old table gave out
+    report = invoke("verify", "-c", "notes.toml")
+    assert report["complete"] and report["target_vectors"] == 65 and report["stale"] == 0
+    assert report["application_rows"] == 5
+
+    assert invoke("rollback", "-c", "notes.toml")["target"] == "data_notes__adopted"
+    add(pg_store(engines, OLD_DIM), Hashed(OLD_DIM), range(200, 202))  # the old model, the old table
+    assert top(pg_store(engines, OLD_DIM), OLD_DIM, "note 201 about topic 5") == 201
+    assert min(row_ids(pg_dsn, range(200, 202))) > max(row_ids_in(pg_dsn, target, range(100, 105)))
+
+    assert invoke("cutover", "-c", "notes.toml", "--sync")["target"] == target
+    add(pg_store(engines, dim), new, range(300, 302))
+    assert min(row_ids(pg_dsn, range(300, 302))) > max(row_ids(pg_dsn, range(200, 202)))
+    assert invoke("prune", "-c", "notes.toml", "--keep", "1")["dropped"] == ["data_notes__adopted"]
+    with psycopg.connect(pg_dsn) as conn:  # the old table took its sequence with it
+        assert conn.execute("SELECT to_regclass('data_notes_id_seq')").fetchone() == (None,)
+    add(pg_store(engines, dim), new, range(400, 402))  # the target never needed it
+    assert top_with(pg_store(engines, dim), new, "note 401 about topic 2") == 401
+    assert min(row_ids(pg_dsn, range(400, 402))) > max(row_ids(pg_dsn, range(300, 302)))
+    report = invoke("verify", "-c", "notes.toml")
+    assert report["complete"] and report["stale"] == 0
