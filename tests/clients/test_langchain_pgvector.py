@@ -164,3 +164,52 @@ def test_langchain_adds_through_the_alias_after_cutover_rollback_and_prune(
     assert new.similarity_search("note 300 about topic 6", k=1)[0].metadata == {"n": 300}
     report = invoke("verify", "-c", str(config))
     assert report["complete"] and report["stale"] == 0
+
+
+def test_langchain_pgvector_migrated_with_the_config_init_writes(
+    tmp_path: Path,
+    pg_dsn: str,
+    engine: sqlalchemy.Engine,
+    tiny_model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """init → plan → run → verify → cutover as init wrote it; then the unchanged application, given only the
+    new model, finds its documents, adds new ones through the alias and finds them at once, and verify stays
+    complete counting them."""
+    from langchain_core.embeddings import Embeddings
+
+    from reindex import registry
+    from reindex.config import load
+
+    class Tool(Embeddings):  # the new model as the application loads it: the migration's own embedder
+        def __init__(self, model: object) -> None:
+            self.model = model
+
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            vectors: list[list[float]] = self.model.embed(self.model.tokenize(texts)).tolist()  # type: ignore[attr-defined]
+            return vectors
+
+        def embed_query(self, text: str) -> list[float]:
+            return self.embed_documents([text])[0]
+
+    store(engine, OLD_DIM).add_documents(documents(range(40)))
+    monkeypatch.setenv("REINDEX_SOURCE_DSN", pg_dsn)
+    monkeypatch.chdir(tmp_path)
+    made = invoke(
+        "init", "notes.toml", "--table", "langchain_pg_embedding", "--source-dsn-env", "REINDEX_SOURCE_DSN",
+        "--model", str(tiny_model),
+    )  # fmt: skip
+    assert (made["source"]["id_column"], made["source"]["text_column"]) == ("id", "document")
+    invoke("plan", "-c", "notes.toml", "--no-calibrate")
+    assert invoke("run", "-c", "notes.toml")["written"] == 40
+    assert invoke("verify", "-c", "notes.toml")["complete"]
+    assert invoke("cutover", "-c", "notes.toml")["changed"]
+
+    model = Tool(registry.build("embedder", load(Path("notes.toml")).embedder))
+    new = langchain_postgres.PGVector(model, connection=engine, collection_name="notes", use_jsonb=True)
+    assert new.similarity_search("note 7 about topic 0", k=1)[0].metadata == {"n": 7}
+    new.add_documents(documents(range(100, 103)))
+    assert new.similarity_search("note 102 about topic 4", k=1)[0].metadata == {"n": 102}
+    report = invoke("verify", "-c", "notes.toml")
+    assert report["complete"] and report["target_vectors"] == 43 and report["application_rows"] == 3
+    assert report["application_check"]["stale"] == 0
