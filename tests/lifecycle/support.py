@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 import tempfile
 from collections import defaultdict
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from hypothesis import HealthCheck, settings
 
 from adapters import memory
 from adapters.memory import HashEmbedder, MemoryStore
@@ -24,6 +26,7 @@ from reindex.fingerprint import content_hash, target_name
 from reindex.migration import open_backends
 from reindex.ports import Record, Vectors
 
+SOAK = max(1, int(os.environ.get("REINDEX_SOAK", "1")))  # multiplies every machine's examples: a long soak
 ALIAS = "docs"
 DIM = 8
 MAX_TOKENS = 4
@@ -300,3 +303,13 @@ def served_problems(served: Served, target: str, expected: Expected, embedder: H
         if fingerprint != embedder.info.fingerprint:
             problems.append(f"{doc_id}: fingerprint {fingerprint} is not {embedder.info.fingerprint}")
     return problems
+
+
+def machine_settings(examples: int, steps: int) -> settings:
+    """A state machine's budget: `examples` histories of up to `steps` steps, times REINDEX_SOAK."""
+    return settings(
+        max_examples=examples * SOAK,
+        stateful_step_count=steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )

@@ -25,7 +25,6 @@ tests (tests/durability) cover that difference. Budget: CI runs a bounded number
 from __future__ import annotations
 
 import itertools
-import os
 import shutil
 import tempfile
 import uuid
@@ -37,7 +36,7 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
-from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -56,9 +55,8 @@ from reindex import commands, crashpoints, sync
 from reindex.config import Config, load
 from reindex.errors import VerificationFailed
 from reindex.fingerprint import content_hash, target_name
-from tests.lifecycle.support import toml
+from tests.lifecycle.support import machine_settings, toml
 
-SOAK = max(1, int(os.environ.get("REINDEX_SOAK", "1")))
 DIM = 8
 ALIAS, OLD_COLLECTION = "notes_live", "notes"
 OLD = HashEmbedder(DIM, seed="old")  # the model the application used before: the same dimension
@@ -89,32 +87,65 @@ def poison(text: str) -> bool:
     return not text.strip()
 
 
-class QdrantApplication(RuleBasedStateMachine):
-    """One live collection, one application, one migration to the `new` model."""
+class _Application(RuleBasedStateMachine):
+    """What the two machines share: the application's documents by name, on integer or UUID ids."""
 
     def __init__(self) -> None:
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="reindex-appwrites-"))
-        self.storage = self.root / "qdrant"
         self.truth: dict[int, str] = {}  # name -> the text the application last wrote (acknowledged)
         self.integer_ids = True
-        self.source = ALIAS
-        self.pending = False  # a kill left the carry-over after the flip unfinished
-        self.phase: str | None = None  # "window": the application writes between final catch-up and flip
-        self.window_written: dict[int, str] = {}  # what it wrote in the window of a carry-over still due
-        self.deleted_since_flip: set[int] = set()  # what it deleted through the alias since that flip
         self.ran = False
 
     def teardown(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
-    # the world -------------------------------------------------------------------------------------------
-
-    def point(self, name: int) -> int | str:
+    def key(self, name: int) -> int | str:
+        """The id the application stores a document under: the name, or a UUID made from it."""
         return name if self.integer_ids else str(uuid.uuid5(uuid.NAMESPACE_URL, f"note-{name}"))
 
-    def name_of(self, point: Any) -> int:
-        return next(n for n in NAMES if str(self.point(n)) == str(point))
+    def name_of(self, key: Any) -> int:
+        return next(n for n in NAMES if str(self.key(n)) == str(key))
+
+    def configured(self, source: dict[str, Any], target: dict[str, Any]) -> Config:
+        """The migration's config: the `new` model, small shards, every dead letter allowed."""
+        run = {"state": str(self.root / "state.db"), "shard_size": 3, "max_dead_letters": 1.0}
+        sections = {"source": source, "embedder": {"kind": "hash", "dim": DIM, "seed": "new"}}
+        path = self.root / "notes.toml"
+        path.write_text(toml(sections | {"target": target, "run": run}))
+        return load(path)
+
+    def flipped(self) -> bool:
+        raise NotImplementedError
+
+    def served_texts(self) -> dict[int, str]:
+        """What the alias serves now: name -> text."""
+        raise NotImplementedError
+
+    def expected_served(self) -> dict[int, str]:
+        """What the alias must serve: every document before the flip; after it, the embeddable ones."""
+        if not self.flipped():
+            return dict(self.truth)
+        return {n: t for n, t in self.truth.items() if not poison(t)}
+
+    def _acknowledged_writes_stand(self, after: str) -> None:
+        served, expected = self.served_texts(), self.expected_served()
+        assert served == expected, f"after {after}: the alias serves {served}, the truth {expected}"
+
+
+class QdrantApplication(_Application):
+    """One live collection, one application, one migration to the `new` model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storage = self.root / "qdrant"
+        self.source = ALIAS
+        self.pending = False  # a kill left the carry-over after the flip unfinished
+        self.phase: str | None = None  # "window": the application writes between final catch-up and flip
+        self.window_written: dict[int, str] = {}  # what it wrote in the window of a carry-over still due
+        self.deleted_since_flip: set[int] = set()  # what it deleted through the alias since that flip
+
+    # the world -------------------------------------------------------------------------------------------
 
     @contextmanager
     def client(self) -> Iterator[QdrantClient]:
@@ -125,23 +156,13 @@ class QdrantApplication(RuleBasedStateMachine):
             client.close()
 
     def config(self) -> Config:
-        path = self.root / "notes.toml"
-        path.write_text(
-            toml(
-                {
-                    "source": {
-                        "kind": "qdrant",
-                        "path": str(self.storage),
-                        "collection": self.source,
-                        "text_field": "text",
-                    },
-                    "embedder": {"kind": "hash", "dim": DIM, "seed": "new"},
-                    "target": {"kind": "qdrant", "path": str(self.storage), "alias": ALIAS},
-                    "run": {"state": str(self.root / "state.db"), "shard_size": 3, "max_dead_letters": 1.0},
-                }
-            )
-        )
-        return load(path)
+        source = {
+            "kind": "qdrant",
+            "path": str(self.storage),
+            "collection": self.source,
+            "text_field": "text",
+        }
+        return self.configured(source, {"kind": "qdrant", "path": str(self.storage), "alias": ALIAS})
 
     @property
     def target(self) -> str:
@@ -159,11 +180,8 @@ class QdrantApplication(RuleBasedStateMachine):
             points, _ = client.scroll(collection, limit=100, with_payload=True, with_vectors=True)
         return {self.name_of(p.id): _parts(p) for p in points}
 
-    def expected_served(self) -> dict[int, str]:
-        """What the alias must serve: every document before the flip; after it, the embeddable ones."""
-        if not self.flipped():
-            return dict(self.truth)
-        return {n: t for n, t in self.truth.items() if not poison(t)}
+    def served_texts(self) -> dict[int, str]:
+        return {n: t for n, (t, _, _) in self.served().items()}
 
     # the application writes through the alias -------------------------------------------------------------
 
@@ -176,16 +194,16 @@ class QdrantApplication(RuleBasedStateMachine):
         served = {self.name_of(p.id) for p in client.scroll(ALIAS, limit=100)[0]} & set(self.truth)
         if kind == "upsert":
             vector = model.vector(text) if not poison(text) else OLD.vector("blank")
-            client.upsert(ALIAS, [models.PointStruct(id=self.point(name), vector=vector.tolist(), payload={"text": text})], wait=True)  # fmt: skip
+            client.upsert(ALIAS, [models.PointStruct(id=self.key(name), vector=vector.tolist(), payload={"text": text})], wait=True)  # fmt: skip
             self.truth[name] = text
         elif kind in ("set_payload", "overwrite_payload") and name in served:
             if kind == "set_payload":
-                client.set_payload(ALIAS, {"text": text}, points=[self.point(name)], wait=True)
+                client.set_payload(ALIAS, {"text": text}, points=[self.key(name)], wait=True)
             else:
-                client.overwrite_payload(ALIAS, {"text": text}, points=[self.point(name)], wait=True)
+                client.overwrite_payload(ALIAS, {"text": text}, points=[self.key(name)], wait=True)
             self.truth[name] = text
         elif kind == "delete" and name in served:
-            client.delete(ALIAS, models.PointIdsList(points=[self.point(name)]), wait=True)
+            client.delete(ALIAS, models.PointIdsList(points=[self.key(name)]), wait=True)
             self.truth.pop(name, None)
             self.deleted_since_flip |= {name} if flipped else set()
         elif kind == "delete_by_filter" and name in served:
@@ -321,10 +339,7 @@ class QdrantApplication(RuleBasedStateMachine):
         if not self.pending:
             self._the_one_known_gap()
             self.window_written, self.deleted_since_flip = {}, set()
-        served = {n: t for n, (t, _, _) in self.served().items()}
-        assert served == self.expected_served(), (
-            f"after {after}: the alias serves {served}, the truth {self.expected_served()}"
-        )
+        super()._acknowledged_writes_stand(after)
 
     @contextmanager
     def _killed_at(
@@ -417,7 +432,7 @@ class QdrantApplication(RuleBasedStateMachine):
 _tables = itertools.count()
 
 
-class PgvectorApplication(RuleBasedStateMachine):
+class PgvectorApplication(_Application):
     """One live table the application reads and writes by its own name, migrated with the source named like
     the alias (the first cutover adopts the table and puts a view in its place). pgvector holds the writers
     through `cutover --sync`'s final catch-up and flip, so the application writes between commands; its
@@ -427,43 +442,17 @@ class PgvectorApplication(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.root = Path(tempfile.mkdtemp(prefix="reindex-appwrites-pg-"))
         self.table = f"notes_{next(_tables)}"
-        self.truth: dict[int, str] = {}
-        self.integer_ids = True
-        self.ran = False
-
-    def teardown(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def key(self, name: int) -> int | str:
-        return name if self.integer_ids else str(uuid.uuid5(uuid.NAMESPACE_URL, f"note-{name}"))
-
-    def name_of(self, key: Any) -> int:
-        return next(n for n in NAMES if str(self.key(n)) == str(key))
 
     @property
     def target(self) -> str:
         return target_name(self.table, NEW.info.fingerprint)
 
     def config(self) -> Config:
-        path = self.root / "notes.toml"
-        path.write_text(
-            toml(
-                {
-                    "source": {
-                        "kind": "postgres",
-                        "dsn": self.DSN,
-                        "table": self.table,
-                        "text_column": "text",
-                    },
-                    "embedder": {"kind": "hash", "dim": DIM, "seed": "new"},
-                    "target": {"kind": "pgvector", "dsn": self.DSN, "alias": self.table, "index": "none"},
-                    "run": {"state": str(self.root / "state.db"), "shard_size": 3, "max_dead_letters": 1.0},
-                }
-            )
+        source = {"kind": "postgres", "dsn": self.DSN, "table": self.table, "text_column": "text"}
+        return self.configured(
+            source, {"kind": "pgvector", "dsn": self.DSN, "alias": self.table, "index": "none"}
         )
-        return load(path)
 
     def query(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.DSN, autocommit=True) as conn:
@@ -490,10 +479,8 @@ class PgvectorApplication(RuleBasedStateMachine):
         found = self.query(sql.SQL("SELECT {} FROM {}").format(listed, sql.Identifier(relation)))
         return {self.name_of(r[0]): (r[1], r[2], dict(zip(kept, r[3:], strict=True))) for r in found}
 
-    def expected_served(self) -> dict[int, str]:
-        if not self.flipped():
-            return dict(self.truth)
-        return {n: t for n, t in self.truth.items() if not poison(t)}
+    def served_texts(self) -> dict[int, str]:
+        return {n: t for n, (t, _, _) in self.rows(self.table).items()}
 
     def _write(self, op: tuple[Any, ...]) -> None:
         kind, name, text = op
@@ -609,12 +596,6 @@ class PgvectorApplication(RuleBasedStateMachine):
         if self.ran:
             self._acknowledged_writes_stand("the last step")
 
-    def _acknowledged_writes_stand(self, after: str) -> None:
-        served = {n: t for n, (t, _, _) in self.rows(self.table).items()}
-        assert served == self.expected_served(), (
-            f"after {after}: served {served}, the truth {self.expected_served()}"
-        )
-
 
 @contextmanager
 def _killed(point: str | None) -> Iterator[Callable[[], bool]]:
@@ -645,18 +626,8 @@ def _killed(point: str | None) -> Iterator[Callable[[], bool]]:
         crashpoints.crash_if_armed, sync._adopt = original_crash, original_adopt
 
 
-def _settings(examples: int, steps: int) -> settings:
-    return settings(
-        phases=[Phase.explicit, Phase.generate] if os.environ.get("NO_SHRINK") else list(Phase),
-        max_examples=examples * SOAK,
-        stateful_step_count=steps,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-
-
 def test_on_qdrant_application_writes_through_the_alias_are_never_lost_and_complete_means_fresh() -> None:
-    run_state_machine_as_test(QdrantApplication, settings=_settings(12, 14))
+    run_state_machine_as_test(QdrantApplication, settings=machine_settings(12, 14))
 
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -666,4 +637,4 @@ def test_on_pgvector_application_writes_through_the_name_are_never_lost_and_comp
     pg_dsn: str,
 ) -> None:
     machine = type("PgvectorApplicationHere", (PgvectorApplication,), {"DSN": pg_dsn})
-    run_state_machine_as_test(machine, settings=_settings(6, 12))
+    run_state_machine_as_test(machine, settings=machine_settings(6, 12))

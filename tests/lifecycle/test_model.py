@@ -11,14 +11,13 @@ Budget: CI runs a bounded number of examples; `REINDEX_SOAK=<n>` multiplies them
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -41,9 +40,8 @@ from reindex.errors import (
 )
 from reindex.pipeline import Progress
 from reindex.validation import is_excusable
-from tests.lifecycle.support import MAX_TOKENS, Knobs, World
+from tests.lifecycle.support import MAX_TOKENS, Knobs, World, machine_settings
 
-SOAK = max(1, int(os.environ.get("REINDEX_SOAK", "1")))
 IDS = tuple(f"d{i:02}" for i in range(10))
 SEEDS = st.sampled_from(("A", "B"))  # two embedders, one alias: cutover, rollback and prune have choices
 WORD = st.sampled_from(("alpha", "beta", "gamma"))
@@ -427,35 +425,26 @@ class DeferredLifecycle(Lifecycle):
     EMBEDDER = "memory-batch"
 
 
-def _settings(examples: int, steps: int) -> settings:
-    return settings(
-        max_examples=examples * SOAK,
-        stateful_step_count=steps,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
-
-
 def test_verified_alias_serves_exactly_a_fresh_migration_of_the_current_source() -> None:
-    run_state_machine_as_test(Lifecycle, settings=_settings(40, 30))
+    run_state_machine_as_test(Lifecycle, settings=machine_settings(40, 30))
 
 
 def test_with_duplicate_ids_verify_still_means_a_fresh_migration() -> None:
-    run_state_machine_as_test(LifecycleWithDuplicateIds, settings=_settings(16, 25))
+    run_state_machine_as_test(LifecycleWithDuplicateIds, settings=machine_settings(16, 25))
 
 
 def test_deferred_path_verify_means_a_fresh_migration_and_no_text_is_billed_twice() -> None:
-    run_state_machine_as_test(DeferredLifecycle, settings=_settings(30, 25))
+    run_state_machine_as_test(DeferredLifecycle, settings=machine_settings(30, 25))
 
 
 @pytest.mark.parametrize("embedder", ["hash", "memory-batch"])
 def test_on_pgvector_verify_means_a_fresh_migration_of_a_jsonl_source(embedder: str, pg_dsn: str) -> None:
     attributes = {"BACKEND": "pgvector", "DSN": pg_dsn, "EMBEDDER": embedder}
     machine = type("PgvectorLifecycle", (Lifecycle,), attributes)
-    run_state_machine_as_test(machine, settings=_settings(4, 12))
+    run_state_machine_as_test(machine, settings=machine_settings(4, 12))
 
 
 @pytest.mark.parametrize("embedder", ["hash", "memory-batch"])
 def test_on_qdrant_verify_means_a_fresh_migration_of_a_jsonl_source(embedder: str) -> None:
     machine = type("QdrantLifecycle", (Lifecycle,), {"BACKEND": "qdrant", "EMBEDDER": embedder})
-    run_state_machine_as_test(machine, settings=_settings(4, 12))
+    run_state_machine_as_test(machine, settings=machine_settings(4, 12))
