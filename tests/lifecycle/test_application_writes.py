@@ -192,7 +192,8 @@ class QdrantApplication(_Application):
         model = NEW if flipped else OLD
         # what it can address: served, and its own (a pending carry-over may serve what it deleted)
         served = {self.name_of(p.id) for p in client.scroll(ALIAS, limit=100)[0]} & set(self.truth)
-        if kind == "upsert":
+        if kind in ("upsert", "upsert_in_flight"):
+            model = OLD if kind == "upsert_in_flight" else model  # embedded before the flip, landing after it
             vector = model.vector(text) if not poison(text) else OLD.vector("blank")
             client.upsert(ALIAS, [models.PointStruct(id=self.key(name), vector=vector.tolist(), payload={"text": text})], wait=True)  # fmt: skip
             self.truth[name] = text
@@ -223,7 +224,15 @@ class QdrantApplication(_Application):
         is a dead letter the target cannot serve (README, Reading through the alias)."""
         texts = GOOD if (self.flipped() if flipped is None else flipped) else st.one_of(GOOD, GOOD, POISON)
         kinds = st.sampled_from(
-            ("upsert", "upsert", "set_payload", "overwrite_payload", "delete", "delete_by_filter")
+            (
+                "upsert",
+                "upsert",
+                "upsert_in_flight",
+                "set_payload",
+                "overwrite_payload",
+                "delete",
+                "delete_by_filter",
+            )
         )
         op = st.tuples(kinds, st.sampled_from(NAMES), texts)
         drawn: list[tuple[Any, ...]] = data.draw(st.lists(op, max_size=3), label=label)
@@ -487,7 +496,8 @@ class PgvectorApplication(_Application):
         model = NEW if self.flipped() else OLD
         served = set(self.rows(self.table)) & set(self.truth)
         table = sql.Identifier(self.table)
-        if kind == "upsert":
+        if kind in ("upsert", "upsert_in_flight"):
+            model = OLD if kind == "upsert_in_flight" else model  # embedded before the flip, landing after it
             vector = model.vector(text) if not poison(text) else OLD.vector("blank")
             self.query(
                 sql.SQL("INSERT INTO {} (id, text, embedding) VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE"
@@ -530,7 +540,9 @@ class PgvectorApplication(_Application):
     @rule(data=st.data())
     def application_writes(self, data: st.DataObject) -> None:
         texts = GOOD if self.flipped() else st.one_of(GOOD, GOOD, POISON)
-        kinds = st.sampled_from(("upsert", "upsert", "set_payload", "delete", "delete_by_filter"))
+        kinds = st.sampled_from(
+            ("upsert", "upsert", "upsert_in_flight", "set_payload", "delete", "delete_by_filter")
+        )
         for op in data.draw(
             st.lists(st.tuples(kinds, st.sampled_from(NAMES), texts), max_size=3), label="writes"
         ):
