@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from reindex.errors import ConfigError
 from reindex.ledger import Ledger
 from reindex.ports import IndexSource, Record, Sink, Source, SourceSchema
 
@@ -51,10 +52,13 @@ def _served(m: Migration, ledger: Ledger) -> ServedSource | None:
     moved = moves[-1] if moves else None
     if moved is None or moved.old is None:
         return None
-    previous = m.source.reading(m.sink, m.spec.alias, moved.old)
-    if previous is None:  # the source reads something else, which still holds every write
-        return None
-    if m.sink.describe(moved.old) is None:  # pruned since, and the dead letters' documents with it
+    try:
+        previous = m.source.reading(m.sink, m.spec.alias, moved.old)
+        if previous is None:  # the source reads something else, which still holds every write
+            return None
+    except ConfigError:  # the old index was pruned, and the dead letters' documents with it
+        previous = None
+    if previous is not None and m.sink.describe(moved.old) is None:  # pruned (a lazy source)
         previous.close()
         previous = None
     dead = [letter.doc_id for letter in ledger.dead_letters(m.plan_id)]
