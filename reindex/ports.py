@@ -327,8 +327,9 @@ class Sink(Protocol):
 
 @runtime_checkable
 class IndexSource(Protocol):
-    """A source that reads a vector index the sink serves (a Qdrant collection, often through the very
-    alias being moved): after a flip it no longer sees what the old index received."""
+    """A source that reads an index the sink serves (a Qdrant collection, often through the very alias
+    being moved; a Postgres view named like the alias): after a flip it no longer sees what the old index
+    received, and the alias serves what the application writes since (`reindex.served`)."""
 
     def reading(self, sink: Sink, alias: str, previous: str) -> Source | None:
         """This source over the index `previous` if it reads `alias` or `previous` in the sink's own store;

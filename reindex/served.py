@@ -1,16 +1,16 @@
 """After the flip, the truth is what the alias serves.
 
 A source that reads the index the alias served (a Qdrant collection, through the alias or by its own
-name) stops being the truth at the flip: from then on the application writes through the alias into
-this migration's target, and the old collection is frozen. Judged against the frozen collection, every
+name; a Postgres view named like the alias) stops being the truth at the flip: from then on the
+application writes through the alias into this migration's target, and the old index is frozen. Judged against the frozen collection, every
 document the application adds through the alias reads as orphaned (and `sync` deletes it), every edit as
 reverted; judged against the target alone (the alias), the dead letters vanish, since only the old
 collection holds the documents that could not be embedded.
 
 So `verify`, `sync` and `dlq retry` read, once the alias serves this migration's target, a source made
 of both: every document the target serves, as it serves it now, and each dead letter of the run that the
-target does not hold, as the collection the run read holds it. pgvector sources (a table, or the view
-the alias is) are not index sources: the view is the truth before and after the flip.
+target does not hold, as the index the run read holds it. A source that reads anything else (a file,
+a table not named like the alias) still holds every write, and is read as it is.
 """
 
 from __future__ import annotations
