@@ -1040,6 +1040,11 @@ def _median_of(values: Sequence[float | None], digits: int) -> float | None:
     return _median(known, digits) if known else None
 
 
+def _ratio(value: float | None) -> str:
+    """A ratio for the table; blank where its baseline was not run (`--cases`)."""
+    return "" if value is None else f"{value:.2f}"
+
+
 def render(results: dict[str, Any]) -> Table:
     """One row per case, then the zero-cost figures and the targets."""
     machine = results["machine"]
@@ -1061,8 +1066,8 @@ def render(results: dict[str, Any]) -> Table:
         row = results["cases"][case]
         backend = case.removeprefix("reindex_")
         times = (
-            (f"{ratios[f'{backend}_vs_raw']:.2f}", f"{ratios[f'{backend}_vs_naive']:.2f}")
-            if backend in ("pgvector", "qdrant") and ratios[f"{backend}_vs_raw"] is not None
+            tuple(_ratio(ratios.get(f"{backend}_vs_{base}")) for base in ("raw", "naive"))
+            if backend in ("pgvector", "qdrant")
             else ("", "")
         )
         table.add_row(
