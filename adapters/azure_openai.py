@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import field_validator
 
-from adapters.openai import OpenAIEmbedder, api_key
 from reindex.errors import MissingDependency
+from reindex_adapters.openai import OpenAIEmbedder, api_key
 
 if TYPE_CHECKING:
     from openai import AzureOpenAI

@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adapters.files import _BOM, JsonlSource, ParquetSource, _file_errors, _loads, _open_parquet
 from reindex import registry
 from reindex.errors import ConfigError
 from reindex.survey import (
@@ -20,6 +19,7 @@ from reindex.survey import (
     text_lengths,
     vector_sizes,
 )
+from reindex_adapters.files import _BOM, JsonlSource, ParquetSource, _file_errors, _loads, _open_parquet
 
 
 def survey_jsonl(section: dict[str, Any], given: Overrides) -> Survey:

@@ -41,7 +41,7 @@ from reindex.ports import (
 from reindex.vectors import vector_problem
 
 if TYPE_CHECKING:
-    from adapters.sentence_transformers import ColumnTokenizer
+    from reindex_adapters.sentence_transformers import ColumnTokenizer
 
 Stored = tuple[Record, Vectors, str, str]  # record, vector, content hash, fingerprint
 _SEP = "\x1f"  # cursor of a record that shares its id with later ones: `<id>\x1f<index among them>`
@@ -298,7 +298,7 @@ class HashEmbedder:
         options: dict[str, Any] = {"seed": seed}
         self.tokenizer: ColumnTokenizer | None = None
         if tokenizer is not None:
-            from adapters.sentence_transformers import ColumnTokenizer
+            from reindex_adapters.sentence_transformers import ColumnTokenizer
 
             self.tokenizer = ColumnTokenizer.from_file(tokenizer, max_tokens, threads=tokenizer_threads)
             options["tokenizer"] = self.tokenizer.digest

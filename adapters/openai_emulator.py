@@ -1,6 +1,6 @@
 """A local OpenAI embeddings + files + batches API that computes real embeddings, for tests and dry runs.
 
-Point the official SDK at `Emulator(embedder).base_url`; adapters.openai_faults scripts what goes wrong.
+Point the official SDK at `Emulator(embedder).base_url`; reindex_adapters.openai_faults scripts what goes wrong.
 It also serves Azure OpenAI's embeddings route (`AzureOpenAI(azure_endpoint=emulator.azure_endpoint)`):
 `/openai/deployments/{deployment}/embeddings`, refused without `api-version` or a key, as Azure does.
 """
@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from adapters.local_server import LocalServer, in_thread, routed_app
-from adapters.openai_faults import (
+from reindex.ports import Embedder, Vectors
+from reindex_adapters.local_server import LocalServer, in_thread, routed_app
+from reindex_adapters.openai_faults import (
     INVALID_INPUT,
     ApiError,
     FaultGate,
@@ -37,7 +38,6 @@ from adapters.openai_faults import (
     parse_inputs,
     shape_output,
 )
-from reindex.ports import Embedder, Vectors
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -687,7 +687,7 @@ class Emulator(LocalServer):
 
 def _load_embedder(model: str, dim: int) -> Embedder:
     if model == "hash":
-        from adapters.memory import HashEmbedder
+        from reindex_adapters.memory import HashEmbedder
 
         return HashEmbedder(dim=dim)
     from reindex.registry import build
@@ -697,8 +697,8 @@ def _load_embedder(model: str, dim: int) -> Embedder:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve the emulator until interrupted: `python -m adapters.openai_emulator --port 8089 --model hash`."""
-    parser = argparse.ArgumentParser(prog="python -m adapters.openai_emulator", description=__doc__)
+    """Serve the emulator until interrupted: `python -m reindex_adapters.openai_emulator --port 8089 --model hash`."""
+    parser = argparse.ArgumentParser(prog="python -m reindex_adapters.openai_emulator", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--model", default="hash", help='a sentence-transformers model path, or "hash"')

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from adapters import pg_copy, postgres_rules
 from reindex import crashpoints
 from reindex.columns import Documents, documents
 from reindex.errors import (
@@ -49,6 +48,7 @@ from reindex.ports import (
     TargetSpec,
     Vectors,
 )
+from reindex_adapters import pg_copy, postgres_rules
 
 if TYPE_CHECKING:
     import psycopg

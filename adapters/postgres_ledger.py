@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Literal, LiteralString
 
 from pydantic import BaseModel, ConfigDict
 
-from adapters.postgres import mask_dsn
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, MissingDependency, TransientError
 from reindex.ledger import (
     FORGET_TABLES,
@@ -48,6 +47,7 @@ from reindex.ledger import (
     shard_row,
     worker_summaries,
 )
+from reindex_adapters.postgres import mask_dsn
 
 if TYPE_CHECKING:
     import psycopg

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from adapters.postgres import (
+from reindex import registry
+from reindex.errors import ConfigError
+from reindex.ports import AliasInfo
+from reindex.survey import SAMPLE_ROWS, VECTOR_NAMES, Choice, Overrides, Survey, choose_by_name, choose_text
+from reindex_adapters.postgres import (
     _BOOKKEEPING,
     PostgresSource,
     _Attribute,
@@ -20,14 +24,10 @@ from adapters.postgres import (
     _regclass,
     _resolve_alias,
 )
-from adapters.postgres import _attributes as _catalog_columns
-from reindex import registry
-from reindex.errors import ConfigError
-from reindex.ports import AliasInfo
-from reindex.survey import SAMPLE_ROWS, VECTOR_NAMES, Choice, Overrides, Survey, choose_by_name, choose_text
+from reindex_adapters.postgres import _attributes as _catalog_columns
 
 if TYPE_CHECKING:
-    from adapters.postgres import Connection
+    from reindex_adapters.postgres import Connection
 
 _TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "citext"})
 _RELATIONS = {

@@ -8,17 +8,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from adapters.qdrant import (
-    GUARD_MARK,
-    INDEX_KEYS,
-    QdrantSink,
-    QdrantSource,
-    _acquire,
-    _distance,
-    _release,
-    _translated,
-    _vector_params,
-)
 from reindex import registry
 from reindex.errors import ConfigError
 from reindex.survey import (
@@ -30,6 +19,17 @@ from reindex.survey import (
     choose_by_name,
     choose_text,
     text_lengths,
+)
+from reindex_adapters.qdrant import (
+    GUARD_MARK,
+    INDEX_KEYS,
+    QdrantSink,
+    QdrantSource,
+    _acquire,
+    _distance,
+    _release,
+    _translated,
+    _vector_params,
 )
 
 if TYPE_CHECKING:

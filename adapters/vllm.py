@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from adapters.sentence_transformers import _model_dir, _special_count, _untruncated, weights_digest
 from reindex.errors import BackendError, ConfigError, MissingDependency
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, Tokens, Vectors
+from reindex_adapters.sentence_transformers import _model_dir, _special_count, _untruncated, weights_digest
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer

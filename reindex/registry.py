@@ -19,45 +19,45 @@ from reindex.errors import ConfigError
 Role = Literal["source", "embedder", "target"]
 
 SOURCES: dict[str, str] = {
-    "postgres": "adapters.postgres:PostgresSource",
-    "qdrant": "adapters.qdrant:QdrantSource",
-    "parquet": "adapters.files:ParquetSource",
-    "jsonl": "adapters.files:JsonlSource",
-    "memory": "adapters.memory:MemorySource",
+    "postgres": "reindex_adapters.postgres:PostgresSource",
+    "qdrant": "reindex_adapters.qdrant:QdrantSource",
+    "parquet": "reindex_adapters.files:ParquetSource",
+    "jsonl": "reindex_adapters.files:JsonlSource",
+    "memory": "reindex_adapters.memory:MemorySource",
 }
 EMBEDDERS: dict[str, str] = {
-    "sentence-transformers": "adapters.sentence_transformers:SentenceTransformerEmbedder",
-    "hash": "adapters.memory:HashEmbedder",
-    "memory-batch": "adapters.memory:MemoryBatchEmbedder",
-    "openai": "adapters.openai:OpenAIEmbedder",
-    "openai-batch": "adapters.openai:OpenAIBatchEmbedder",
-    "azure-openai": "adapters.azure_openai:AzureOpenAIEmbedder",
-    "bedrock-batch": "adapters.bedrock:BedrockBatchEmbedder",
-    "gemini-batch": "adapters.gemini:GeminiBatchEmbedder",
-    "mistral-batch": "adapters.mistral:MistralBatchEmbedder",
-    "vllm": "adapters.vllm:VllmEmbedder",
+    "sentence-transformers": "reindex_adapters.sentence_transformers:SentenceTransformerEmbedder",
+    "hash": "reindex_adapters.memory:HashEmbedder",
+    "memory-batch": "reindex_adapters.memory:MemoryBatchEmbedder",
+    "openai": "reindex_adapters.openai:OpenAIEmbedder",
+    "openai-batch": "reindex_adapters.openai:OpenAIBatchEmbedder",
+    "azure-openai": "reindex_adapters.azure_openai:AzureOpenAIEmbedder",
+    "bedrock-batch": "reindex_adapters.bedrock:BedrockBatchEmbedder",
+    "gemini-batch": "reindex_adapters.gemini:GeminiBatchEmbedder",
+    "mistral-batch": "reindex_adapters.mistral:MistralBatchEmbedder",
+    "vllm": "reindex_adapters.vllm:VllmEmbedder",
 }
 SINKS: dict[str, str] = {
-    "pgvector": "adapters.postgres:PgvectorSink",
-    "qdrant": "adapters.qdrant:QdrantSink",
-    "memory": "adapters.memory:MemorySink",
+    "pgvector": "reindex_adapters.postgres:PgvectorSink",
+    "qdrant": "reindex_adapters.qdrant:QdrantSink",
+    "memory": "reindex_adapters.memory:MemorySink",
 }
 # source kind -> the function `reindex init` calls to see a source's fields, size, vectors and alias
 SURVEYS: dict[str, str] = {
-    "postgres": "adapters.postgres_survey:survey",
-    "qdrant": "adapters.qdrant_survey:survey",
-    "jsonl": "adapters.files_survey:survey_jsonl",
-    "parquet": "adapters.files_survey:survey_parquet",
+    "postgres": "reindex_adapters.postgres_survey:survey",
+    "qdrant": "reindex_adapters.qdrant_survey:survey",
+    "jsonl": "reindex_adapters.files_survey:survey_jsonl",
+    "parquet": "reindex_adapters.files_survey:survey_parquet",
 }
 PROVIDER_PRICES = (
-    "adapters.openai:PRICES"  # models with a list price: `reindex init` gives them the openai kind
+    "reindex_adapters.openai:PRICES"  # models with a list price: `reindex init` gives them the openai kind
 )
 LEDGERS: dict[str, str] = {
-    "postgres": "adapters.postgres_ledger:PostgresLedger",
+    "postgres": "reindex_adapters.postgres_ledger:PostgresLedger",
 }
 # [run] engine -> the module whose `run` drives the shards ("local", the default, is reindex.pipeline)
 ENGINES: dict[str, str] = {
-    "ray": "adapters.ray_engine",
+    "ray": "reindex_adapters.ray_engine",
 }
 _TABLES: dict[Role, tuple[dict[str, str], str]] = {
     "source": (SOURCES, "reindex.sources"),
@@ -87,7 +87,9 @@ def resolve(role: Role, kind: str) -> Any:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-BACKENDS_PROBE = "adapters.devices:describe_backends"  # what this machine can run: CUDA, vLLM, CPU flags
+BACKENDS_PROBE = (
+    "reindex_adapters.devices:describe_backends"  # what this machine can run: CUDA, vLLM, CPU flags
+)
 
 
 def probe_backends() -> dict[str, Any]:

@@ -275,7 +275,15 @@ def emulator(args: argparse.Namespace) -> Iterator[str | None]:
 
     with socket.create_server(("127.0.0.1", 0)) as probe:
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "adapters.openai_emulator", "--port", str(port), "--model", "hash"]
+    command = [
+        sys.executable,
+        "-m",
+        "reindex_adapters.openai_emulator",
+        "--port",
+        str(port),
+        "--model",
+        "hash",
+    ]
     server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.environ.setdefault(ONLINE_KEY_ENV, "sk-bench-local")
     try:
@@ -370,8 +378,8 @@ def online_source(dsn: str, texts: Sequence[str], rows: int) -> list[str]:
 def zero_rows(path: Path) -> CopyRows:
     """The rows the zero-cost run writes: ids, texts, content hashes and the hash embedder's own vectors
     (parsed and computed here, before anything is timed)."""
-    from adapters.memory import HashEmbedder
     from reindex.fingerprint import content_hash
+    from reindex_adapters.memory import HashEmbedder
 
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     ids, texts = [str(row["id"]) for row in rows], [str(row["text"]) for row in rows]
@@ -393,7 +401,7 @@ def minilm_tokenizer() -> Any:
 
 def hash_takes_tokenizer() -> bool:
     """Whether `[embedder] kind = "hash"` has its `tokenizer` option (real token counts, free vectors)."""
-    from adapters.memory import HashEmbedder
+    from reindex_adapters.memory import HashEmbedder
 
     return "tokenizer" in HashEmbedder.Config.model_fields
 
@@ -529,7 +537,7 @@ def reindex_pgvector(bench: Bench, repeat: int) -> Sample:
 def index_seconds_seen() -> Iterator[list[tuple[float, str]]]:
     """What each PgvectorSink.finalize of this process reports for its CREATE INDEX (its `index_seconds`,
     else finalize's wall time): read until RunReport carries `index_seconds` itself."""
-    from adapters.postgres import PgvectorSink
+    from reindex_adapters.postgres import PgvectorSink
 
     seen: list[tuple[float, str]] = []
     original = PgvectorSink.finalize
@@ -627,8 +635,13 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
     import httpx
     from openai import OpenAI
 
-    from adapters.openai import MIN_INPUTS_PER_REQUEST, REQUESTS_PER_SLOT, OpenAIEmbedder, decode_vectors
     from reindex.config import RunConfig
+    from reindex_adapters.openai import (
+        MIN_INPUTS_PER_REQUEST,
+        REQUESTS_PER_SLOT,
+        OpenAIEmbedder,
+        decode_vectors,
+    )
 
     concurrency = OpenAIEmbedder.Config.model_fields["concurrency"].default
     per_request = max(MIN_INPUTS_PER_REQUEST, -(-RunConfig().shard_size // (concurrency * REQUESTS_PER_SLOT)))
@@ -657,7 +670,7 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
 
 def sent_texts(texts: Sequence[str]) -> list[str]:
     """What the run sends for these documents: each distinct text once, cut at the model's 8,191 tokens."""
-    from adapters.openai import OpenAIEmbedder, cl100k, tokenize_texts
+    from reindex_adapters.openai import OpenAIEmbedder, cl100k, tokenize_texts
 
     limit = OpenAIEmbedder.Config.model_fields["max_tokens"].default
     return [str(item.data) for item in tokenize_texts(list(dict.fromkeys(texts)), cl100k(), limit)]
@@ -823,9 +836,9 @@ def warm_imports() -> None:
     hand-written COPY it is compared with runs in a process that has them loaded already."""
     import psycopg  # noqa: F401
 
-    import adapters.files
-    import adapters.memory
-    import adapters.postgres  # noqa: F401
+    import reindex_adapters.files
+    import reindex_adapters.memory
+    import reindex_adapters.postgres  # noqa: F401
 
 
 def peak_rss_kb() -> int | None:

@@ -688,8 +688,8 @@ def _qdrant_ceiling(run: Check) -> dict[str, Any]:
     import numpy as np
     from qdrant_client import QdrantClient, models
 
-    from adapters.qdrant import QdrantSink
     from reindex.ports import Record, Rows, SourceSchema, TargetSpec
+    from reindex_adapters.qdrant import QdrantSink
 
     rows = copy_rows(run.documents[: run.args.qdrant_points])
     payloads = [
@@ -826,7 +826,7 @@ def _ceilings(run: Check, model: Path, source: Path, dsn: str | None, sampler: G
 
 
 def _backends() -> dict[str, Any]:
-    from adapters.devices import describe_backends
+    from reindex_adapters.devices import describe_backends
 
     return describe_backends()
 
@@ -962,7 +962,7 @@ def _st_reference(model: Path, texts: Sequence[str], device: str) -> Any:
 def _st_adapter(model: Path, texts: Sequence[str], device: str, precision: str) -> Any:
     import numpy as np
 
-    from adapters.sentence_transformers import SentenceTransformerEmbedder
+    from reindex_adapters.sentence_transformers import SentenceTransformerEmbedder
 
     embedder = SentenceTransformerEmbedder(str(model), device=device, precision=precision)  # type: ignore[arg-type]
     tokens = embedder.tokenize(texts)
@@ -1012,7 +1012,9 @@ def _vllm_run(run: Check, model: Path, source: Path, dsn: str | None, sampler: G
         return {"measured": False, "reason": "vLLM needs CUDA; --cpu-smoke runs on CPU"}
     from reindex import registry
 
-    registry.EMBEDDERS.setdefault("vllm", "adapters.vllm:VllmEmbedder")  # this run only: not registered yet
+    registry.EMBEDDERS.setdefault(
+        "vllm", "reindex_adapters.vllm:VllmEmbedder"
+    )  # this run only: not registered yet
     section = {"kind": "vllm", "model": str(model), "gpu_memory_utilization": 0.5}
     result = run.stage("vllm", lambda: _migrate(run, "vllm", section, source, dsn, sampler), needs=90)
     if result is None:

@@ -37,7 +37,7 @@ def packaged_model() -> str:
 
 
 def vectors(model: str, texts: list[str], precision: str, device: str) -> np.ndarray:
-    from adapters.sentence_transformers import SentenceTransformerEmbedder
+    from reindex_adapters.sentence_transformers import SentenceTransformerEmbedder
 
     embedder = SentenceTransformerEmbedder(model, precision=precision, device=device)  # type: ignore[arg-type]
     tokens = embedder.tokenize(texts)

@@ -21,11 +21,11 @@ def main(documents: int) -> dict[str, float]:
     import psycopg
     from pgvector.psycopg import register_vector
 
-    from adapters.postgres import PgvectorSink, PostgresSource
     from reindex.batching import chunks
     from reindex.fingerprint import content_hash
     from reindex.ports import Rows, TargetSpec
     from reindex.verify import coverage
+    from reindex_adapters.postgres import PgvectorSink, PostgresSource
 
     data = Path(tempfile.mkdtemp(prefix="reindex-rate-"))
     data.chmod(0o755)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from adapters.memory import HashEmbedder
 from reindex.columns import Documents, TokenColumns, embed, ragged, tokenize
 from reindex.ports import Record
+from reindex_adapters.memory import HashEmbedder
 
 
 def test_concat_with_an_empty_shard_keeps_the_texts_and_the_vectors() -> None:

@@ -6,12 +6,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from adapters.memory import HashEmbedder
 from reindex.batching import token_batches
 from reindex.columns import TokenColumns, tokenize
 from reindex.errors import TransientError
 from reindex.feeding import Feeder
 from reindex.ports import Vectors
+from reindex_adapters.memory import HashEmbedder
 
 
 class Handle:

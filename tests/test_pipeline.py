@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adapters.memory import HashEmbedder, MemorySink, MemorySource
 from reindex.claims import LedgerClaims
 from reindex.config import RunConfig
 from reindex.cost import Budget
@@ -21,6 +20,7 @@ from reindex.pipeline import Pipeline
 from reindex.ports import Record, Rows, TargetSpec, Tokens, Vectors
 from reindex.shards import prepare_shard, pretokenize
 from reindex.verify import coverage
+from reindex_adapters.memory import HashEmbedder, MemorySink, MemorySource
 
 
 class FlakySink(MemorySink):

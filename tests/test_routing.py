@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from adapters.memory import HashEmbedder
-from adapters.openai import encoding
 from reindex import registry, routing
 from reindex.cli import app
 from reindex.config import RouteConfig, RunConfig
 from reindex.planning import PlanReport
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai import encoding
 from tests.cli.test_terminal import readable
 
 runner = CliRunner()

@@ -6,6 +6,6 @@ records.py: reading output records · emulator.py: the local Bedrock API over mo
 
 from __future__ import annotations
 
-from adapters.bedrock.embedder import PRICES, PRICES_TAKEN, TITAN_V2, BedrockBatchEmbedder, job_name
+from reindex_adapters.bedrock.embedder import PRICES, PRICES_TAKEN, TITAN_V2, BedrockBatchEmbedder, job_name
 
 __all__ = ["PRICES", "PRICES_TAKEN", "TITAN_V2", "BedrockBatchEmbedder", "job_name"]

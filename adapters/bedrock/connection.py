@@ -7,13 +7,13 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from adapters.openai import ProviderBusy, ProviderNotFound, ProviderRejected
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
+from reindex_adapters.openai import ProviderBusy, ProviderNotFound, ProviderRejected
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError
 
-    from adapters.bedrock.embedder import BedrockBatchEmbedder
+    from reindex_adapters.bedrock.embedder import BedrockBatchEmbedder
 
 T = TypeVar("T")
 S3_URI = re.compile(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?")

@@ -21,15 +21,19 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, field_validator
 
-from adapters.bedrock.connection import (
+from reindex.deferred import ONLINE  # the job id of lines sent through InvokeModel
+from reindex.errors import BackendError, ConfigError, TransientError
+from reindex.fingerprint import fingerprint
+from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
+from reindex_adapters.bedrock.connection import (
     S3_URI,
     JobNameTaken,
     make_clients,
     once,
     split_s3_uri,
 )
-from adapters.bedrock.records import collect_records, embedding
-from adapters.openai import (
+from reindex_adapters.bedrock.records import collect_records, embedding
+from reindex_adapters.openai import (
     Paced,
     Pacer,
     ProviderBusy,
@@ -38,10 +42,6 @@ from adapters.openai import (
     encoding,
     tokenize_texts,
 )
-from reindex.deferred import ONLINE  # the job id of lines sent through InvokeModel
-from reindex.errors import BackendError, ConfigError, TransientError
-from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 
 T = TypeVar("T")
 TITAN_V2 = "amazon.titan-embed-text-v2:0"

@@ -8,9 +8,9 @@ emulator.py   a local emulator of the wire format for tests and dry runs; servic
 
 from __future__ import annotations
 
-from adapters.gemini.batch import PRICES, PRICES_TAKEN, GeminiBatchEmbedder
-from adapters.gemini.client import make_client, retry_delay
-from adapters.gemini.responses import line_code, read_responses
+from reindex_adapters.gemini.batch import PRICES, PRICES_TAKEN, GeminiBatchEmbedder
+from reindex_adapters.gemini.client import make_client, retry_delay
+from reindex_adapters.gemini.responses import line_code, read_responses
 
 __all__ = [
     "PRICES",

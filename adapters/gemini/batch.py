@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 from pydantic import Field
 
-from adapters.gemini.client import make_client, translated_errors
-from adapters.gemini.responses import read_responses
-from adapters.openai import Paced, Pacer, ProviderBusy, ProviderNotFound, encoding, tokenize_texts
 from reindex.errors import ConfigError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
+from reindex_adapters.gemini.client import make_client, translated_errors
+from reindex_adapters.gemini.responses import read_responses
+from reindex_adapters.openai import Paced, Pacer, ProviderBusy, ProviderNotFound, encoding, tokenize_texts
 
 if TYPE_CHECKING:
     from google.genai import Client

@@ -14,13 +14,13 @@ import openai
 import pytest
 from openai import AzureOpenAI, OpenAI
 
-from adapters.azure_openai import PRICES, PRICES_TAKEN, AzureOpenAIEmbedder
-from adapters.memory import HashEmbedder
-from adapters.openai import OpenAIEmbedder, Pacer, cl100k
-from adapters.openai_emulator import Emulator
-from adapters.openai_faults import FaultPlan
 from reindex.errors import ConfigError
 from reindex.registry import build
+from reindex_adapters.azure_openai import PRICES, PRICES_TAKEN, AzureOpenAIEmbedder
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai import OpenAIEmbedder, Pacer, cl100k
+from reindex_adapters.openai_emulator import Emulator
+from reindex_adapters.openai_faults import FaultPlan
 
 MODEL = "text-embedding-3-small"
 DEPLOYMENT = "emb-small-prod"

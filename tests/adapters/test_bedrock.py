@@ -12,22 +12,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.bedrock import (
+from reindex.errors import ConfigError, TransientError
+from reindex.ports import DeferredEmbedder, JobItem, JobResult
+from reindex.registry import build
+from reindex_adapters.bedrock import (
     PRICES,
     PRICES_TAKEN,
     TITAN_V2,
     BedrockBatchEmbedder,
     job_name,
 )
-from adapters.bedrock.emulator import BedrockEmulator
-from adapters.bedrock.records import collect_records
-from adapters.memory import HashEmbedder
-from adapters.openai import Pacer
-from adapters.openai_emulator import shorten
-from adapters.openai_faults import FaultPlan
-from reindex.errors import ConfigError, TransientError
-from reindex.ports import DeferredEmbedder, JobItem, JobResult
-from reindex.registry import build
+from reindex_adapters.bedrock.emulator import BedrockEmulator
+from reindex_adapters.bedrock.records import collect_records
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai import Pacer
+from reindex_adapters.openai_emulator import shorten
+from reindex_adapters.openai_faults import FaultPlan
 
 DIM = 256
 MINIMUM = 4
@@ -100,7 +100,7 @@ def created(emulator: BedrockEmulator, key: str) -> int:
 
 
 def tokens_of(texts: list[str]) -> int:
-    from adapters.openai import cl100k
+    from reindex_adapters.openai import cl100k
 
     return sum(len(cl100k().encode_ordinary(text)) for text in texts)
 

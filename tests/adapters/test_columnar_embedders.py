@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.memory import HashEmbedder
-from adapters.sentence_transformers import ColumnTokenizer, SentenceTransformerEmbedder, framed
 from reindex.columns import TokenColumns, embed, tokenize
 from reindex.errors import ConfigError
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.sentence_transformers import ColumnTokenizer, SentenceTransformerEmbedder, framed
 
 VARIED = [
     "hello world",

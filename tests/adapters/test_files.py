@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from adapters.files import JsonlSource, ParquetSource
 from reindex.errors import ConfigError
 from reindex.registry import build
+from reindex_adapters.files import JsonlSource, ParquetSource
 
 
 def write_parquet(path: Path, table: pa.Table, row_group_size: int = 7) -> Path:

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapters import files
-from adapters.files import JsonlSource, ParquetSource
 from reindex.columns import Documents
+from reindex_adapters import files
+from reindex_adapters.files import JsonlSource, ParquetSource
 
 LINES = st.one_of(
     st.builds(lambda i, t: json.dumps({"id": i, "text": t}), st.text(max_size=6), st.text(max_size=20)),

@@ -12,7 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from adapters.gemini import (
+from reindex.errors import ConfigError, MissingDependency
+from reindex.ports import DeferredEmbedder, JobItem, JobResult
+from reindex.registry import build
+from reindex_adapters.gemini import (
     PRICES,
     PRICES_TAKEN,
     GeminiBatchEmbedder,
@@ -21,13 +24,10 @@ from adapters.gemini import (
     read_responses,
     retry_delay,
 )
-from adapters.gemini.emulator import GeminiEmulator
-from adapters.memory import HashEmbedder
-from adapters.openai import Pacer, cl100k
-from adapters.openai_faults import FaultPlan
-from reindex.errors import ConfigError, MissingDependency
-from reindex.ports import DeferredEmbedder, JobItem, JobResult
-from reindex.registry import build
+from reindex_adapters.gemini.emulator import GeminiEmulator
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai import Pacer, cl100k
+from reindex_adapters.openai_faults import FaultPlan
 
 KEY_ENV = "REINDEX_TEST_GEMINI_KEY"
 SECRET = "AIzaSyTEST0123456789abcdefSECRET"

@@ -15,15 +15,15 @@ import pytest
 from mistralai.client import Mistral
 from mistralai.client.errors import SDKError
 
-from adapters import mistral_emulator
-from adapters.memory import HashEmbedder
-from adapters.mistral import DIM, PRICES, PRICES_TAKEN, MistralBatchEmbedder, read_line
-from adapters.mistral_emulator import MistralEmulator
-from adapters.openai import Pacer, cl100k
-from adapters.openai_faults import FaultPlan
 from reindex.errors import ConfigError, MissingDependency, TransientError
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
 from reindex.registry import build
+from reindex_adapters import mistral_emulator
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.mistral import DIM, PRICES, PRICES_TAKEN, MistralBatchEmbedder, read_line
+from reindex_adapters.mistral_emulator import MistralEmulator
+from reindex_adapters.openai import Pacer, cl100k
+from reindex_adapters.openai_faults import FaultPlan
 
 SECRET = "mistral-test-0123456789abcdefSECRET"
 TEXTS = ["the quick brown fox", "jumps over", "the lazy dog", "hello world", "naïve café ☕", "one more"]
@@ -105,7 +105,7 @@ def test_the_same_key_twice_creates_one_job_and_another_process_can_poll_it(serv
 
 def test_adoption_reads_every_page_of_the_listing(serve: Serve, monkeypatch: pytest.MonkeyPatch) -> None:
     emulator, client = serve()
-    monkeypatch.setattr("adapters.mistral.PAGE", 2)
+    monkeypatch.setattr("reindex_adapters.mistral.PAGE", 2)
     ignored = {*mistral_emulator.LIST_PARAMETERS, "reindex_key"}
     monkeypatch.setattr(mistral_emulator, "LIST_PARAMETERS", ignored)
     items = jobs(batcher(client), TEXTS[:1])  # the emulator now ignores the filter, as a server might

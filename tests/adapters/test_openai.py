@@ -15,8 +15,12 @@ import openai
 import pytest
 from openai import OpenAI
 
-from adapters.memory import HashEmbedder
-from adapters.openai import (
+from reindex.config import RunConfig
+from reindex.errors import ConfigError, TransientError
+from reindex.pipeline import batch_budget, batch_texts
+from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai import (
     PRICES,
     PRICES_TAKEN,
     OpenAIBatchEmbedder,
@@ -26,12 +30,8 @@ from adapters.openai import (
     price_per_million,
     redact,
 )
-from adapters.openai_emulator import Emulator
-from adapters.openai_faults import FaultPlan
-from reindex.config import RunConfig
-from reindex.errors import ConfigError, TransientError
-from reindex.pipeline import batch_budget, batch_texts
-from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
+from reindex_adapters.openai_emulator import Emulator
+from reindex_adapters.openai_faults import FaultPlan
 
 MODEL = "text-embedding-3-small"
 DIM = 16
@@ -579,7 +579,7 @@ def test_the_api_key_is_in_no_error_message_traceback_or_log_line(
 
 @pytest.mark.parametrize("dim", [384, 385, 1536])  # 385: each row's base64 ends in padding
 def test_base64_rows_decode_to_one_float32_matrix_as_the_rows_say(dim: int) -> None:
-    from adapters.openai import decode_vectors
+    from reindex_adapters.openai import decode_vectors
 
     rows = np.random.default_rng(dim).random((7, dim), dtype=np.float32)
     encoded = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in rows]

@@ -12,11 +12,11 @@ import openai
 import pytest
 from openai import OpenAI
 
-from adapters.memory import HashEmbedder
-from adapters.openai import cl100k
-from adapters.openai_emulator import Emulator
-from adapters.openai_faults import INVALID_INPUT, FaultPlan
 from reindex.ports import Vectors
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai import cl100k
+from reindex_adapters.openai_emulator import Emulator
+from reindex_adapters.openai_faults import INVALID_INPUT, FaultPlan
 
 MODEL = "text-embedding-3-small"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}

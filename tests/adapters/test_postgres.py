@@ -18,10 +18,10 @@ import numpy as np
 import psycopg
 import pytest
 
-from adapters.postgres import PgvectorSink, PostgresSource, mask_dsn
 from reindex.errors import ConfigError, CutoverRefused, ReindexError, RowsRejected, TransientError
 from reindex.fingerprint import content_hash
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
+from reindex_adapters.postgres import PgvectorSink, PostgresSource, mask_dsn
 
 _roles = itertools.count()
 

@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import HashEmbedder
 from reindex import commands
 from reindex.config import Config, load
 from reindex.errors import ConfigError
+from reindex_adapters.memory import HashEmbedder
 
 ROWS = 40
 

@@ -14,12 +14,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters import postgres
-from adapters.postgres import PgvectorSink
 from reindex.columns import Documents
 from reindex.errors import RowsRejected
 from reindex.fingerprint import content_hash
 from reindex.ports import Column, Record, Rows, SourceSchema, TargetSpec
+from reindex_adapters import postgres
+from reindex_adapters.postgres import PgvectorSink
 
 TARGET = "docs__bulk0001"
 AWKWARD = [

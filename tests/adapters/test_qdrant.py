@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient, models
 
-from adapters.memory import HashEmbedder
-from adapters.qdrant import GUARD_MARK, QdrantSink, QdrantSource, point_id
 from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.fingerprint import content_hash, target_name
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
 from reindex.registry import build
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.qdrant import GUARD_MARK, QdrantSink, QdrantSource, point_id
 
 TEXTS = [
     f"note {i} about {topic}" for i, topic in enumerate(["qdrant", "postgres", "parquet", "alias", "shard"])

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient, models
 
-from adapters.memory import HashEmbedder
-from adapters.qdrant import QdrantSink, QdrantSource
 from reindex.fingerprint import content_hash
 from reindex.ports import IndexEntry, Record, Rows, SourceSchema, TargetSpec
 from reindex.verify import compare
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.qdrant import QdrantSink, QdrantSource
 
 FINGERPRINT = "a" * 16
 DIM = 4

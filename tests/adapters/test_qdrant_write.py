@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient
 
-from adapters.qdrant import QdrantSink, point_id
 from reindex.columns import Documents
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec, Vectors
+from reindex_adapters.qdrant import QdrantSink, point_id
 
 FINGERPRINT = "f" * 16
 DIM = 6

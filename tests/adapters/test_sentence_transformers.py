@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from adapters.sentence_transformers import SentenceTransformerEmbedder
 from reindex.errors import ConfigError
 from reindex.registry import build
+from reindex_adapters.sentence_transformers import SentenceTransformerEmbedder
 from tests.support.tiny_model import build_tiny_model
 
 TEXTS = [

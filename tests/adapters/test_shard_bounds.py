@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 from qdrant_client import QdrantClient, models
 
-from adapters.files import JsonlSource, ParquetSource
-from adapters.postgres import PostgresSource
-from adapters.qdrant import QdrantSource
 from reindex.pipeline import scan_documents
 from reindex.ports import Source
+from reindex_adapters.files import JsonlSource, ParquetSource
+from reindex_adapters.postgres import PostgresSource
+from reindex_adapters.qdrant import QdrantSource
 
 
 def by_reading(source: Source, after: str | None, size: int) -> list[tuple[str, int]]:
@@ -77,7 +77,9 @@ def test_an_empty_jsonl_file_has_no_shards(tmp_path: Path, size: int) -> None:
 @pytest.mark.parametrize("page", [3, 10_000])
 @pytest.mark.parametrize("ids", ["integers", "uuids"])
 def test_qdrant_bounds_are_an_ids_only_scroll(ids: str, page: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("adapters.qdrant.BOUNDS_PAGE", page)  # shards that span scroll pages, or one page
+    monkeypatch.setattr(
+        "reindex_adapters.qdrant.BOUNDS_PAGE", page
+    )  # shards that span scroll pages, or one page
     client = QdrantClient(":memory:")
     client.create_collection(
         "docs", vectors_config=models.VectorParams(size=2, distance=models.Distance.COSINE)

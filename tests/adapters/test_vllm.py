@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from adapters.devices import describe_backends, describe_cpu, recommend
-from adapters.sentence_transformers import SentenceTransformerEmbedder
-from adapters.vllm import VllmEmbedder, engine_arguments, resolve_dtype, resolve_model
 from reindex.errors import ConfigError, MissingDependency
+from reindex_adapters.devices import describe_backends, describe_cpu, recommend
+from reindex_adapters.sentence_transformers import SentenceTransformerEmbedder
+from reindex_adapters.vllm import VllmEmbedder, engine_arguments, resolve_dtype, resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["hello world", "The model embeds every document.", "search " * 300, "a", "North, south: east!"]

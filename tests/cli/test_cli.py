@@ -271,7 +271,7 @@ def test_whole_migration_into_qdrant_local_with_a_real_model(tmp_path: Path, tin
 
     from qdrant_client import QdrantClient
 
-    from adapters.sentence_transformers import SentenceTransformerEmbedder
+    from reindex_adapters.sentence_transformers import SentenceTransformerEmbedder
 
     query = SentenceTransformerEmbedder(str(tiny_model))
     text = json.loads(corpus.read_text().splitlines()[7])[

@@ -30,10 +30,10 @@ from qdrant_client import QdrantClient
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from typer.testing import CliRunner
 
-from adapters.memory import HashEmbedder
 from reindex import registry
 from reindex.cli import app
 from reindex.config import load
+from reindex_adapters.memory import HashEmbedder
 from tests.clients.support import aliased_collection
 
 runner = CliRunner()

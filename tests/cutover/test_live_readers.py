@@ -17,14 +17,14 @@ import pytest
 from pgvector.psycopg import register_vector
 from qdrant_client import QdrantClient
 
-from adapters.memory import HashEmbedder
-from adapters.postgres import PgvectorSink
-from adapters.qdrant import QdrantSink, point_id
 from reindex import cutover
 from reindex.errors import CutoverRefused
 from reindex.fingerprint import content_hash, target_name
 from reindex.ledger import SqliteLedger
 from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.postgres import PgvectorSink
+from reindex_adapters.qdrant import QdrantSink, point_id
 
 pytestmark = pytest.mark.serial  # readers keep a rate while the alias flips
 

@@ -16,10 +16,10 @@ import pytest
 from qdrant_client import QdrantClient, models
 from typer.testing import CliRunner
 
-from adapters.memory import HashEmbedder
 from reindex import commands, sync
 from reindex.cli import app
 from reindex.fingerprint import content_hash
+from reindex_adapters.memory import HashEmbedder
 from tests.clients.support import aliased_collection
 
 runner = CliRunner()

@@ -18,10 +18,10 @@ from pgvector.psycopg import register_vector
 from qdrant_client import QdrantClient, models
 from typer.testing import CliRunner
 
-from adapters.memory import HashEmbedder
 from reindex import commands, sync
 from reindex.cli import app
 from reindex.config import Config, load
+from reindex_adapters.memory import HashEmbedder
 from tests.clients.support import aliased_collection
 
 DIM = 16

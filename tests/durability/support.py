@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
-from adapters.memory import HashEmbedder
 from reindex.cli import app
+from reindex_adapters.memory import HashEmbedder
 
 WORDS = [
     "alpha",

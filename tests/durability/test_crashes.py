@@ -16,8 +16,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import HashEmbedder
 from reindex.crashpoints import POINTS
+from reindex_adapters.memory import HashEmbedder
 from tests.durability.support import (
     POISON_REASONS,
     Tool,

@@ -13,9 +13,9 @@ import numpy as np
 import psycopg
 import pytest
 
-from adapters.postgres_ledger import MIGRATIONS, PostgresLedger
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, LeaseLost, TransientError
 from reindex.ledger import Lease, ShardResult
+from reindex_adapters.postgres_ledger import MIGRATIONS, PostgresLedger
 from tests.durability.support import Tool, config_text, write_corpus
 
 

@@ -50,11 +50,11 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from qdrant_client import QdrantClient, models
 
-from adapters.memory import HashEmbedder
 from reindex import commands, crashpoints, sync
 from reindex.config import Config, load
 from reindex.errors import VerificationFailed
 from reindex.fingerprint import content_hash, target_name
+from reindex_adapters.memory import HashEmbedder
 from tests.lifecycle.support import machine_settings, toml
 
 DIM = 8

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from adapters import memory
-from adapters.memory import MemorySink, MemorySource
 from reindex.errors import BackendError, RowsRejected
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
+from reindex_adapters import memory
+from reindex_adapters.memory import MemorySink, MemorySource
 
 
 @pytest.fixture

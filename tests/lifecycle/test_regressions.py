@@ -13,13 +13,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pytest
 
-from adapters import memory
-from adapters.memory import HashEmbedder
 from reindex import commands, registry
 from reindex.config import load
 from reindex.errors import BackendError, ConfigError, Interrupted, VerificationFailed
 from reindex.pipeline import Progress
 from reindex.ports import Tokens, Vectors
+from reindex_adapters import memory
+from reindex_adapters.memory import HashEmbedder
 from tests.lifecycle.support import ALIAS, NUL_REASON, Knobs, World
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from adapters.memory import HashEmbedder
-from adapters.openai import cl100k
-from adapters.openai_emulator import Emulator
-from adapters.openai_faults import FaultPlan
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai import cl100k
+from reindex_adapters.openai_emulator import Emulator
+from reindex_adapters.openai_faults import FaultPlan
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
 

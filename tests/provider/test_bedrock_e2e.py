@@ -18,10 +18,10 @@ import pytest
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
-from adapters.bedrock.emulator import BedrockEmulator
-from adapters.memory import HashEmbedder
-from adapters.openai_emulator import shorten
-from adapters.openai_faults import FaultPlan
+from reindex_adapters.bedrock.emulator import BedrockEmulator
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai_emulator import shorten
+from reindex_adapters.openai_faults import FaultPlan
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, unique_tokens
 

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from adapters.gemini.emulator import GeminiEmulator
-from adapters.memory import HashEmbedder
-from adapters.openai_faults import FaultPlan
 from reindex.cli import app
 from reindex.registry import build
+from reindex_adapters.gemini.emulator import GeminiEmulator
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai_faults import FaultPlan
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
 

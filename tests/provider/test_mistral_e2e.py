@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from adapters.memory import HashEmbedder
-from adapters.mistral_emulator import MistralEmulator
-from adapters.openai_faults import FaultPlan
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.mistral_emulator import MistralEmulator
+from reindex_adapters.openai_faults import FaultPlan
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from adapters.memory import HashEmbedder
-from adapters.openai import cl100k
-from adapters.openai_emulator import Emulator
-from adapters.openai_faults import FaultPlan
+from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.openai import cl100k
+from reindex_adapters.openai_emulator import Emulator
+from reindex_adapters.openai_faults import FaultPlan
 from tests.durability.support import Tool
 
 KEY_ENV = "REINDEX_TEST_OPENAI_KEY"
