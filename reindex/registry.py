@@ -2,7 +2,8 @@
 
 Adapter modules import their SDK lazily, so resolving a kind never pulls torch or psycopg by itself.
 Third-party adapters register through the `reindex.sources`, `reindex.embedders` and `reindex.sinks`
-entry-point groups with the same "module:Class" value.
+entry-point groups with the same "module:Class" value; so do the test doubles this distribution ships
+(`memory` source and sink, `hash` and `memory-batch` embedders, in reindex_adapters.testing).
 """
 
 from __future__ import annotations
@@ -23,15 +24,12 @@ SOURCES: dict[str, str] = {
     "qdrant": "reindex_adapters.qdrant:QdrantSource",
     "parquet": "reindex_adapters.files:ParquetSource",
     "jsonl": "reindex_adapters.files:JsonlSource",
-    "memory": "reindex_adapters.memory:MemorySource",
 }
 EMBEDDERS: dict[str, str] = {
     "sentence-transformers": "reindex_adapters.sentence_transformers:SentenceTransformerEmbedder",
-    "hash": "reindex_adapters.memory:HashEmbedder",
-    "memory-batch": "reindex_adapters.memory:MemoryBatchEmbedder",
     "openai": "reindex_adapters.openai:OpenAIEmbedder",
     "openai-batch": "reindex_adapters.openai:OpenAIBatchEmbedder",
-    "azure-openai": "reindex_adapters.azure_openai:AzureOpenAIEmbedder",
+    "azure-openai": "reindex_adapters.openai.azure:AzureOpenAIEmbedder",
     "bedrock-batch": "reindex_adapters.bedrock:BedrockBatchEmbedder",
     "gemini-batch": "reindex_adapters.gemini:GeminiBatchEmbedder",
     "mistral-batch": "reindex_adapters.mistral:MistralBatchEmbedder",
@@ -40,24 +38,42 @@ EMBEDDERS: dict[str, str] = {
 SINKS: dict[str, str] = {
     "pgvector": "reindex_adapters.postgres:PgvectorSink",
     "qdrant": "reindex_adapters.qdrant:QdrantSink",
-    "memory": "reindex_adapters.memory:MemorySink",
 }
 # source kind -> the function `reindex init` calls to see a source's fields, size, vectors and alias
 SURVEYS: dict[str, str] = {
-    "postgres": "reindex_adapters.postgres_survey:survey",
-    "qdrant": "reindex_adapters.qdrant_survey:survey",
-    "jsonl": "reindex_adapters.files_survey:survey_jsonl",
-    "parquet": "reindex_adapters.files_survey:survey_parquet",
+    "postgres": "reindex_adapters.postgres.survey:survey",
+    "qdrant": "reindex_adapters.qdrant.survey:survey",
+    "jsonl": "reindex_adapters.files.survey:survey_jsonl",
+    "parquet": "reindex_adapters.files.survey:survey_parquet",
 }
 PROVIDER_PRICES = (
     "reindex_adapters.openai:PRICES"  # models with a list price: `reindex init` gives them the openai kind
 )
 LEDGERS: dict[str, str] = {
-    "postgres": "reindex_adapters.postgres_ledger:PostgresLedger",
+    "postgres": "reindex_adapters.postgres.ledger:PostgresLedger",
 }
 # [run] engine -> the module whose `run` drives the shards ("local", the default, is reindex.pipeline)
 ENGINES: dict[str, str] = {
-    "ray": "reindex_adapters.ray_engine",
+    "ray": "reindex.run.ray_engine",
+}
+# 0.1 module paths a config, a plugin's entry point or a script may still name -> where they live since 0.2
+MOVED: dict[str, str] = {
+    "adapters.memory": "reindex_adapters.testing.memory",
+    "adapters.openai_emulator": "reindex_adapters.testing.emulators.openai",
+    "adapters.openai_faults": "reindex_adapters.testing.emulators.faults",
+    "adapters.local_server": "reindex_adapters.testing.emulators.server",
+    "adapters.mistral_emulator": "reindex_adapters.testing.emulators.mistral",
+    "adapters.gemini.emulator": "reindex_adapters.testing.emulators.gemini",
+    "adapters.gemini.service": "reindex_adapters.testing.emulators.gemini",
+    "adapters.bedrock.emulator": "reindex_adapters.testing.emulators.bedrock",
+    "adapters.ray_engine": "reindex.run.ray_engine",
+    "adapters.pg_copy": "reindex_adapters.postgres",
+    "adapters.postgres_survey": "reindex_adapters.postgres.survey",
+    "adapters.postgres_rules": "reindex_adapters.postgres",
+    "adapters.postgres_ledger": "reindex_adapters.postgres.ledger",
+    "adapters.qdrant_survey": "reindex_adapters.qdrant.survey",
+    "adapters.files_survey": "reindex_adapters.files.survey",
+    "adapters.azure_openai": "reindex_adapters.openai.azure",
 }
 _TABLES: dict[Role, tuple[dict[str, str], str]] = {
     "source": (SOURCES, "reindex.sources"),
@@ -84,7 +100,32 @@ def resolve(role: Role, kind: str) -> Any:
     if kind not in known:
         raise ConfigError(f"unknown {role} kind {kind!r}", hint=f"use one of: {', '.join(sorted(known))}")
     module_name, _, class_name = known[kind].partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return getattr(load(module_name, f"{role} kind {kind!r}"), class_name)
+
+
+def load(module_name: str, named_by: str) -> Any:
+    """Import a module a table or a plugin names; one that moved in 0.2 gets its new path as the fix."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise  # the module exists; something it imports is missing
+        raise ConfigError(
+            f"{named_by} names the module {module_name!r}, which does not exist",
+            hint=f"point it at {moved_to(module_name)!r} (modules moved in reindex-embeddings 0.2)"
+            if moved_to(module_name) != module_name
+            else "check the plugin's entry point",
+        ) from None
+
+
+def moved_to(module_name: str) -> str:
+    """The 0.2 path of a module named by its 0.1 path (the adapters/ folder installs as reindex_adapters)."""
+    for old, new in sorted(MOVED.items(), key=lambda item: -len(item[0])):
+        if module_name == old or module_name.startswith(old + "."):
+            return new + module_name[len(old) :]
+    if module_name.startswith("adapters."):
+        return "reindex_adapters." + module_name.removeprefix("adapters.")
+    return module_name
 
 
 BACKENDS_PROBE = (

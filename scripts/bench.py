@@ -278,7 +278,7 @@ def emulator(args: argparse.Namespace) -> Iterator[str | None]:
     command = [
         sys.executable,
         "-m",
-        "reindex_adapters.openai_emulator",
+        "reindex_adapters.testing.emulators.openai",
         "--port",
         str(port),
         "--model",
@@ -379,7 +379,7 @@ def zero_rows(path: Path) -> CopyRows:
     """The rows the zero-cost run writes: ids, texts, content hashes and the hash embedder's own vectors
     (parsed and computed here, before anything is timed)."""
     from reindex.fingerprint import content_hash
-    from reindex_adapters.memory import HashEmbedder
+    from reindex_adapters.testing.memory import HashEmbedder
 
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     ids, texts = [str(row["id"]) for row in rows], [str(row["text"]) for row in rows]
@@ -401,7 +401,7 @@ def minilm_tokenizer() -> Any:
 
 def hash_takes_tokenizer() -> bool:
     """Whether `[embedder] kind = "hash"` has its `tokenizer` option (real token counts, free vectors)."""
-    from reindex_adapters.memory import HashEmbedder
+    from reindex_adapters.testing.memory import HashEmbedder
 
     return "tokenizer" in HashEmbedder.Config.model_fields
 
@@ -537,7 +537,7 @@ def reindex_pgvector(bench: Bench, repeat: int) -> Sample:
 def index_seconds_seen() -> Iterator[list[tuple[float, str]]]:
     """What each PgvectorSink.finalize of this process reports for its CREATE INDEX (its `index_seconds`,
     else finalize's wall time): read until RunReport carries `index_seconds` itself."""
-    from reindex_adapters.postgres import PgvectorSink
+    from reindex_adapters.postgres.core import PgvectorSink
 
     seen: list[tuple[float, str]] = []
     original = PgvectorSink.finalize
@@ -636,7 +636,7 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
     from openai import OpenAI
 
     from reindex.config import RunConfig
-    from reindex_adapters.openai import (
+    from reindex_adapters.openai.core import (
         MIN_INPUTS_PER_REQUEST,
         REQUESTS_PER_SLOT,
         OpenAIEmbedder,
@@ -670,7 +670,7 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
 
 def sent_texts(texts: Sequence[str]) -> list[str]:
     """What the run sends for these documents: each distinct text once, cut at the model's 8,191 tokens."""
-    from reindex_adapters.openai import OpenAIEmbedder, cl100k, tokenize_texts
+    from reindex_adapters.openai.core import OpenAIEmbedder, cl100k, tokenize_texts
 
     limit = OpenAIEmbedder.Config.model_fields["max_tokens"].default
     return [str(item.data) for item in tokenize_texts(list(dict.fromkeys(texts)), cl100k(), limit)]
@@ -835,10 +835,6 @@ def warm_imports() -> None:
     """Load the modules a pgvector run imports lazily (psycopg, the adapters) before the clock starts: the
     hand-written COPY it is compared with runs in a process that has them loaded already."""
     import psycopg  # noqa: F401
-
-    import reindex_adapters.files
-    import reindex_adapters.memory
-    import reindex_adapters.postgres  # noqa: F401
 
 
 def peak_rss_kb() -> int | None:

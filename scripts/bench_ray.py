@@ -558,7 +558,7 @@ def open_ledger(backend: str, location: str) -> Any:
         from reindex.ledger import SqliteLedger
 
         return SqliteLedger(location)
-    from reindex_adapters.postgres_ledger import PostgresLedger
+    from reindex_adapters.postgres.ledger import PostgresLedger
 
     return PostgresLedger(location)
 

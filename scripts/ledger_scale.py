@@ -90,7 +90,7 @@ def _ledger(kind: str, work: Path) -> Iterator[Ledger]:
         else:
             from bench import postgres
 
-            from reindex_adapters.postgres_ledger import PostgresLedger
+            from reindex_adapters.postgres.ledger import PostgresLedger
 
             ledger = PostgresLedger(stack.enter_context(postgres(work)))
         stack.callback(ledger.close)

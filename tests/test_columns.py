@@ -6,7 +6,7 @@ import numpy as np
 
 from reindex.columns import Documents, TokenColumns, embed, ragged, tokenize
 from reindex.ports import Record
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 
 
 def test_concat_with_an_empty_shard_keeps_the_texts_and_the_vectors() -> None:

@@ -16,8 +16,8 @@ from reindex.fingerprint import content_hash
 from reindex.ledger import SqliteLedger
 from reindex.ports import Record, TargetSpec
 from reindex.verify import coverage
-from reindex_adapters.files import JsonlSource
-from reindex_adapters.memory import MemoryBatchEmbedder, MemorySink, MemorySource
+from reindex_adapters.files.core import JsonlSource
+from reindex_adapters.testing.memory import MemoryBatchEmbedder, MemorySink, MemorySource
 
 TARGET = "docs__b"
 
@@ -280,9 +280,9 @@ def provider():
     """The OpenAI batch embedder against the emulator, through the official SDK."""
     from openai import OpenAI
 
-    from reindex_adapters.memory import HashEmbedder
-    from reindex_adapters.openai import OpenAIBatchEmbedder, Pacer
-    from reindex_adapters.openai_emulator import Emulator
+    from reindex_adapters.openai.core import OpenAIBatchEmbedder, Pacer
+    from reindex_adapters.testing.emulators.openai import Emulator
+    from reindex_adapters.testing.memory import HashEmbedder
 
     with Emulator(HashEmbedder(dim=1536)) as emulator:
         client = OpenAI(base_url=emulator.base_url, api_key="sk-test", max_retries=0)
@@ -303,7 +303,7 @@ def test_provider_rejected_batch_lines_in_either_error_file_shape_become_dead_le
 ):
     """Issue 10, defect 4: a 400 line (or an error-object line) ends dead-lettered for every document with
     its text, the documents that shared its request line are written, and the run reconciles."""
-    from reindex_adapters.openai_faults import FaultPlan
+    from reindex_adapters.testing.emulators.faults import FaultPlan
 
     emulator, embedder = provider
     emulator.set_faults(FaultPlan(poison_substring="POISON", poison_shape=shape))
@@ -320,7 +320,7 @@ def test_provider_rejected_batch_lines_in_either_error_file_shape_become_dead_le
 
 @pytest.mark.parametrize("status", [429, 500])
 def test_rate_limited_or_failed_batch_lines_are_sent_again_not_dead_lettered(ledger, provider, status):
-    from reindex_adapters.openai_faults import FaultPlan
+    from reindex_adapters.testing.emulators.faults import FaultPlan
 
     emulator, embedder = provider
     emulator.set_faults(FaultPlan(failed_lines=3, failed_line_status=status, faulty_batches=2))

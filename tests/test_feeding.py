@@ -11,7 +11,7 @@ from reindex.columns import TokenColumns, tokenize
 from reindex.errors import TransientError
 from reindex.feeding import Feeder
 from reindex.ports import Vectors
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 
 
 class Handle:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -49,8 +50,16 @@ def test_every_package_in_the_tree_is_declared_for_the_wheel() -> None:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)]
+    """Built from a copy of the files git would commit, so no build/ or egg-info lands in the checkout."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    )
+    for name in filter(None, listed.stdout.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(source)]
     done = subprocess.run(build, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (path,) = out.glob("reindex_embeddings-*.whl")
@@ -113,7 +122,11 @@ def test_the_installed_wheel_resolves_every_kind_whose_extra_it_has(installed: P
     )
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     done = subprocess.run(
-        [str(installed / "bin" / "python"), "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env
+        [str(installed / "bin" / "python"), "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -123,7 +136,9 @@ def test_the_installed_wheel_resolves_every_kind_whose_extra_it_has(installed: P
 
 def test_a_whole_migration_runs_from_the_installed_wheel(installed: Path, tmp_path: Path) -> None:
     corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"document number {i}"}) + "\n" for i in range(40)))
+    corpus.write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": f"document number {i}"}) + "\n" for i in range(40))
+    )
     config = tmp_path / "docs.toml"
     config.write_text(
         f'[source]\nkind = "jsonl"\npath = "{corpus}"\n\n[embedder]\nkind = "hash"\ndim = 16\n\n'

@@ -20,7 +20,7 @@ from reindex.pipeline import Pipeline
 from reindex.ports import Record, Rows, TargetSpec, Tokens, Vectors
 from reindex.shards import prepare_shard, pretokenize
 from reindex.verify import coverage
-from reindex_adapters.memory import HashEmbedder, MemorySink, MemorySource
+from reindex_adapters.testing.memory import HashEmbedder, MemorySink, MemorySource
 
 
 class FlakySink(MemorySink):

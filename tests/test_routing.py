@@ -14,8 +14,8 @@ from reindex import registry, routing
 from reindex.cli import app
 from reindex.config import RouteConfig, RunConfig
 from reindex.planning import PlanReport
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.openai import encoding
+from reindex_adapters.openai.core import encoding
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.cli.test_terminal import readable
 
 runner = CliRunner()

@@ -1,7 +1,7 @@
 """Amazon Bedrock batch inference (Titan Text Embeddings V2) through boto3.
 
 connection.py: clients, S3 URIs, error translation · embedder.py: the `bedrock-batch` embedder ·
-records.py: reading output records · emulator.py: the local Bedrock API over moto's S3 (tests, dry runs).
+records.py: reading output records; the emulator is reindex_adapters.testing.emulators.bedrock.
 """
 
 from __future__ import annotations

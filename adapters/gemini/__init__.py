@@ -3,7 +3,7 @@
 batch.py      the `gemini-batch` embedder: input files, create or adopt by display name, poll, release
 responses.py  a responses file read: vectors by line key, refused lines in the run's codes, billed tokens
 client.py     the SDK's client, and its errors made ours (RetryInfo delays; the key never shown)
-emulator.py   a local emulator of the wire format for tests and dry runs; service.py holds its state
+(the emulator is reindex_adapters.testing.emulators.gemini)
 """
 
 from __future__ import annotations

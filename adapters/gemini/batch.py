@@ -27,7 +27,14 @@ from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.gemini.client import make_client, translated_errors
 from reindex_adapters.gemini.responses import read_responses
-from reindex_adapters.openai import Paced, Pacer, ProviderBusy, ProviderNotFound, encoding, tokenize_texts
+from reindex_adapters.openai.core import (
+    Paced,
+    Pacer,
+    ProviderBusy,
+    ProviderNotFound,
+    encoding,
+    tokenize_texts,
+)
 
 if TYPE_CHECKING:
     from google.genai import Client

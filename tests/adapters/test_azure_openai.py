@@ -16,11 +16,11 @@ from openai import AzureOpenAI, OpenAI
 
 from reindex.errors import ConfigError
 from reindex.registry import build
-from reindex_adapters.azure_openai import PRICES, PRICES_TAKEN, AzureOpenAIEmbedder
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.openai import OpenAIEmbedder, Pacer, cl100k
-from reindex_adapters.openai_emulator import Emulator
-from reindex_adapters.openai_faults import FaultPlan
+from reindex_adapters.openai.azure import PRICES, PRICES_TAKEN, AzureOpenAIEmbedder
+from reindex_adapters.openai.core import OpenAIEmbedder, Pacer, cl100k
+from reindex_adapters.testing.emulators.faults import FaultPlan
+from reindex_adapters.testing.emulators.openai import Emulator
+from reindex_adapters.testing.memory import HashEmbedder
 
 MODEL = "text-embedding-3-small"
 DEPLOYMENT = "emb-small-prod"

@@ -24,10 +24,10 @@ from reindex_adapters.gemini import (
     read_responses,
     retry_delay,
 )
-from reindex_adapters.gemini.emulator import GeminiEmulator
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.openai import Pacer, cl100k
-from reindex_adapters.openai_faults import FaultPlan
+from reindex_adapters.openai.core import Pacer, cl100k
+from reindex_adapters.testing.emulators.faults import FaultPlan
+from reindex_adapters.testing.emulators.gemini.app import GeminiEmulator
+from reindex_adapters.testing.memory import HashEmbedder
 
 KEY_ENV = "REINDEX_TEST_GEMINI_KEY"
 SECRET = "AIzaSyTEST0123456789abcdefSECRET"

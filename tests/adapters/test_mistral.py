@@ -18,12 +18,12 @@ from mistralai.client.errors import SDKError
 from reindex.errors import ConfigError, MissingDependency, TransientError
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
 from reindex.registry import build
-from reindex_adapters import mistral_emulator
-from reindex_adapters.memory import HashEmbedder
 from reindex_adapters.mistral import DIM, PRICES, PRICES_TAKEN, MistralBatchEmbedder, read_line
-from reindex_adapters.mistral_emulator import MistralEmulator
-from reindex_adapters.openai import Pacer, cl100k
-from reindex_adapters.openai_faults import FaultPlan
+from reindex_adapters.openai.core import Pacer, cl100k
+from reindex_adapters.testing.emulators import mistral as mistral_emulator
+from reindex_adapters.testing.emulators.faults import FaultPlan
+from reindex_adapters.testing.emulators.mistral import MistralEmulator
+from reindex_adapters.testing.memory import HashEmbedder
 
 SECRET = "mistral-test-0123456789abcdefSECRET"
 TEXTS = ["the quick brown fox", "jumps over", "the lazy dog", "hello world", "naïve café ☕", "one more"]

@@ -13,10 +13,10 @@ import pytest
 from openai import OpenAI
 
 from reindex.ports import Vectors
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.openai import cl100k
-from reindex_adapters.openai_emulator import Emulator
-from reindex_adapters.openai_faults import INVALID_INPUT, FaultPlan
+from reindex_adapters.openai.core import cl100k
+from reindex_adapters.testing.emulators.faults import INVALID_INPUT, FaultPlan
+from reindex_adapters.testing.emulators.openai import Emulator
+from reindex_adapters.testing.memory import HashEmbedder
 
 MODEL = "text-embedding-3-small"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}

@@ -100,7 +100,7 @@ def test_dead_letters_keep_counting_after_the_flip_onto_a_view_named_like_the_so
 ) -> None:
     """After the first cutover the source `docs` is the view over the target, which holds no dead letter:
     verify and `dlq retry` go on judging them by the table the run read (`docs__adopted`)."""
-    from reindex_adapters.memory import HashEmbedder
+    from reindex_adapters.testing.memory import HashEmbedder
 
     make_docs(pg_dsn)
     with psycopg.connect(pg_dsn) as conn:

@@ -17,7 +17,7 @@ from psycopg import sql
 from reindex import commands
 from reindex.config import Config, load
 from reindex.errors import ConfigError
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 
 ROWS = 40
 

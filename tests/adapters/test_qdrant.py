@@ -23,8 +23,8 @@ from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.fingerprint import content_hash, target_name
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
 from reindex.registry import build
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.qdrant import GUARD_MARK, QdrantSink, QdrantSource, point_id
+from reindex_adapters.qdrant.core import GUARD_MARK, QdrantSink, QdrantSource, point_id
+from reindex_adapters.testing.memory import HashEmbedder
 
 TEXTS = [
     f"note {i} about {topic}" for i, topic in enumerate(["qdrant", "postgres", "parquet", "alias", "shard"])

@@ -8,7 +8,7 @@ from pathlib import Path
 from langchain_core.embeddings import Embeddings
 from qdrant_client import QdrantClient, models
 
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 
 
 class Hashed(Embeddings):

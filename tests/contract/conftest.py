@@ -17,17 +17,17 @@ SourceFactory = Callable[[Sequence[Record]], Source]
 def sink(request: pytest.FixtureRequest) -> Iterator[Sink]:
     kind = request.param
     if kind == "memory":
-        from reindex_adapters.memory import MemorySink
+        from reindex_adapters.testing.memory import MemorySink
 
         built: Sink = MemorySink()
     elif kind == "pgvector":
-        from reindex_adapters.postgres import PgvectorSink
+        from reindex_adapters.postgres.core import PgvectorSink
 
         built = PgvectorSink(request.getfixturevalue("pg_dsn"))
     else:
         from qdrant_client import QdrantClient
 
-        from reindex_adapters.qdrant import QdrantSink
+        from reindex_adapters.qdrant.core import QdrantSink
 
         built = QdrantSink(QdrantClient(":memory:"))
     yield built
@@ -50,7 +50,7 @@ def make_source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sour
 
 
 def _memory(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
-    from reindex_adapters.memory import MemorySource
+    from reindex_adapters.testing.memory import MemorySource
 
     return MemorySource(records)
 
@@ -58,7 +58,7 @@ def _memory(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Re
 def _postgres(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
     import psycopg
 
-    from reindex_adapters.postgres import PostgresSource
+    from reindex_adapters.postgres.core import PostgresSource
 
     dsn = request.getfixturevalue("pg_dsn")
     with psycopg.connect(dsn) as conn:
@@ -72,7 +72,7 @@ def _postgres(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[
 def _qdrant(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
     from qdrant_client import QdrantClient, models
 
-    from reindex_adapters.qdrant import QdrantSource
+    from reindex_adapters.qdrant.core import QdrantSource
 
     client = QdrantClient(":memory:")
     client.create_collection(
@@ -95,7 +95,7 @@ def _parquet(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[R
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from reindex_adapters.files import ParquetSource
+    from reindex_adapters.files.core import ParquetSource
 
     table = pa.table(
         {
@@ -110,7 +110,7 @@ def _parquet(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[R
 
 
 def _jsonl(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
-    from reindex_adapters.files import JsonlSource
+    from reindex_adapters.files.core import JsonlSource
 
     path = tmp_path / "docs.jsonl"
     with path.open("w") as out:

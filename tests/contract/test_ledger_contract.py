@@ -24,7 +24,7 @@ Opener = Callable[[], Ledger]
 
 def _open(state: str) -> Ledger:
     if state.startswith("postgresql://"):
-        from reindex_adapters.postgres_ledger import PostgresLedger
+        from reindex_adapters.postgres.ledger import PostgresLedger
 
         return PostgresLedger(state)
     return SqliteLedger(state)
@@ -259,7 +259,7 @@ def test_a_lease_is_freed_when_its_process_is_killed(open_ledger: Opener, state:
 
 _HOLDER = """
 import sys, time
-from reindex_adapters.postgres_ledger import PostgresLedger
+from reindex_adapters.postgres.ledger import PostgresLedger
 from reindex.ledger import SqliteLedger
 state = sys.argv[1]
 ledger = PostgresLedger(state) if state.startswith("postgresql://") else SqliteLedger(state)

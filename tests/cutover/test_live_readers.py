@@ -22,9 +22,9 @@ from reindex.errors import CutoverRefused
 from reindex.fingerprint import content_hash, target_name
 from reindex.ledger import SqliteLedger
 from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.postgres import PgvectorSink
-from reindex_adapters.qdrant import QdrantSink, point_id
+from reindex_adapters.postgres.core import PgvectorSink
+from reindex_adapters.qdrant.core import QdrantSink, point_id
+from reindex_adapters.testing.memory import HashEmbedder
 
 pytestmark = pytest.mark.serial  # readers keep a rate while the alias flips
 

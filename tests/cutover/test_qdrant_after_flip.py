@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from reindex import commands, sync
 from reindex.cli import app
 from reindex.config import load
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
 
 runner = CliRunner()

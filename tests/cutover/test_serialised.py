@@ -123,7 +123,7 @@ def test_status_and_rollback_of_a_second_model_never_build_the_embedder(
     def no_model(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("reindex_adapters.memory.HashEmbedder.__init__", no_model)
+    monkeypatch.setattr("reindex_adapters.testing.memory.HashEmbedder.__init__", no_model)
     assert commands.status(new).is_live
     assert commands.dlq_list(new).total == 0
     moved = commands.rollback(new)

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from reindex import commands, sync
 from reindex.cli import app
 from reindex.config import Config, load
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
 
 DIM = 16

@@ -16,7 +16,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from reindex.cli import app
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 
 WORDS = [
     "alpha",

@@ -17,7 +17,7 @@ import pytest
 from psycopg import sql
 
 from reindex.crashpoints import POINTS
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import (
     POISON_REASONS,
     Tool,

@@ -15,7 +15,7 @@ import pytest
 
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, LeaseLost, TransientError
 from reindex.ledger import Lease, ShardResult
-from reindex_adapters.postgres_ledger import MIGRATIONS, PostgresLedger
+from reindex_adapters.postgres.ledger import MIGRATIONS, PostgresLedger
 from tests.durability.support import Tool, config_text, write_corpus
 
 

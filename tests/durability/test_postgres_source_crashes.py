@@ -14,7 +14,7 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool, fresh_vector
 
 ROWS = 300

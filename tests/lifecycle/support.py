@@ -23,8 +23,8 @@ from reindex.config import Config, load
 from reindex.fingerprint import content_hash, target_name
 from reindex.migration import open_backends
 from reindex.ports import Record, Vectors
-from reindex_adapters import memory
-from reindex_adapters.memory import HashEmbedder, MemoryStore
+from reindex_adapters.testing import memory
+from reindex_adapters.testing.memory import HashEmbedder, MemoryStore
 
 SOAK = max(1, int(os.environ.get("REINDEX_SOAK", "1")))  # multiplies every machine's examples: a long soak
 ALIAS = "docs"

@@ -54,7 +54,7 @@ from reindex import commands, crashpoints, sync
 from reindex.config import Config, load
 from reindex.errors import VerificationFailed
 from reindex.fingerprint import content_hash, target_name
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.lifecycle.support import machine_settings, toml
 
 DIM = 8

@@ -9,8 +9,8 @@ import pytest
 
 from reindex.errors import BackendError, RowsRejected
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
-from reindex_adapters import memory
-from reindex_adapters.memory import MemorySink, MemorySource
+from reindex_adapters.testing import memory
+from reindex_adapters.testing.memory import MemorySink, MemorySource
 
 
 @pytest.fixture

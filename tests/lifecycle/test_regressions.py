@@ -18,8 +18,8 @@ from reindex.config import load
 from reindex.errors import BackendError, ConfigError, Interrupted, VerificationFailed
 from reindex.pipeline import Progress
 from reindex.ports import Tokens, Vectors
-from reindex_adapters import memory
-from reindex_adapters.memory import HashEmbedder
+from reindex_adapters.testing import memory
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.lifecycle.support import ALIAS, NUL_REASON, Knobs, World
 
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.openai import cl100k
-from reindex_adapters.openai_emulator import Emulator
-from reindex_adapters.openai_faults import FaultPlan
+from reindex_adapters.openai.core import cl100k
+from reindex_adapters.testing.emulators.faults import FaultPlan
+from reindex_adapters.testing.emulators.openai import Emulator
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
 

@@ -18,10 +18,10 @@ import pytest
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
-from reindex_adapters.bedrock.emulator import BedrockEmulator
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.openai_emulator import shorten
-from reindex_adapters.openai_faults import FaultPlan
+from reindex_adapters.testing.emulators.bedrock import BedrockEmulator
+from reindex_adapters.testing.emulators.faults import FaultPlan
+from reindex_adapters.testing.emulators.openai import shorten
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, unique_tokens
 

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from reindex.cli import app
 from reindex.registry import build
-from reindex_adapters.gemini.emulator import GeminiEmulator
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.openai_faults import FaultPlan
+from reindex_adapters.testing.emulators.faults import FaultPlan
+from reindex_adapters.testing.emulators.gemini.app import GeminiEmulator
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
 

@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.mistral_emulator import MistralEmulator
-from reindex_adapters.openai_faults import FaultPlan
+from reindex_adapters.testing.emulators.faults import FaultPlan
+from reindex_adapters.testing.emulators.mistral import MistralEmulator
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool
 from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
 

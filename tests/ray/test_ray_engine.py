@@ -27,11 +27,11 @@ from reindex.config import Config, load
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
 from reindex.migration import leased, open_migration
 from reindex.pipeline import Progress, scan_documents
+from reindex.run import ray_engine
 from reindex.validation import screen
-from reindex_adapters import ray_engine
-from reindex_adapters.memory import HashEmbedder
-from reindex_adapters.openai import cl100k
-from reindex_adapters.openai_emulator import Emulator
+from reindex_adapters.openai.core import cl100k
+from reindex_adapters.testing.emulators.openai import Emulator
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.lifecycle.support import toml
 
 pytest.importorskip("ray", reason="the ray extra is installed by scripts/setup")
@@ -494,7 +494,7 @@ def test_the_driver_gets_each_shard_row_as_soon_as_its_actor_returns_it(tmp_path
     only once the second is done, and the second here waits for the driver to have seen the first."""
     import ray.data
 
-    from reindex_adapters.ray_engine import _results
+    from reindex.run.ray_engine import _results
 
     gate = tmp_path / "gate"
     actor: Any = _Gated  # a callable class: Ray builds one per actor

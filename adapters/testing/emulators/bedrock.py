@@ -4,7 +4,7 @@ Speaks the REST-JSON wire format boto3 uses (routes and shapes from botocore's `
 `bedrock-runtime` service models): CreateModelInvocationJob, GetModelInvocationJob, ListModelInvocationJobs,
 StopModelInvocationJob and InvokeModel for Titan Text Embeddings V2. Jobs read their records from, and write
 `<input file>.out` and `manifest.json.out` under `<output>/<job id>/` to, an S3-compatible server (moto's,
-started here unless one is given). Faults are reindex_adapters.openai_faults' FaultPlan: its routes map onto
+started here unless one is given). Faults are reindex_adapters.testing.emulators.faults' FaultPlan: its routes map onto
 `batch_create`, `batch_retrieve`, `batch_list`, `batch_cancel` and `embeddings` (InvokeModel).
 """
 
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reindex.ports import Embedder
-from reindex_adapters.local_server import LocalServer, in_thread, routed_app
-from reindex_adapters.openai import cl100k
-from reindex_adapters.openai_emulator import Ledger, ProviderState, shorten
-from reindex_adapters.openai_faults import ApiError, FaultPlan, shape_output
+from reindex_adapters.openai.core import cl100k
+from reindex_adapters.testing.emulators.faults import ApiError, FaultPlan, shape_output
+from reindex_adapters.testing.emulators.openai import Ledger, ProviderState, shorten
+from reindex_adapters.testing.emulators.server import LocalServer, in_thread, routed_app
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -1,6 +1,6 @@
 """A local OpenAI embeddings + files + batches API that computes real embeddings, for tests and dry runs.
 
-Point the official SDK at `Emulator(embedder).base_url`; reindex_adapters.openai_faults scripts what goes wrong.
+Point the official SDK at `Emulator(embedder).base_url`; reindex_adapters.testing.emulators.faults scripts what goes wrong.
 It also serves Azure OpenAI's embeddings route (`AzureOpenAI(azure_endpoint=emulator.azure_endpoint)`):
 `/openai/deployments/{deployment}/embeddings`, refused without `api-version` or a key, as Azure does.
 """
@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from reindex.ports import Embedder, Vectors
-from reindex_adapters.local_server import LocalServer, in_thread, routed_app
-from reindex_adapters.openai_faults import (
+from reindex_adapters.testing.emulators.faults import (
     INVALID_INPUT,
     ApiError,
     FaultGate,
@@ -38,6 +37,7 @@ from reindex_adapters.openai_faults import (
     parse_inputs,
     shape_output,
 )
+from reindex_adapters.testing.emulators.server import LocalServer, in_thread, routed_app
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -687,7 +687,7 @@ class Emulator(LocalServer):
 
 def _load_embedder(model: str, dim: int) -> Embedder:
     if model == "hash":
-        from reindex_adapters.memory import HashEmbedder
+        from reindex_adapters.testing.memory import HashEmbedder
 
         return HashEmbedder(dim=dim)
     from reindex.registry import build
@@ -697,8 +697,10 @@ def _load_embedder(model: str, dim: int) -> Embedder:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Serve the emulator until interrupted: `python -m reindex_adapters.openai_emulator --port 8089 --model hash`."""
-    parser = argparse.ArgumentParser(prog="python -m reindex_adapters.openai_emulator", description=__doc__)
+    """Serve the emulator until interrupted: `python -m reindex_adapters.testing.emulators.openai --port 8089 --model hash`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m reindex_adapters.testing.emulators.openai", description=__doc__
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--model", default="hash", help='a sentence-transformers model path, or "hash"')

@@ -48,7 +48,8 @@ from reindex.ports import (
     TargetSpec,
     Vectors,
 )
-from reindex_adapters import pg_copy, postgres_rules
+from reindex_adapters.postgres import copy_format as pg_copy
+from reindex_adapters.postgres import rules as postgres_rules
 
 if TYPE_CHECKING:
     import psycopg

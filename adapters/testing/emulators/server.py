@@ -1,5 +1,5 @@
 """An ASGI app served by uvicorn on a free local port, in a background thread: what the provider emulators
-(reindex_adapters.openai_emulator, reindex_adapters.gemini.emulator, reindex_adapters.bedrock.emulator) share to run inside a test or
+(reindex_adapters.testing.emulators.openai, reindex_adapters.testing.emulators.gemini.app, reindex_adapters.testing.emulators.bedrock) share to run inside a test or
 a dry run."""
 
 from __future__ import annotations

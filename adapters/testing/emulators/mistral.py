@@ -1,7 +1,7 @@
 """A local Mistral files + batch jobs API for embeddings, for tests and dry runs.
 
 Point the official SDK at it: `Mistral(api_key=..., server_url=MistralEmulator(embedder).server_url)`.
-The faults are the OpenAI emulator's FaultPlan (reindex_adapters.openai_faults), with the same route names:
+The faults are the OpenAI emulator's FaultPlan (reindex_adapters.testing.emulators.faults), with the same route names:
 
     polls_per_step      job gets per status step (QUEUED → RUNNING → terminal); 0: terminal on one get
     expire_after        TIMEOUT_EXCEEDED with only the first K lines done (the rest never answered)
@@ -30,15 +30,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reindex.ports import Embedder
-from reindex_adapters.local_server import LocalServer, in_thread, routed_app
-from reindex_adapters.openai_emulator import (
+from reindex_adapters.testing.emulators.faults import ApiError, FaultPlan, line_failure, shape_output
+from reindex_adapters.testing.emulators.openai import (
     ProviderState,
     StoredFile,
     endpoint_for,
     json_body,
     parse_multipart,
 )
-from reindex_adapters.openai_faults import ApiError, FaultPlan, line_failure, shape_output
+from reindex_adapters.testing.emulators.server import LocalServer, in_thread, routed_app
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -273,7 +273,7 @@ class MistralState(ProviderState):
 
     def _embed(self, body: Mapping[str, Any], job: Job) -> dict[str, Any]:
         """One embeddings request of a job: Mistral's EmbeddingResponse; bills its tokens."""
-        from reindex_adapters.openai import cl100k
+        from reindex_adapters.openai.core import cl100k
 
         texts = body.get("input")
         texts = [texts] if isinstance(texts, str) else texts

@@ -7,7 +7,7 @@ It speaks what `google-genai`'s `client.files` and `client.batches` send (point 
 /{version}/files/{id}:download?alt=media` and `DELETE /{version}/files/{id}`. Errors have Google's shape,
 `{"error": {code, message, status, details}}`; a 429 carries a google.rpc.RetryInfo `retryDelay`.
 
-The faults are reindex_adapters.openai_faults' `FaultPlan`, spent by its `FaultGate` on the same route names
+The faults are reindex_adapters.testing.emulators.faults' `FaultPlan`, spent by its `FaultGate` on the same route names
 (`batch_create`, `batch_retrieve`, `batch_list`, `files`), and rendered here in Google's wire format.
 """
 
@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from reindex.ports import Embedder
-from reindex_adapters.gemini.service import GeminiState, GoogleError
-from reindex_adapters.local_server import LocalServer, in_thread, routed_app
-from reindex_adapters.openai_faults import ApiError, FaultPlan
+from reindex_adapters.testing.emulators.faults import ApiError, FaultPlan
+from reindex_adapters.testing.emulators.gemini.state import GeminiState, GoogleError
+from reindex_adapters.testing.emulators.server import LocalServer, in_thread, routed_app
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

@@ -1,5 +1,5 @@
 """The state behind the Gemini emulator: files, upload sessions, batches as long-running operations, the
-billing ledger and the fault gate, and Google's error shape. reindex_adapters.gemini.emulator is its web layer."""
+billing ledger and the fault gate, and Google's error shape. reindex_adapters.testing.emulators.gemini.app is its web layer."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from reindex.ports import Embedder
-from reindex_adapters.openai import cl100k
-from reindex_adapters.openai_emulator import ProviderState
-from reindex_adapters.openai_faults import ApiError, FaultPlan, line_failure, shape_output
+from reindex_adapters.openai.core import cl100k
+from reindex_adapters.testing.emulators.faults import ApiError, FaultPlan, line_failure, shape_output
+from reindex_adapters.testing.emulators.openai import ProviderState
 
 STATUS_NAMES = {
     400: "INVALID_ARGUMENT",

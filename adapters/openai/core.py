@@ -1,7 +1,7 @@
 """OpenAI-compatible embedders: online `/v1/embeddings` (paced, poison inputs isolated) and the Batch API.
 
 Online works with any endpoint speaking the OpenAI wire format (OpenAI, vLLM, TEI, Infinity); Azure OpenAI's
-deployment routes go through reindex_adapters.azure_openai, which builds the SDK's AzureOpenAI client for this embedder.
+deployment routes go through reindex_adapters.openai.azure, which builds the SDK's AzureOpenAI client for this embedder.
 """
 
 from __future__ import annotations
