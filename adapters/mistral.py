@@ -52,7 +52,7 @@ PRICES: dict[str, dict[str, float]] = {MODEL: {"online": 0.10, "batch": 0.05}}
 MAX_BATCH_REQUESTS = 1_000_000  # "large batches of up to 1M requests" (Mistral's batch guide)
 KEY_FIELD = "reindex_key"  # job metadata
 RUNNING = frozenset({"QUEUED", "RUNNING", "CANCELLATION_REQUESTED"})  # as mistralai.extra.batch has them
-# Lines a terminal job never answered: sent again (reindex.deferred.RETRYABLE)
+# Lines a terminal job never answered: sent again (reindex.run.deferred.RETRYABLE)
 UNANSWERED = {"TIMEOUT_EXCEEDED": "batch_expired", "CANCELLED": "batch_cancelled", "FAILED": "batch_failed"}
 PAGE = 100
 

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from reindex.cli import main
+from reindex.ui.cli import main
 
 main()

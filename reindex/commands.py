@@ -9,14 +9,30 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from reindex import cutover as alias_moves
-from reindex import quality, registry, routing
+from reindex import registry
 from reindex.config import Config
-from reindex.cost import Budget
-from reindex.deferred import DeferredRun
 from reindex.errors import ConfigError, CutoverRefused, VerificationFailed
-from reindex.ledger import Lease, Ledger, RunSummary
-from reindex.migration import (
+from reindex.flip import cutover as alias_moves
+from reindex.flip.sync import (
+    AfterFlip,
+    Settled,
+    SyncReport,
+    after_flip,
+    catch_up,
+    fetch_records,
+    mark_after_flip,
+    pending_after_flip,
+    settled_path,
+)
+from reindex.plan import routing
+from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread
+from reindex.ports import DeferredEmbedder
+from reindex.prove import quality
+from reindex.prove.served import as_served
+from reindex.prove.verify import Comparison, Coverage, coverage
+from reindex.run.cost import Budget
+from reindex.run.deferred import DeferredRun
+from reindex.run.migration import (
     Migration,
     config_key,
     known_run,
@@ -30,25 +46,11 @@ from reindex.migration import (
     stop_on_lost_lease,
     with_nonce,
 )
-from reindex.pipeline import Pipeline, Progress
-from reindex.planning import PlanReport, estimate, ledger_advice, spread
-from reindex.ports import DeferredEmbedder
-from reindex.served import as_served
-from reindex.sync import (
-    AfterFlip,
-    Settled,
-    SyncReport,
-    after_flip,
-    catch_up,
-    fetch_records,
-    mark_after_flip,
-    pending_after_flip,
-    settled_path,
-)
-from reindex.synchronous import online
+from reindex.run.pipeline import Pipeline, Progress
+from reindex.run.synchronous import online
+from reindex.run.validation import excused
+from reindex.state.ledger import Lease, Ledger, RunSummary
 from reindex.units import iso_utc
-from reindex.validation import excused
-from reindex.verify import Comparison, Coverage, coverage
 
 # plan ---------------------------------------------------------------------------------------------------
 
@@ -409,7 +411,7 @@ def _verify(
     m: Migration, ledger: Ledger, *, sample: int = 0, also: Callable[[Comparison], None] | None = None
 ) -> Coverage:
     """The coverage of this migration's target; before any run, an empty target's (nothing complete).
-    After the flip to it, against what the alias serves (`reindex.served`)."""
+    After the flip to it, against what the alias serves (`reindex.prove.served`)."""
     with as_served(m, ledger) as served:
         report = coverage(
             served.source,
@@ -469,7 +471,7 @@ def _cutover(
     up again and verify while the sink holds them back (`Sink.move_alias` settle): the flip then serves
     every write, and a write that waited lands in the new target. A sink that cannot hold them (Qdrant)
     lets through only differences written after the final catch-up read, and carries those over right
-    after the flip (`reindex.sync.after_flip`); a carry-over a killed cutover left is finished first."""
+    after the flip (`reindex.flip.sync.after_flip`); a carry-over a killed cutover left is finished first."""
     finished = _finish_pending_flip(m, ledger) if sync else None
     if sync:
         catch_up(m, ledger)  # the bulk of the changes, writers running

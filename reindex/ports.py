@@ -241,7 +241,7 @@ class Sink(Protocol):
 
     # True where `move_alias` holds the alias's writers back while `settle` runs (pgvector's lock); False
     # where a write can land in the old index between the final catch-up and the flip (Qdrant), which
-    # `cutover --sync` then carries over after the flip (reindex.sync.after_flip)
+    # `cutover --sync` then carries over after the flip (reindex.flip.sync.after_flip)
     holds_writers: bool
 
     def identity(self) -> str:
@@ -329,7 +329,7 @@ class Sink(Protocol):
 class IndexSource(Protocol):
     """A source that reads an index the sink serves (a Qdrant collection, often through the very alias
     being moved; a Postgres view named like the alias): after a flip it no longer sees what the old index
-    received, and the alias serves what the application writes since (`reindex.served`)."""
+    received, and the alias serves what the application writes since (`reindex.prove.served`)."""
 
     def reading(self, sink: Sink, alias: str, previous: str) -> Source | None:
         """This source over the index `previous` if it reads `alias` or `previous` in the sink's own store;
@@ -338,7 +338,7 @@ class IndexSource(Protocol):
 
     def over(self, index: str) -> Source:
         """This source's settings (text field, vector) over another index of the same store: the target
-        that the alias serves after a flip (`reindex.served`)."""
+        that the alias serves after a flip (`reindex.prove.served`)."""
         ...
 
 

@@ -52,7 +52,7 @@ PROVIDER_PRICES = (
 LEDGERS: dict[str, str] = {
     "postgres": "reindex_adapters.postgres.ledger:PostgresLedger",
 }
-# [run] engine -> the module whose `run` drives the shards ("local", the default, is reindex.pipeline)
+# [run] engine -> the module whose `run` drives the shards ("local", the default, is reindex.run.pipeline)
 ENGINES: dict[str, str] = {
     "ray": "reindex.run.ray_engine",
 }

@@ -379,7 +379,7 @@ def run_child(spec_path: Path) -> int:
     """Only the migration (Ray started first when warm): its timings, written beside the spec."""
     from reindex import commands
     from reindex.config import load
-    from reindex.pipeline import Progress
+    from reindex.run.pipeline import Progress
 
     spec = json.loads(spec_path.read_text())
     config = load(Path(spec["config"]))
@@ -555,7 +555,7 @@ def fresh_ledger(work: Path, dsn: str, backend: str, name: str) -> Iterator[str]
 
 def open_ledger(backend: str, location: str) -> Any:
     if backend == "sqlite":
-        from reindex.ledger import SqliteLedger
+        from reindex.state.ledger import SqliteLedger
 
         return SqliteLedger(location)
     from reindex_adapters.postgres.ledger import PostgresLedger
@@ -629,7 +629,7 @@ def write_shards(
     budget: dict[str, Any],
     barrier: Any,
 ) -> dict[str, Any]:
-    from reindex.ledger import Lease, ShardResult
+    from reindex.state.ledger import Lease, ShardResult
 
     ledger = open_ledger(backend, location)
     ledger.fence(Lease(*lease))

@@ -1,7 +1,7 @@
 """Measure verify's id comparison rate on pgvector: `python scripts/verify_rate.py [documents]`.
 
 Builds a source table and a complete target of the given size in an embedded Postgres, then times
-`reindex.verify.coverage` (streams both id sets through a scratch SQLite join). Prints JSON.
+`reindex.prove.verify.coverage` (streams both id sets through a scratch SQLite join). Prints JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main(documents: int) -> dict[str, float]:
     from reindex.batching import chunks
     from reindex.fingerprint import content_hash
     from reindex.ports import Rows, TargetSpec
-    from reindex.verify import coverage
+    from reindex.prove.verify import coverage
     from reindex_adapters.postgres.core import PgvectorSink, PostgresSource
 
     data = Path(tempfile.mkdtemp(prefix="reindex-rate-"))

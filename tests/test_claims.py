@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from reindex.claims import ClaimBook
-from reindex.ledger import SqliteLedger
+from reindex.run.claims import ClaimBook
+from reindex.state.ledger import SqliteLedger
 
 PLAN = "plan-claims"
 

@@ -9,8 +9,8 @@ import numpy as np
 from reindex.batching import token_batches
 from reindex.columns import TokenColumns, tokenize
 from reindex.errors import TransientError
-from reindex.feeding import Feeder
 from reindex.ports import Vectors
+from reindex.run.feeding import Feeder
 from reindex_adapters.testing.memory import HashEmbedder
 
 

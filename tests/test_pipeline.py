@@ -10,16 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from reindex.claims import LedgerClaims
 from reindex.config import RunConfig
-from reindex.cost import Budget
 from reindex.errors import BackendError, BudgetRefused, Interrupted
 from reindex.fingerprint import content_hash
-from reindex.ledger import SqliteLedger
-from reindex.pipeline import Pipeline
 from reindex.ports import Record, Rows, TargetSpec, Tokens, Vectors
-from reindex.shards import prepare_shard, pretokenize
-from reindex.verify import coverage
+from reindex.prove.verify import coverage
+from reindex.run.claims import LedgerClaims
+from reindex.run.cost import Budget
+from reindex.run.pipeline import Pipeline
+from reindex.run.shards import prepare_shard, pretokenize
+from reindex.state.ledger import SqliteLedger
 from reindex_adapters.testing.memory import HashEmbedder, MemorySink, MemorySource
 
 
@@ -259,7 +259,7 @@ def test_a_shard_prepared_from_texts_tokenized_ahead_is_the_shard_tokenized_here
     ahead = pretokenize(embedder.column_tokenizer, records)
     assert len(ahead.tokens) == 4  # alpha beta, gamma..., delta epsilon, zeta
     with monkeypatch.context() as patched:
-        patched.setattr("reindex.validation.content_hashes", lambda texts: pytest.fail("hashed again"))
+        patched.setattr("reindex.run.validation.content_hashes", lambda texts: pytest.fail("hashed again"))
         shard = prepare_shard(embedder, run, 0, None, records, claim, ahead)
     assert embedder.tokenized == 0
     here = prepare_shard(embedder, run, 0, None, records, claim)

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from reindex import registry, routing
-from reindex.cli import app
+from reindex import registry
 from reindex.config import RouteConfig, RunConfig
-from reindex.planning import PlanReport
+from reindex.plan import routing
+from reindex.plan.estimate import PlanReport
+from reindex.ui.cli import app
 from reindex_adapters.openai.core import encoding
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.cli.test_terminal import readable

@@ -8,7 +8,7 @@
 A job's name is unique per account, so the name made from the key finds the job again after a crash
 (ListModelInvocationJobs(nameContains=...)), and a create that timed out is adopted, never repeated.
 Bedrock refuses a job with fewer records than its minimum, so a shard below it, and every line sent again,
-goes through InvokeModel (the `online` job of reindex.deferred) instead.
+goes through InvokeModel (the `online` job of reindex.run.deferred) instead.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, field_validator
 
-from reindex.deferred import ONLINE  # the job id of lines sent through InvokeModel
 from reindex.errors import BackendError, ConfigError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
+from reindex.run.deferred import ONLINE  # the job id of lines sent through InvokeModel
 from reindex_adapters.bedrock.connection import (
     S3_URI,
     JobNameTaken,

@@ -10,7 +10,7 @@ import numpy as np
 
 from reindex.ports import Vectors
 
-# google.rpc.Code names of a line that may succeed when sent again -> reindex.deferred.RETRYABLE codes
+# google.rpc.Code names of a line that may succeed when sent again -> reindex.run.deferred.RETRYABLE codes
 RETRY_CODES = {
     "RESOURCE_EXHAUSTED": "rate_limit_exceeded",
     "UNAVAILABLE": "server_error",
@@ -78,7 +78,7 @@ def _tokens(response: Mapping[str, Any]) -> int:
 
 
 def line_code(error: Mapping[str, Any]) -> str:
-    """A failed line's code: retryable ones in reindex.deferred's words, else the provider's status name."""
+    """A failed line's code: retryable ones in reindex.run.deferred's words, else the provider's status name."""
     status = str(error.get("status") or "")
     code = error.get("code")
     if status in RETRY_CODES:

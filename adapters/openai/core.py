@@ -650,7 +650,7 @@ class OpenAIEmbedder:
         return dict(self._rejections)
 
     def prepare_columns(self, tokens: TokenColumns) -> Inputs:
-        """The texts to send and their token counts (the pipeline's feeding protocol, `reindex.feeding`)."""
+        """The texts to send and their token counts (the pipeline's feeding protocol, `reindex.run.feeding`)."""
         texts = tokens.texts if tokens.texts is not None else [str(item.data) for item in tokens]
         return texts, tokens.counts.tolist()
 
@@ -1044,7 +1044,7 @@ def _line_result(line: Mapping[str, Any], size: int, dim: int) -> list[Vectors] 
     Both error-file shapes are read: an HTTP answer (`response.status_code` 4xx/5xx with the API's error
     body) and a line the batch never ran (`response: null`, `error: {code, message}`). 429 and 408/409/5xx
     answers become `rate_limit_exceeded` / `server_error` (retried); other 4xx answers keep the provider's
-    code (a refusal of the input: dead-lettered once isolated). See reindex.deferred.RETRYABLE.
+    code (a refusal of the input: dead-lettered once isolated). See reindex.run.deferred.RETRYABLE.
     """
     response, error = line.get("response"), line.get("error")
     if isinstance(response, dict) and response.get("status_code") == 200:

@@ -49,7 +49,7 @@ from reindex.ports import (
     TargetSpec,
     Vectors,
 )
-from reindex.validation import text_hash
+from reindex.run.validation import text_hash
 from reindex.vectors import vector_problem
 
 if TYPE_CHECKING:
@@ -394,7 +394,7 @@ class QdrantSink:
         """Upsert each row only while its point holds what `expected` says (by document id): a point whose
         stored content hash is that hash is updated, and one deleted meanwhile is not re-created; None
         (no point) inserts, and never over a point written meanwhile. One request per expected hash: meant
-        for the few documents of a cutover's window (`reindex.sync.after_flip`), not a bulk load."""
+        for the few documents of a cutover's window (`reindex.flip.sync.after_flip`), not a bulk load."""
         from qdrant_client import models
 
         groups: dict[str | None, list[int]] = {}

@@ -35,16 +35,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reindex import registry
-from reindex.claims import LedgerClaims
 from reindex.columns import Documents
 from reindex.config import Config
-from reindex.cost import Budget
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency, ReindexError
-from reindex.ledger import Lease, Ledger, PlannedShard, SqliteLedger
-from reindex.migration import Migration, migration, open_backends, open_ledger, with_nonce
-from reindex.pipeline import Pipeline, Progress, scan_documents
 from reindex.ports import Source
-from reindex.shards import Pretokenized, pretokenize
+from reindex.run.claims import LedgerClaims
+from reindex.run.cost import Budget
+from reindex.run.migration import Migration, migration, open_backends, open_ledger, with_nonce
+from reindex.run.pipeline import Pipeline, Progress, scan_documents
+from reindex.run.shards import Pretokenized, pretokenize
+from reindex.state.ledger import Lease, Ledger, PlannedShard, SqliteLedger
 
 _LOCAL_ADDRESSES = (None, "local")
 
@@ -188,7 +188,7 @@ class BudgetBook:
 
 
 class RemoteBudget:
-    """A worker's view of the `BudgetBook` (`reindex.cost.Spending`): each call a round trip to the actor."""
+    """A worker's view of the `BudgetBook` (`reindex.run.cost.Spending`): each call a round trip to the actor."""
 
     def __init__(self, book: Any, max_usd: float | None) -> None:
         self.book, self.max_usd = book, max_usd

@@ -250,7 +250,7 @@ def test_hash_with_a_missing_tokenizer_is_a_config_error(tmp_path: Path) -> None
 
 def test_fed_one_batch_ahead_the_model_gives_the_same_vectors(minilm: SentenceTransformerEmbedder) -> None:
     from reindex.batching import token_batches
-    from reindex.feeding import Feeder
+    from reindex.run.feeding import Feeder
 
     columns = minilm.tokenize_columns(corpus(60))
     batches = token_batches(columns.counts, 512, 16)

@@ -17,8 +17,8 @@ from openai import OpenAI
 
 from reindex.config import RunConfig
 from reindex.errors import ConfigError, TransientError
-from reindex.pipeline import batch_budget, batch_texts
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
+from reindex.run.pipeline import batch_budget, batch_texts
 from reindex_adapters.openai.core import (
     PRICES,
     PRICES_TAKEN,

@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 from qdrant_client import QdrantClient, models
 
-from reindex.pipeline import scan_documents
 from reindex.ports import Source
+from reindex.run.pipeline import scan_documents
 from reindex_adapters.files.core import JsonlSource, ParquetSource
 from reindex_adapters.postgres.core import PostgresSource
 from reindex_adapters.qdrant.core import QdrantSource

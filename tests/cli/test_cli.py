@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 from typer.testing import CliRunner
 
-from reindex.cli import app
+from reindex.ui.cli import app
 
 runner = CliRunner()
 
@@ -365,7 +365,7 @@ def test_plan_warns_when_a_sqlite_ledger_would_carry_a_large_corpus(
     configs: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past SQLITE_LEDGER_DOCUMENTS a SQLite ledger's cost per text grows with the run: plan names the fix."""
-    from reindex import planning
+    from reindex.plan import estimate as planning
 
     old, _ = configs
     code, plan, _ = invoke("plan", "-c", str(old), "--json", "--no-calibrate")

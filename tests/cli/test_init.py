@@ -14,8 +14,8 @@ from qdrant_client import QdrantClient, models
 from typer.testing import CliRunner
 
 from reindex import commands
-from reindex.cli import app
 from reindex.config import load
+from reindex.ui.cli import app
 
 runner = CliRunner()
 DOCUMENTS = 40

@@ -14,8 +14,9 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from reindex import terminal, units
-from reindex.cli import app
+from reindex import units
+from reindex.ui import terminal
+from reindex.ui.cli import app
 from tests.cli.test_cli import write_config
 
 runner = CliRunner()

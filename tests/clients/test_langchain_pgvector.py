@@ -16,8 +16,8 @@ from langchain_core.documents import Document
 from psycopg import sql
 from typer.testing import CliRunner
 
-from reindex.cli import app
 from reindex.fingerprint import content_hash
+from reindex.ui.cli import app
 from tests.clients.support import Hashed
 
 runner = CliRunner()

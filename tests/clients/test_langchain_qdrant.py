@@ -20,8 +20,8 @@ from langchain_qdrant import QdrantVectorStore
 from qdrant_client import QdrantClient, models
 from typer.testing import CliRunner
 
-from reindex.cli import app
 from reindex.fingerprint import content_hash
+from reindex.ui.cli import app
 from tests.clients.support import Hashed, aliased_collection
 
 runner = CliRunner()

@@ -31,8 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from typer.testing import CliRunner
 
 from reindex import registry
-from reindex.cli import app
 from reindex.config import load
+from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
 

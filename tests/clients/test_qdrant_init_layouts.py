@@ -24,8 +24,8 @@ from pydantic import PrivateAttr
 from qdrant_client import QdrantClient
 from typer.testing import CliRunner
 
-from reindex.cli import app
 from reindex.config import load
+from reindex.ui.cli import app
 from tests.clients.support import Hashed, aliased_collection
 
 runner = CliRunner()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from reindex.pipeline import scan_documents
 from reindex.ports import Record
+from reindex.run.pipeline import scan_documents
 from tests.contract.conftest import SourceFactory
 
 

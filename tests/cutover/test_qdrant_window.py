@@ -16,9 +16,10 @@ import pytest
 from qdrant_client import QdrantClient, models
 from typer.testing import CliRunner
 
-from reindex import commands, sync
-from reindex.cli import app
+from reindex import commands
 from reindex.fingerprint import content_hash
+from reindex.flip import sync
+from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
 

@@ -11,10 +11,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from reindex import commands, sync
+from reindex import commands
 from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
-from reindex.ledger import Cutover, SqliteLedger
+from reindex.flip import sync
+from reindex.state.ledger import Cutover, SqliteLedger
 
 DOCS = 150
 

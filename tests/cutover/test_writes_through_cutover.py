@@ -19,7 +19,7 @@ import pytest
 from pgvector.psycopg import register_vector
 from typer.testing import CliRunner
 
-from reindex.cli import app
+from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import report_figure
 

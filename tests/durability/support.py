@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from typer.testing import CliRunner
 
-from reindex.cli import app
+from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 
 WORDS = [

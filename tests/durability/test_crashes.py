@@ -126,7 +126,7 @@ def test_sigkill_at_random_instants_then_resume_ends_exact(tmp_path: Path, backe
         in_target = sum(1 for i in stored if i in texts)  # rows the target holds now
         marked = _marked_written(tool)
         assert in_target >= marked, "a shard was marked written before its vectors were durable"
-        # the shard being recorded and the one being written (reindex/pipeline.py `_write_all`)
+        # the shard being recorded and the one being written (reindex/run/pipeline.py `_write_all`)
         assert in_target - marked <= 2 * SHARD, "more than the two shards in flight were unmarked"
         redone.append(in_target - marked)
     code, _, err = tool.run("run")

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, settings
 from reindex import commands
 from reindex.config import Config, load
 from reindex.fingerprint import content_hash, target_name
-from reindex.migration import open_backends
 from reindex.ports import Record, Vectors
+from reindex.run.migration import open_backends
 from reindex_adapters.testing import memory
 from reindex_adapters.testing.memory import HashEmbedder, MemoryStore
 

@@ -50,10 +50,11 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from qdrant_client import QdrantClient, models
 
-from reindex import commands, crashpoints, sync
+from reindex import commands, crashpoints
 from reindex.config import Config, load
 from reindex.errors import VerificationFailed
 from reindex.fingerprint import content_hash, target_name
+from reindex.flip import sync
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.lifecycle.support import machine_settings, toml
 

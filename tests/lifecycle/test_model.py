@@ -38,8 +38,8 @@ from reindex.errors import (
     RowsRejected,
     VerificationFailed,
 )
-from reindex.pipeline import Progress
-from reindex.validation import is_excusable
+from reindex.run.pipeline import Progress
+from reindex.run.validation import is_excusable
 from tests.lifecycle.support import MAX_TOKENS, Knobs, World, machine_settings
 
 IDS = tuple(f"d{i:02}" for i in range(10))

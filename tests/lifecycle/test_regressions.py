@@ -16,8 +16,8 @@ import pytest
 from reindex import commands, registry
 from reindex.config import load
 from reindex.errors import BackendError, ConfigError, Interrupted, VerificationFailed
-from reindex.pipeline import Progress
 from reindex.ports import Tokens, Vectors
+from reindex.run.pipeline import Progress
 from reindex_adapters.testing import memory
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.lifecycle.support import ALIAS, NUL_REASON, Knobs, World

@@ -115,7 +115,7 @@ def test_sigkill_mid_run_then_rerun_is_verified_and_rebuys_at_most_three_calls(
     billed, unique = emulator.stats()["billed_tokens"], unique_tokens(texts)
     # One call per shard here. A kill loses at most the calls in flight: a shard written but not yet
     # recorded, the one embedded but not written, and the next window's first call, launched before the
-    # embedded one was collected (reindex.feeding).
+    # embedded one was collected (reindex.run.feeding).
     assert unique <= billed <= unique + costliest_shards(texts, 3)
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from reindex.cli import app
 from reindex.registry import build
+from reindex.ui.cli import app
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.gemini.app import GeminiEmulator
 from reindex_adapters.testing.memory import HashEmbedder

@@ -10,9 +10,9 @@ import pytest
 from psycopg import sql
 from typer.testing import CliRunner
 
-from reindex.cli import app
 from reindex.config import load
-from reindex.migration import open_ledger
+from reindex.run.migration import open_ledger
+from reindex.ui.cli import app
 
 runner = CliRunner()
 DOCS = 300

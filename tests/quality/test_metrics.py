@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from reindex.config import GateConfig
-from reindex.quality import evaluate, exact_neighbours, ndcg, overlap, rbo, recall
+from reindex.prove.quality import evaluate, exact_neighbours, ndcg, overlap, rbo, recall
 
 
 def brute(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from reindex import commands
-from reindex.pipeline import Progress
+from reindex.run.pipeline import Progress
 from tests.ray.test_ray_engine import config, corpus
 from tests.ray.test_ray_faults import complete_and_equal_to_local
 

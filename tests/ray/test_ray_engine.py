@@ -25,10 +25,10 @@ from reindex import commands, registry
 from reindex.commands import RunReport
 from reindex.config import Config, load
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
-from reindex.migration import leased, open_migration
-from reindex.pipeline import Progress, scan_documents
 from reindex.run import ray_engine
-from reindex.validation import screen
+from reindex.run.migration import leased, open_migration
+from reindex.run.pipeline import Progress, scan_documents
+from reindex.run.validation import screen
 from reindex_adapters.openai.core import cl100k
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder

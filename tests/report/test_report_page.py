@@ -22,8 +22,8 @@ import pytest
 from psycopg import sql
 from typer.testing import CliRunner
 
-from reindex.cli import app
-from reindex.ledger import SqliteLedger
+from reindex.state.ledger import SqliteLedger
+from reindex.ui.cli import app
 
 runner = CliRunner()
 SECTIONS = ("summary", "coverage", "dead-letters", "throughput", "plan", "quality", "fingerprints")

@@ -23,10 +23,10 @@ from reindex import registry
 from reindex.config import Config
 from reindex.errors import ConfigError, LeaseLost, ReindexError
 from reindex.fingerprint import target_name
-from reindex.ledger import Lease, Ledger, RunInfo, SqliteLedger
-from reindex.pipeline import Pipeline
 from reindex.ports import DeferredEmbedder, Embedder, Sink, Source, TargetSpec
-from reindex.synchronous import SynchronousBatches
+from reindex.run.pipeline import Pipeline
+from reindex.run.synchronous import SynchronousBatches
+from reindex.state.ledger import Lease, Ledger, RunInfo, SqliteLedger
 
 
 @dataclass

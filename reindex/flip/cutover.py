@@ -9,8 +9,8 @@ from typing import Any
 
 from reindex import crashpoints
 from reindex.errors import CutoverRefused
-from reindex.ledger import Cutover, Ledger
 from reindex.ports import Sink
+from reindex.state.ledger import Cutover, Ledger
 
 ADOPTED_SUFFIX = "__adopted"  # what a sink renames a physical index to when it adopts it behind an alias
 

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from reindex.batching import chunks
 from reindex.ports import Embedder, IndexEntry, Record, Sink, Source
-from reindex.validation import screen, text_hash
+from reindex.run.validation import screen, text_hash
 
 CHUNK = 20_000
 EXAMPLES = 5
@@ -254,7 +254,7 @@ def compare(
 ) -> Iterator[Comparison]:
     """Stream both sides into a scratch database; `dead_letters` maps excused ids to their failed hash.
 
-    With `embedder` (inline: a provider batch embedder wrapped by `reindex.synchronous.online`), the rows
+    With `embedder` (inline: a provider batch embedder wrapped by `reindex.run.synchronous.online`), the rows
     the application wrote are re-embedded and judged by their vectors too (`refute_application_rows`)."""
     started = time.monotonic()
     exists = sink.describe(target) is not None

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from reindex import config as config_module
-from reindex import proposal, registry
-from reindex.config_text import render, values
+from reindex import registry
 from reindex.errors import ConfigError
+from reindex.init import proposal
+from reindex.init.text import render, values
 from reindex.survey import Overrides, Survey
 
 

@@ -12,9 +12,9 @@ from typing import Any
 from reindex.batching import token_batches
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
-from reindex.pipeline import batch_budget, batch_texts
 from reindex.ports import Embedder, Record, Source
-from reindex.validation import screen
+from reindex.run.pipeline import batch_budget, batch_texts
+from reindex.run.validation import screen
 
 CHUNK = 1000
 SAMPLE = 10_000
@@ -63,7 +63,7 @@ class PlanReport:
     shards: int = 0
     ledger_shards_per_second: float | None = None
     redone_documents_per_reclaim: int = 0
-    # Cost routing (reindex/routing.py): each way to embed this corpus, and the one `[run] deadline` and
+    # Cost routing (reindex/plan/routing.py): each way to embed this corpus, and the one `[run] deadline` and
     # `max_cost_usd` pick (`route["name"]` None: none meets them, and `plan` exits 4).
     routes: list[dict[str, Any]] = field(default_factory=list)
     route: dict[str, Any] | None = None

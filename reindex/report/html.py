@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reindex import html_parts as h
-from reindex import svg
-from reindex.report import Report
+from reindex.report import Report, svg
+from reindex.report import parts as h
 
 COUNTS = ("documents", "written", "dead_letters", "duplicates", "shards_done", "source_documents")
 

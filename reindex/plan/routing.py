@@ -15,7 +15,7 @@ from typing import Any, Literal
 from reindex import registry
 from reindex.config import Config, RouteConfig, RunConfig
 from reindex.errors import ReindexError
-from reindex.planning import PlanReport
+from reindex.plan.estimate import PlanReport
 from reindex.ports import DeferredEmbedder, Embedder
 from reindex.units import duration, usd
 

@@ -18,8 +18,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from reindex.batching import chunks
 from reindex.errors import ConfigError
-from reindex.ledger import DeadLetter, Ledger
-from reindex.pipeline import retrying
 from reindex.ports import (
     AdoptingSink,
     DeferredEmbedder,
@@ -31,10 +29,12 @@ from reindex.ports import (
     Source,
     Vectors,
 )
-from reindex.served import as_served
-from reindex.synchronous import online
-from reindex.validation import excused, text_hash
-from reindex.verify import Category, Comparison, compare, load_rows
+from reindex.prove.served import as_served
+from reindex.prove.verify import Category, Comparison, compare, load_rows
+from reindex.run.pipeline import retrying
+from reindex.run.synchronous import online
+from reindex.run.validation import excused, text_hash
+from reindex.state.ledger import DeadLetter, Ledger
 
 if TYPE_CHECKING:
     from reindex.commands import Migration
@@ -131,7 +131,7 @@ def _adopt(m: Migration, comparison: Comparison) -> int:
 def _refuting(m: Migration, comparison: Comparison) -> Migration:
     """The migration, its sink never handing out a vector the comparison refuted as the stored vector of its
     text: that row's hash is its text's (pgvector's trigger, an adopted Qdrant point), so a copy of the
-    same text, or the very row being re-embedded, would take the stale vector back (`reindex.copies`)."""
+    same text, or the very row being re-embedded, would take the stale vector back (`reindex.run.copies`)."""
     refuted = frozenset(comparison.refuted())
     return replace(m, sink=cast(Sink, _Refuted(m.sink, refuted))) if refuted else m
 

@@ -120,7 +120,7 @@ _UPSERT_DEAD_LETTER = (
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     doc_id: str
-    reason: str  # one of reindex.validation.REASONS
+    reason: str  # one of reindex.run.validation.REASONS
     detail: str = ""
     content_hash: str | None = None
 

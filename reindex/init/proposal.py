@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from reindex import registry
-from reindex.config_text import Entry
 from reindex.errors import ConfigError
+from reindex.init.text import Entry
 from reindex.survey import UNITS, Choice, Survey, quoted
 
 if TYPE_CHECKING:

@@ -21,11 +21,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from reindex.errors import ConfigError
-from reindex.ledger import Ledger
 from reindex.ports import IndexSource, Record, Sink, Source, SourceSchema
+from reindex.state.ledger import Ledger
 
 if TYPE_CHECKING:
-    from reindex.migration import Migration
+    from reindex.run.migration import Migration
 
 
 @contextmanager

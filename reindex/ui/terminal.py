@@ -19,8 +19,8 @@ from rich.table import Table
 from rich.text import Text
 
 from reindex import units
+from reindex.prove.verify import Coverage
 from reindex.units import count, duration, integer, local_time, model_line, ratio, size, usd
-from reindex.verify import Coverage
 
 LISTED = 20  # rows of a long list shown before "… and N more"
 
@@ -501,7 +501,7 @@ def _coverage(s: Screen, c: dict[str, Any]) -> None:
 
 
 def _application_check(s: Screen, check: dict[str, Any] | None) -> None:
-    """The application's rows re-embedded by verify (`reindex.verify.refute_application_rows`)."""
+    """The application's rows re-embedded by verify (`reindex.prove.verify.refute_application_rows`)."""
     if check and check["checked"]:
         s.line(
             f"Rows written by the application re-embedded: {integer(check['checked'])}, "
@@ -608,7 +608,7 @@ def alias_move(s: Screen, m: dict[str, Any]) -> None:
 
 
 def _after_flip(s: Screen, after: dict[str, Any] | None) -> None:
-    """The catch-up after a flip nothing held the writers for (`reindex.sync.AfterFlip`)."""
+    """The catch-up after a flip nothing held the writers for (`reindex.flip.sync.AfterFlip`)."""
     if not after:
         return
     where = "the index it replaced" if after["read"] == "previous" else "the source"

@@ -1,12 +1,12 @@
 """`reindex plan --html`: the dry-run flavour of the report page, handed to reviewers before any spend.
 
-The same look as the report (reindex/html_parts.py); figures carry `data-metric="<plan --json key>"`.
+The same look as the report (reindex/report/parts.py); figures carry `data-metric="<plan --json key>"`.
 """
 
 from __future__ import annotations
 
-from reindex import html_parts as h
-from reindex.planning import PlanReport
+from reindex.plan.estimate import PlanReport
+from reindex.report import parts as h
 
 
 def plan_page(plan: PlanReport, config: str, generated_at: str) -> str:

@@ -19,8 +19,8 @@ import numpy as np
 
 from reindex.columns import Documents, documents
 from reindex.fingerprint import content_hash
-from reindex.ledger import DeadLetter
 from reindex.ports import Record, Vectors
+from reindex.state.ledger import DeadLetter
 
 REASONS = frozenset(
     {

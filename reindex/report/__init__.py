@@ -16,9 +16,9 @@ from typing import Any
 from reindex import commands
 from reindex.config import Config
 from reindex.errors import ConfigError
-from reindex.ledger import DeadLetter, Ledger, RunSummary, ShardRecord, Verification
-from reindex.migration import known_run, ledger_of, open_backends, open_migration
-from reindex.planning import estimate, spread
+from reindex.plan.estimate import estimate, spread
+from reindex.run.migration import known_run, ledger_of, open_backends, open_migration
+from reindex.state.ledger import DeadLetter, Ledger, RunSummary, ShardRecord, Verification
 from reindex.units import iso_utc, now
 
 EXAMPLES_PER_REASON = 5

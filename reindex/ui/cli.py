@@ -31,11 +31,14 @@ from rich.progress import (
 )
 from typer.core import TyperGroup
 
-from reindex import commands, plan_html, report_html, terminal, units
+from reindex import commands, units
 from reindex import config as config_module
 from reindex import init as init_module
 from reindex import report as report_module
 from reindex.errors import NoRouteFits, ReindexError, VerificationFailed
+from reindex.report import html as report_html
+from reindex.report import plan_html
+from reindex.ui import terminal
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Protocol
 
-from reindex import ledger
-from reindex.ledger import Ledger
+from reindex.state import ledger
+from reindex.state.ledger import Ledger
 
 
 class Claims(Protocol):
@@ -35,7 +35,7 @@ class ClaimBook:
 
     def claim(self, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
         """Claim each text (hash -> document) unless another document holds it, here or in the ledger;
-        return {hash: (owner, state)} for the texts not to embed (`reindex.ledger.held`). Set operations:
+        return {hash: (owner, state)} for the texts not to embed (`reindex.state.ledger.held`). Set operations:
         a shard's texts are looked up at C speed, and only the unclaimed ones in the ledger."""
         with self._lock:
             booked = self._booked(owners.keys())
@@ -72,7 +72,7 @@ class ClaimBook:
 class LedgerClaims:
     """Claims straight in the ledger, for pipelines in several processes at once (the ray engine's actors):
     each sees the others' claims, and a copy of a text another shard claimed waits for that shard to store
-    it (`reindex.copies`). The shard's record settles its texts; nothing is held here."""
+    it (`reindex.run.copies`). The shard's record settles its texts; nothing is held here."""
 
     def __init__(self, ledger: Ledger, plan_id: str) -> None:
         self.ledger, self.plan_id = ledger, plan_id

@@ -17,9 +17,9 @@ from numpy.typing import NDArray
 
 from reindex.columns import Documents, TokenColumns, documents, tokenize
 from reindex.config import RunConfig
-from reindex.ledger import DeadLetter
 from reindex.ports import Record, Vectors
-from reindex.validation import content_hashes, screen
+from reindex.run.validation import content_hashes, screen
+from reindex.state.ledger import DeadLetter
 
 Claim = Callable[
     [dict[str, str]], dict[str, tuple[str, str]]

@@ -32,11 +32,7 @@ import numpy as np
 
 from reindex import crashpoints
 from reindex.config import RunConfig
-from reindex.copies import copy_rows
-from reindex.cost import Budget
 from reindex.errors import ConfigError, Interrupted
-from reindex.ledger import DeadLetter, Job, Ledger, ShardResult
-from reindex.pipeline import Progress, retrying, scan_documents, write_rows
 from reindex.ports import (
     DeferredEmbedder,
     JobItem,
@@ -49,8 +45,12 @@ from reindex.ports import (
     Tokens,
     Vectors,
 )
-from reindex.shards import Copy, prepare_shard
-from reindex.validation import text_hash, vector_dead_letters
+from reindex.run.copies import copy_rows
+from reindex.run.cost import Budget
+from reindex.run.pipeline import Progress, retrying, scan_documents, write_rows
+from reindex.run.shards import Copy, prepare_shard
+from reindex.run.validation import text_hash, vector_dead_letters
+from reindex.state.ledger import DeadLetter, Job, Ledger, ShardResult
 
 ONLINE = "online"  # the job id of lines sent through the online endpoint (or of a job left with no lines)
 Item = tuple[str, str, str, int]  # custom_id, doc_id, content_hash, tokens

@@ -27,16 +27,15 @@ import stamina
 
 from reindex import crashpoints
 from reindex.batching import chunks, padded_tokens, token_batches
-from reindex.claims import ClaimBook, Claims
 from reindex.columns import Documents, TokenColumns
 from reindex.config import RunConfig
-from reindex.copies import Copies, copy_rows
-from reindex.cost import Budget, Spending
 from reindex.errors import BudgetRefused, ConfigError, Interrupted, RowsRejected, TransientError
-from reindex.feeding import Batch, Feeder
-from reindex.ledger import DeadLetter, Ledger, ShardResult
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
-from reindex.shards import (
+from reindex.run.claims import ClaimBook, Claims
+from reindex.run.copies import Copies, copy_rows
+from reindex.run.cost import Budget, Spending
+from reindex.run.feeding import Batch, Feeder
+from reindex.run.shards import (
     Copy,
     Pretokenized,
     Shard,
@@ -46,7 +45,8 @@ from reindex.shards import (
     text_settlements,
     unstorable,
 )
-from reindex.validation import vector_problems
+from reindex.run.validation import vector_problems
+from reindex.state.ledger import DeadLetter, Ledger, ShardResult
 
 T = TypeVar("T")
 Plan = tuple[TokenColumns, list[Batch]]  # a window's unique texts and the batches the model takes them in
@@ -263,7 +263,7 @@ class Pipeline:
 
             def ahead(following: list[tuple[list[Shard], Plan]] = following) -> Plan | None:
                 """The next window when it is already queued (never waited for): its first call is launched
-                before this window's last one is collected (`reindex.feeding`)."""
+                before this window's last one is collected (`reindex.run.feeding`)."""
                 if source.empty():
                     return None
                 upcoming = next(windows, None)

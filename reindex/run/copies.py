@@ -19,9 +19,9 @@ from typing import Protocol
 
 import numpy as np
 
-from reindex.ledger import DeadLetter
 from reindex.ports import Rows, Sink, TargetSpec, Vectors
-from reindex.shards import Copy
+from reindex.run.shards import Copy
+from reindex.state.ledger import DeadLetter
 
 
 class TextStates(Protocol):
