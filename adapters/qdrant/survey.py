@@ -20,7 +20,7 @@ from reindex.survey import (
     choose_text,
     text_lengths,
 )
-from reindex_adapters.qdrant.core import (
+from reindex_adapters.qdrant.sink import (
     GUARD_MARK,
     INDEX_KEYS,
     QdrantSink,

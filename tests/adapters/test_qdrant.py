@@ -23,7 +23,7 @@ from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.fingerprint import content_hash, target_name
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
 from reindex.registry import build
-from reindex_adapters.qdrant.core import GUARD_MARK, QdrantSink, QdrantSource, point_id
+from reindex_adapters.qdrant.sink import GUARD_MARK, QdrantSink, QdrantSource, point_id
 from reindex_adapters.testing.memory import HashEmbedder
 
 TEXTS = [

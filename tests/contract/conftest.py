@@ -27,7 +27,7 @@ def sink(request: pytest.FixtureRequest) -> Iterator[Sink]:
     else:
         from qdrant_client import QdrantClient
 
-        from reindex_adapters.qdrant.core import QdrantSink
+        from reindex_adapters.qdrant.sink import QdrantSink
 
         built = QdrantSink(QdrantClient(":memory:"))
     yield built
@@ -72,7 +72,7 @@ def _postgres(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[
 def _qdrant(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
     from qdrant_client import QdrantClient, models
 
-    from reindex_adapters.qdrant.core import QdrantSource
+    from reindex_adapters.qdrant.sink import QdrantSource
 
     client = QdrantClient(":memory:")
     client.create_collection(
