@@ -72,7 +72,7 @@ def _postgres(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[
 def _qdrant(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
     from qdrant_client import QdrantClient, models
 
-    from reindex_adapters.qdrant.sink import QdrantSource
+    from reindex_adapters.qdrant.source import QdrantSource
 
     client = QdrantClient(":memory:")
     client.create_collection(
