@@ -19,7 +19,7 @@ from reindex.survey import (
     text_lengths,
     vector_sizes,
 )
-from reindex_adapters.files.core import _BOM, JsonlSource, ParquetSource, _file_errors, _loads, _open_parquet
+from reindex_adapters.files.jsonl import _BOM, JsonlSource, ParquetSource, _file_errors, _loads, _open_parquet
 
 
 def survey_jsonl(section: dict[str, Any], given: Overrides) -> Survey:

@@ -11,7 +11,7 @@ import pytest
 
 from reindex.errors import ConfigError
 from reindex.registry import build
-from reindex_adapters.files.core import JsonlSource, ParquetSource
+from reindex_adapters.files.jsonl import JsonlSource, ParquetSource
 
 
 def write_parquet(path: Path, table: pa.Table, row_group_size: int = 7) -> Path:

@@ -95,7 +95,7 @@ def _parquet(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[R
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from reindex_adapters.files.core import ParquetSource
+    from reindex_adapters.files.jsonl import ParquetSource
 
     table = pa.table(
         {
@@ -110,7 +110,7 @@ def _parquet(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[R
 
 
 def _jsonl(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
-    from reindex_adapters.files.core import JsonlSource
+    from reindex_adapters.files.jsonl import JsonlSource
 
     path = tmp_path / "docs.jsonl"
     with path.open("w") as out:
