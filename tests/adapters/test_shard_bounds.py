@@ -14,7 +14,8 @@ from qdrant_client import QdrantClient, models
 
 from reindex.ports import Source
 from reindex.run.pipeline import scan_documents
-from reindex_adapters.files.jsonl import JsonlSource, ParquetSource
+from reindex_adapters.files.jsonl import JsonlSource
+from reindex_adapters.files.parquet import ParquetSource
 from reindex_adapters.postgres.core import PostgresSource
 from reindex_adapters.qdrant.source import QdrantSource
 

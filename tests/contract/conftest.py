@@ -95,7 +95,7 @@ def _parquet(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[R
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from reindex_adapters.files.jsonl import ParquetSource
+    from reindex_adapters.files.parquet import ParquetSource
 
     table = pa.table(
         {
