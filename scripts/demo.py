@@ -184,7 +184,7 @@ def write_judgements(documents: Sequence[Document]) -> int:
     QUERIES.write_text(
         "".join(json.dumps({"_id": f"q{n}", "text": q}) + "\n" for n, (_, q) in enumerate(picked))
     )
-    from reindex_adapters.qdrant.core import point_id
+    from reindex_adapters.qdrant.points import point_id
 
     # The Qdrant source names a document by its point id (the legacy collection has no id field of its own).
     names: dict[str, Callable[[str], str]] = {"pgvector": str, "qdrant": lambda i: str(point_id(i))}
@@ -226,7 +226,7 @@ def load_qdrant(documents: Sequence[Document], vectors: NDArray[np.float32]) -> 
     """A LangChain-shaped collection behind an alias: payload page_content + metadata."""
     from qdrant_client import models
 
-    from reindex_adapters.qdrant.core import point_id
+    from reindex_adapters.qdrant.points import point_id
 
     with qdrant() as client:
         client.create_collection(

@@ -689,7 +689,7 @@ def _qdrant_ceiling(run: Check) -> dict[str, Any]:
     from qdrant_client import QdrantClient, models
 
     from reindex.ports import Record, Rows, SourceSchema, TargetSpec
-    from reindex_adapters.qdrant.core import QdrantSink
+    from reindex_adapters.qdrant.sink import QdrantSink
 
     rows = copy_rows(run.documents[: run.args.qdrant_points])
     payloads = [

@@ -16,7 +16,7 @@ from reindex.prove.verify import coverage
 from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun
 from reindex.state.ledger import SqliteLedger
-from reindex_adapters.files.core import JsonlSource
+from reindex_adapters.files.jsonl import JsonlSource
 from reindex_adapters.testing.memory import MemoryBatchEmbedder, MemorySink, MemorySource
 
 TARGET = "docs__b"

@@ -19,7 +19,9 @@ from reindex.survey import (
     text_lengths,
     vector_sizes,
 )
-from reindex_adapters.files.core import _BOM, JsonlSource, ParquetSource, _file_errors, _loads, _open_parquet
+from reindex_adapters.files.jsonl import _BOM, JsonlSource, _loads
+from reindex_adapters.files.parquet import ParquetSource, _open_parquet
+from reindex_adapters.files.records import _file_errors
 
 
 def survey_jsonl(section: dict[str, Any], given: Overrides) -> Survey:

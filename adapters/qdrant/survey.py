@@ -20,17 +20,12 @@ from reindex.survey import (
     choose_text,
     text_lengths,
 )
-from reindex_adapters.qdrant.core import (
-    GUARD_MARK,
-    INDEX_KEYS,
-    QdrantSink,
-    QdrantSource,
-    _acquire,
-    _distance,
-    _release,
-    _translated,
-    _vector_params,
-)
+from reindex_adapters.qdrant.alias import GUARD_MARK
+from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS
+from reindex_adapters.qdrant.connection import _acquire, _release, _translated
+from reindex_adapters.qdrant.points import _distance, _vector_params
+from reindex_adapters.qdrant.sink import QdrantSink
+from reindex_adapters.qdrant.source import QdrantSource
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient

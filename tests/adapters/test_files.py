@@ -11,7 +11,8 @@ import pytest
 
 from reindex.errors import ConfigError
 from reindex.registry import build
-from reindex_adapters.files.core import JsonlSource, ParquetSource
+from reindex_adapters.files.jsonl import JsonlSource
+from reindex_adapters.files.parquet import ParquetSource
 
 
 def write_parquet(path: Path, table: pa.Table, row_group_size: int = 7) -> Path:

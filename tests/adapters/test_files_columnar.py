@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reindex.columns import Documents
-from reindex_adapters.files import core as files
-from reindex_adapters.files.core import JsonlSource, ParquetSource
+from reindex_adapters.files import jsonl as files
+from reindex_adapters.files.jsonl import JsonlSource
+from reindex_adapters.files.parquet import ParquetSource
 
 LINES = st.one_of(
     st.builds(lambda i, t: json.dumps({"id": i, "text": t}), st.text(max_size=6), st.text(max_size=20)),

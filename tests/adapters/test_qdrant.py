@@ -23,7 +23,10 @@ from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.fingerprint import content_hash, target_name
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
 from reindex.registry import build
-from reindex_adapters.qdrant.core import GUARD_MARK, QdrantSink, QdrantSource, point_id
+from reindex_adapters.qdrant.alias import GUARD_MARK
+from reindex_adapters.qdrant.points import point_id
+from reindex_adapters.qdrant.sink import QdrantSink
+from reindex_adapters.qdrant.source import QdrantSource
 from reindex_adapters.testing.memory import HashEmbedder
 
 TEXTS = [

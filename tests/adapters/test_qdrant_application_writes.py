@@ -14,7 +14,8 @@ from qdrant_client import QdrantClient, models
 from reindex.fingerprint import content_hash
 from reindex.ports import IndexEntry, Record, Rows, SourceSchema, TargetSpec
 from reindex.prove.verify import compare
-from reindex_adapters.qdrant.core import QdrantSink, QdrantSource
+from reindex_adapters.qdrant.sink import QdrantSink
+from reindex_adapters.qdrant.source import QdrantSource
 from reindex_adapters.testing.memory import HashEmbedder
 
 FINGERPRINT = "a" * 16

@@ -17,7 +17,8 @@ from qdrant_client import QdrantClient
 
 from reindex.columns import Documents
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec, Vectors
-from reindex_adapters.qdrant.core import QdrantSink, point_id
+from reindex_adapters.qdrant.points import point_id
+from reindex_adapters.qdrant.sink import QdrantSink
 
 FINGERPRINT = "f" * 16
 DIM = 6

@@ -14,9 +14,10 @@ from qdrant_client import QdrantClient, models
 
 from reindex.ports import Source
 from reindex.run.pipeline import scan_documents
-from reindex_adapters.files.core import JsonlSource, ParquetSource
+from reindex_adapters.files.jsonl import JsonlSource
+from reindex_adapters.files.parquet import ParquetSource
 from reindex_adapters.postgres.core import PostgresSource
-from reindex_adapters.qdrant.core import QdrantSource
+from reindex_adapters.qdrant.source import QdrantSource
 
 
 def by_reading(source: Source, after: str | None, size: int) -> list[tuple[str, int]]:
@@ -78,7 +79,7 @@ def test_an_empty_jsonl_file_has_no_shards(tmp_path: Path, size: int) -> None:
 @pytest.mark.parametrize("ids", ["integers", "uuids"])
 def test_qdrant_bounds_are_an_ids_only_scroll(ids: str, page: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
-        "reindex_adapters.qdrant.core.BOUNDS_PAGE", page
+        "reindex_adapters.qdrant.source.BOUNDS_PAGE", page
     )  # shards that span scroll pages, or one page
     client = QdrantClient(":memory:")
     client.create_collection(

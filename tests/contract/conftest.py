@@ -27,7 +27,7 @@ def sink(request: pytest.FixtureRequest) -> Iterator[Sink]:
     else:
         from qdrant_client import QdrantClient
 
-        from reindex_adapters.qdrant.core import QdrantSink
+        from reindex_adapters.qdrant.sink import QdrantSink
 
         built = QdrantSink(QdrantClient(":memory:"))
     yield built
@@ -72,7 +72,7 @@ def _postgres(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[
 def _qdrant(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
     from qdrant_client import QdrantClient, models
 
-    from reindex_adapters.qdrant.core import QdrantSource
+    from reindex_adapters.qdrant.source import QdrantSource
 
     client = QdrantClient(":memory:")
     client.create_collection(
@@ -95,7 +95,7 @@ def _parquet(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[R
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from reindex_adapters.files.core import ParquetSource
+    from reindex_adapters.files.parquet import ParquetSource
 
     table = pa.table(
         {
@@ -110,7 +110,7 @@ def _parquet(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[R
 
 
 def _jsonl(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
-    from reindex_adapters.files.core import JsonlSource
+    from reindex_adapters.files.jsonl import JsonlSource
 
     path = tmp_path / "docs.jsonl"
     with path.open("w") as out:

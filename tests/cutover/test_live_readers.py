@@ -23,7 +23,8 @@ from reindex.flip import cutover
 from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
 from reindex.state.ledger import SqliteLedger
 from reindex_adapters.postgres.core import PgvectorSink
-from reindex_adapters.qdrant.core import QdrantSink, point_id
+from reindex_adapters.qdrant.points import point_id
+from reindex_adapters.qdrant.sink import QdrantSink
 from reindex_adapters.testing.memory import HashEmbedder
 
 pytestmark = pytest.mark.serial  # readers keep a rate while the alias flips

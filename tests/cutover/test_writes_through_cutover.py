@@ -244,7 +244,8 @@ def qdrant_id(doc_id: str) -> str:
 def test_writes_during_run_and_cutover_sync_are_never_lost_on_qdrant(tmp_path: Path) -> None:
     from qdrant_client import models
 
-    from reindex_adapters.qdrant.core import QdrantSink, _acquire, _clients, _release
+    from reindex_adapters.qdrant.connection import _acquire, _clients, _release
+    from reindex_adapters.qdrant.sink import QdrantSink
 
     storage = ":memory:"  # one process-wide store; local storage on disk takes no writes from two threads
     config = tmp_path / "docs.toml"

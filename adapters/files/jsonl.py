@@ -1,7 +1,6 @@
-"""Parquet and JSONL sources: stream rows in file order with a position cursor; poison rows become defects.
+"""JsonlSource: one JSON object per line, the cursor a byte offset; resume seeks to the line and skips it.
 
-Parquet  cursor = global row index   resume skips whole row groups by metadata
-JSONL    cursor = byte offset        resume seeks to the line and skips it
+Shards read blocks of lines: a block of plain lines parses as one JSON array, any other block line by line.
 """
 
 from __future__ import annotations
@@ -9,158 +8,31 @@ from __future__ import annotations
 import json
 import operator
 import re
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from reindex.columns import Documents
-from reindex.errors import BackendError, ConfigError, MissingDependency
+from reindex.errors import ConfigError
 from reindex.ports import Record, SourceSchema
+from reindex_adapters.files.records import (
+    _MISSING,
+    _chunked,
+    _encodable,
+    _file_errors,
+    _lookup,
+    _position,
+    _record,
+)
 
-if TYPE_CHECKING:
-    import pyarrow.parquet as pq
-
-_MISSING = object()
 _BOM = b"\xef\xbb\xbf"
 _NEWLINE, _BRACE = ord("\n"), ord("{")
 Int64s = NDArray[np.int64]
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")  # \ud800-\udfff: the only way JSON spells a lone surrogate
-
-
-class ParquetSource:
-    """Rows of one Parquet file, read batch by batch from the row group that holds the cursor."""
-
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid", frozen=True)
-        kind: Literal["parquet"]
-        path: Path
-        id_field: str = "id"
-        text_field: str = "text"
-        batch_rows: int = Field(default=4096, gt=0)
-
-    def __init__(
-        self, path: Path | str, *, id_field: str = "id", text_field: str = "text", batch_rows: int = 4096
-    ) -> None:
-        self.path, self.id_field, self.text_field = Path(path), id_field, text_field
-        self.batch_rows = batch_rows
-        self._file = _open_parquet(self.path)
-        names = set(self._file.schema_arrow.names)
-        for field in (id_field, text_field):
-            if field.split(".")[0] not in names:
-                raise ConfigError(
-                    f"column {field!r} not in {self.path}", hint=f"columns: {', '.join(sorted(names))}"
-                )
-
-    @classmethod
-    def from_config(cls, config: Config) -> ParquetSource:
-        return cls(
-            config.path, id_field=config.id_field, text_field=config.text_field, batch_rows=config.batch_rows
-        )
-
-    def schema(self) -> SourceSchema:
-        return SourceSchema(id_field=self.id_field, text_field=self.text_field)
-
-    def count(self) -> int | None:
-        return int(self._file.metadata.num_rows)
-
-    def scan(self, after: str | None = None) -> Iterator[Record]:
-        start = 0 if after is None else _position(after) + 1
-        group, index = self._first_group(start)
-        if group is None:
-            return
-        groups = list(range(group, self._file.metadata.num_row_groups))
-        with _file_errors(self.path):
-            for batch in self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups):
-                for row in batch.to_pylist():
-                    if index >= start:
-                        yield _record(
-                            row, self.id_field, self.text_field, partial("row:{}".format, index), str(index)
-                        )
-                    index += 1
-
-    def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
-        """Shards of `size` rows as columns: an id and a text column convert in C; rows are built only when
-        the file carries other columns (the payload), nulls, or ids that are not strings or integers."""
-        if "." in self.id_field or "." in self.text_field:
-            yield from _chunked(self.scan(after), size)
-            return
-        start = 0 if after is None else _position(after) + 1
-        group, index = self._first_group(start)
-        if group is None:
-            return
-        groups = list(range(group, self._file.metadata.num_row_groups))
-        buffer, first = Documents([], [], fields=(self.id_field, self.text_field)), start
-        with _file_errors(self.path):
-            for batch in self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups):
-                skip = max(0, start - index)
-                index += batch.num_rows
-                if skip < batch.num_rows:
-                    buffer = Documents.concat(
-                        [buffer, self._columns(batch.slice(skip), index - batch.num_rows + skip)]
-                    )
-                while len(buffer) >= size:
-                    yield _ending(buffer[:size], first + size - 1)
-                    buffer, first = buffer[size:], first + size
-        if len(buffer):
-            yield _ending(buffer, first + len(buffer) - 1)
-
-    def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
-        """(last row, rows) of each shard of `size` rows after row `after`: arithmetic on the row count."""
-        start, total = (0 if after is None else _position(after) + 1), int(self._file.metadata.num_rows)
-        for first in range(start, total, size):
-            last = min(first + size, total) - 1
-            yield str(last), last - first + 1
-
-    def _columns(self, batch: Any, first: int) -> Documents:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        ids, texts = batch.column(self.id_field), batch.column(self.text_field)
-        plain_ids = (
-            pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)
-        ) or pa.types.is_integer(ids.type)
-        plain_texts = pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)
-        if not (plain_ids and plain_texts and ids.null_count == 0 and texts.null_count == 0):
-            rows = enumerate(batch.to_pylist(), start=first)  # per row, as scan() reads them
-            fields = (self.id_field, self.text_field)
-            return Documents.from_records(
-                [_record(row, *fields, partial("row:{}".format, i), str(i)) for i, row in rows]
-            )
-        others = set(batch.schema.names) - {self.id_field, self.text_field}
-        return Documents(
-            pc.cast(ids, pa.string()).to_pylist() if pa.types.is_integer(ids.type) else ids.to_pylist(),
-            texts.to_pylist(),
-            batch.to_pylist() if others or pa.types.is_integer(ids.type) else None,
-            (self.id_field, self.text_field),
-        )
-
-    def _first_group(self, start: int) -> tuple[int | None, int]:
-        """The row group holding row `start` and that group's first row index, from metadata alone."""
-        first = 0
-        for group in range(self._file.metadata.num_row_groups):
-            rows = self._file.metadata.row_group(group).num_rows
-            if start < first + rows:
-                return group, first
-            first += rows
-        return None, first
-
-    def identity(self) -> str:
-        """The file's absolute path and the fields read (a byte offset resumes only in the same file)."""
-        return f"parquet:{self.path.resolve()}#{self.id_field},{self.text_field}"
-
-    def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
-        wanted = set(ids)
-        return (record for record in self.scan() if record.id in wanted)
-
-    def close(self) -> None:
-        self._file.close()
 
 
 class JsonlSource:
@@ -341,39 +213,12 @@ class _LineNumbers:
         return f"line:{self._number}"
 
 
-def _record(
-    row: Mapping[str, Any], id_field: str, text_field: str, fallback: Callable[[], str], cursor: str
-) -> Record:
-    """Build a Record; a row that cannot be embedded keeps its fields and names its defect."""
-    doc_id, text = _lookup(row, id_field), _lookup(row, text_field)
-    if doc_id is _MISSING or doc_id is None:
-        return Record(fallback(), "", row, cursor=cursor, defect="missing_id")
-    if text is _MISSING:
-        return Record(str(doc_id), "", row, cursor=cursor, defect="missing_text")
-    if text is None:
-        return Record(str(doc_id), "", row, cursor=cursor)
-    if not isinstance(text, str):
-        return Record(str(doc_id), "", row, cursor=cursor, defect="invalid_text_type")
-    if not _encodable(text):
-        return Record(str(doc_id), "", row, cursor=cursor, defect="invalid_encoding")
-    return Record(str(doc_id), text, row, cursor=cursor)
-
-
 def _defective(text: str, id_field: str, fallback: Callable[[], str], cursor: str) -> Record:
     """A line that is not UTF-8: keep its id if the JSON still parses with replacement characters."""
     obj = _loads(text)
     doc_id = _MISSING if obj is None else _lookup(obj, id_field)
     name = fallback() if doc_id is _MISSING or doc_id is None else str(doc_id)
     return Record(name, "", obj or {}, cursor=cursor, defect="invalid_encoding")
-
-
-def _lookup(row: Mapping[str, Any], dotted: str) -> Any:
-    value: Any = row
-    for part in dotted.split("."):
-        if not isinstance(value, Mapping) or part not in value:
-            return _MISSING
-        value = value[part]
-    return value
 
 
 def _loads(text: str) -> dict[str, Any] | None:
@@ -384,15 +229,6 @@ def _loads(text: str) -> dict[str, Any] | None:
     return obj if isinstance(obj, dict) else None
 
 
-def _encodable(text: str) -> bool:
-    """False for lone surrogates (JSON escapes like \\ud800), which no tokenizer accepts."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _count_lines(path: Path, end: int) -> int:
     """Newlines before byte `end`: read in blocks, only when a defect after a seek needs its line number."""
     count, remaining = 0, end
@@ -401,39 +237,6 @@ def _count_lines(path: Path, end: int) -> int:
             count += block.count(b"\n")
             remaining -= len(block)
     return count
-
-
-def _position(cursor: str) -> int:
-    try:
-        return int(cursor)
-    except ValueError:
-        raise ConfigError(
-            f"invalid file cursor {cursor!r}", hint="resume positions are row/byte numbers"
-        ) from None
-
-
-def _open_parquet(path: Path) -> pq.ParquetFile:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise MissingDependency("pyarrow", extra="files") from None
-    if not path.is_file():
-        raise ConfigError(f"file not found: {path}", hint="check [source] path")
-    with _file_errors(path):
-        return pq.ParquetFile(path)
-
-
-@contextmanager
-def _file_errors(path: Path) -> Iterator[None]:
-    """A vanished file is a config problem; an unreadable one (corrupt, I/O error) is a backend failure."""
-    arrow = sys.modules.get("pyarrow")
-    unreadable = (OSError, arrow.ArrowException) if arrow else (OSError,)
-    try:
-        yield
-    except FileNotFoundError:
-        raise ConfigError(f"file not found: {path}", hint="check [source] path") from None
-    except unreadable as exc:
-        raise BackendError(f"cannot read {path}: {exc}") from exc
 
 
 class _Pending:
@@ -554,19 +357,3 @@ def _split_lines(block: bytes) -> list[bytes]:
     lines = [line + b"\n" for line in block.split(b"\n")]
     lines[-1] = lines[-1][:-1]
     return lines if lines[-1] else lines[:-1]
-
-
-def _ending(docs: Documents, last_row: int) -> Documents:
-    docs.last_position = str(last_row)
-    return docs
-
-
-def _chunked(records: Iterator[Record], size: int) -> Iterator[Documents]:
-    chunk: list[Record] = []
-    for record in records:
-        chunk.append(record)
-        if len(chunk) >= size:
-            yield Documents.from_records(chunk)
-            chunk = []
-    if chunk:
-        yield Documents.from_records(chunk)

@@ -1,0 +1,434 @@
+"""QdrantSink: targets are fresh collections `<alias>__<fp8>` with their identity in the collection metadata,
+served through a collection alias (its moves: alias.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from reindex.columns import documents
+from reindex.errors import ConfigError, CutoverRefused
+from reindex.ports import (
+    Distance,
+    IndexEntry,
+    Rows,
+    TargetInfo,
+    TargetSpec,
+    Vectors,
+)
+from reindex.vectors import vector_problem
+from reindex_adapters.qdrant.alias import _ALIAS_MAX, GUARD_MARK, _AliasMoves
+from reindex_adapters.qdrant.bookkeeping import (
+    ADOPTED,
+    INDEX_KEYS,
+    META_KEY,
+    _Bookkeeping,
+    _hash_is,
+    _reindex_meta,
+    _unhashed,
+)
+from reindex_adapters.qdrant.connection import (
+    _NAME_MAX,
+    _acquire,
+    _Connection,
+    _creatable,
+    _is_local,
+    _location,
+    _release,
+    _translated,
+)
+from reindex_adapters.qdrant.points import (
+    NATIVE_IDS,
+    _distance,
+    _document_id,
+    _json_safe,
+    _point_ids,
+    _point_payloads,
+    _qdrant_distance,
+    _stored_vector,
+    _uuid_point_ids,
+    _vector_params,
+    _with_vector,
+)
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient, models
+
+
+class QdrantSink(_AliasMoves):
+    """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata."""
+
+    holds_writers = False  # nothing holds a collection's writers: cutover --sync carries the window after
+
+    class Config(_Connection):
+        kind: Literal["qdrant"]
+        alias: str
+        name: str | None = None
+        upsert_batch: int = Field(default=256, ge=1)
+
+        @field_validator("alias")
+        @classmethod
+        def _alias_qdrant_accepts(cls, alias: str) -> str:
+            """Refused here, at config time: Qdrant would refuse it only at cutover, after the whole run.
+            Its target, `<alias>__<fp8>`, is then one Qdrant accepts too."""
+            return _creatable(alias, _ALIAS_MAX, "for the guard alias the tool adds") if alias else alias
+
+        @field_validator("name")
+        @classmethod
+        def _name_qdrant_accepts(cls, name: str | None) -> str | None:
+            return _creatable(name, _NAME_MAX, "Qdrant's limit") if name else name
+
+    def __init__(self, client: QdrantClient, *, upsert_batch: int = 256) -> None:
+        self._client = client
+        self.upsert_batch = upsert_batch
+        self._lease: str | None = None
+        self._vector_names: dict[str, str | None] = {}
+        self._native: dict[str, bool] = {}
+
+    @classmethod
+    def from_config(cls, config: Config) -> QdrantSink:
+        client, key = _acquire(config)
+        sink = cls(client, upsert_batch=config.upsert_batch)
+        sink._lease = key
+        return sink
+
+    def identity(self) -> str:
+        """`qdrant:<server url or absolute path>`: where the collections live, never the api key."""
+        return f"qdrant:{_location(self._client)}"
+
+    def prepare(self, spec: TargetSpec) -> None:
+        """Create the collection with its identity in the metadata; an existing one is never re-stamped."""
+        existing = self.describe(spec.name)
+        if existing is not None:
+            _check_existing(existing, spec)
+            return
+        from qdrant_client import models
+
+        params = models.VectorParams(size=spec.dim, distance=_qdrant_distance(spec.source.distance))
+        name = spec.source.vector_field
+        meta = {
+            "fingerprint": spec.fingerprint,
+            "dim": spec.dim,
+            "alias": spec.alias,
+            "vector": name,
+            "text_field": spec.source.text_field,  # where an application's point holds its text
+            "model": _json_safe(spec.model),
+            "plan_id": spec.plan_id,
+            "nonce": spec.nonce,
+            "created_at": datetime.now(UTC).isoformat(),
+            "point_ids": NATIVE_IDS,
+        }
+        with _translated():
+            self._client.create_collection(
+                spec.name,
+                vectors_config=params if name is None else {name: params},
+                metadata={META_KEY: meta},
+            )
+
+    def write(self, target: str, rows: Rows) -> None:
+        """Upsert by point id, `upsert_batch` points per request, each a columnar `models.Batch`.
+
+        One request per chunk (a server refuses bodies past 32 MB), the vectors as one `tolist` of the
+        numpy rows, no `PointStruct` per row; wait=True on a server, and local mode stores every point
+        before it returns, so a returned write is durable. The client's `upload_collection` is not used:
+        on a server it opens its own connection, retries with warnings on its own and defaults to
+        wait=False, while retries belong to the pipeline and errors to `_translated`.
+        """
+        self._upsert(target, rows)
+
+    def write_guarded(self, target: str, rows: Rows, expected: Mapping[str, str | None]) -> None:
+        """Upsert each row only while its point holds what `expected` says (by document id): a point whose
+        stored content hash is that hash is updated, and one deleted meanwhile is not re-created; None
+        (no point) inserts, and never over a point written meanwhile. One request per expected hash: meant
+        for the few documents of a cutover's window (`reindex.flip.sync.after_flip`), not a bulk load."""
+        from qdrant_client import models
+
+        groups: dict[str | None, list[int]] = {}
+        for row, record in enumerate(rows.records):
+            groups.setdefault(expected.get(record.id), []).append(row)
+        for digest, picked in groups.items():
+            part = _rows_at(rows, picked)
+            if digest is None:
+                self._upsert(target, part, mode=models.UpdateMode.INSERT_ONLY)
+            else:
+                self._upsert(target, part, mode=models.UpdateMode.UPDATE_ONLY, only=_hash_is(digest))
+
+    def delete_guarded(self, target: str, expected: Mapping[str, str]) -> None:
+        """Delete each document's point only while it stores the content hash `expected` names for it."""
+        from qdrant_client import models
+
+        groups: dict[str, list[Any]] = {}
+        ids_of = self._point_ids(target)
+        for doc_id, digest in expected.items():
+            groups.setdefault(digest, []).append(ids_of([doc_id])[0])
+        for digest, points in groups.items():
+            with _translated():
+                self._client.delete(target, models.FilterSelector(filter=_hash_is(digest, points)), wait=True)
+
+    def _upsert(
+        self,
+        target: str,
+        rows: Rows,
+        *,
+        mode: models.UpdateMode | None = None,
+        only: models.Filter | None = None,
+    ) -> None:
+        from qdrant_client import models
+
+        docs = documents(rows.records)
+        vectors = np.asarray(rows.vectors)
+        if not len(vectors) == len(docs) == len(rows.content_hashes):
+            raise ValueError(
+                f"{len(docs)} records, {len(vectors)} vectors and {len(rows.content_hashes)} hashes differ"
+            )
+        name = self._vector_name(target)
+        ids: list[Any] = self._point_ids(target)(docs.ids)
+        payloads = _point_payloads(docs, rows.content_hashes, rows.fingerprint)
+        guards: dict[str, Any] = {} if mode is None else {"update_mode": mode, "update_filter": only}
+        for start in range(0, len(ids), self.upsert_batch):
+            stop = start + self.upsert_batch
+            chunk = vectors[start:stop].tolist()
+            # built without validation: ids and payloads are ours, and local mode and the server both
+            # check every vector again, so validating each float here too would only repeat that work
+            batch = models.Batch.model_construct(
+                ids=ids[start:stop],
+                vectors=chunk if name is None else {name: chunk},
+                payloads=payloads[start:stop],
+            )
+            with _translated():
+                self._client.upsert(target, batch, wait=True, **guards)
+
+    def delete(self, target: str, ids: Sequence[str]) -> None:
+        from qdrant_client import models
+
+        with _translated():
+            self._client.delete(target, models.PointIdsList(points=self._point_ids(target)(ids)), wait=True)
+
+    def finalize(self, spec: TargetSpec) -> None:
+        """Index `reindex_id` on a server, for verify and sync; local mode has no payload indexes."""
+        if _is_local(self._client):
+            return
+        from qdrant_client import models
+
+        with _translated():
+            self._client.create_payload_index(
+                spec.name, "reindex_id", models.PayloadSchemaType.KEYWORD, wait=True
+            )
+
+    def describe(self, target: str) -> TargetInfo | None:
+        with _translated():
+            if not self._client.collection_exists(target):
+                return None
+            config = self._client.get_collection(target).config
+            count = self._client.count(target, exact=True).count
+        meta = _reindex_meta(config)
+        params = _vector_params(config.params.vectors, meta.get("vector"))
+        return TargetInfo(
+            target,
+            count,
+            None if params is None else params.size,
+            meta.get("fingerprint"),
+            meta.get("model"),
+            plan_id=meta.get("plan_id") or None,
+            nonce=meta.get("nonce") or None,
+        )
+
+    def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
+        """Points the application upserted through the alias lost the reindex keys (an upsert replaces the
+        whole payload): their hash and fingerprint are derived (`_Bookkeeping`), and they are marked. Only
+        their texts are read, one extra request per page that holds any: the tool's points cost no text."""
+        name = self._vector_name(target)
+        with _translated():
+            bookkeeping = _Bookkeeping.of(_reindex_meta(self._client.get_collection(target).config))
+        for points in self._pages(target, name, self.upsert_batch):
+            texts = self._texts_of_unhashed(target, points, bookkeeping)
+            for point in points:
+                payload = texts.get(str(point.id), point.payload or {})
+                digest, fingerprint, application = bookkeeping.read(payload)
+                vector = _stored_vector(point, name)
+                derived = "reindex_content_hash" not in payload
+                problem = vector_problem(vector, dim)
+                yield IndexEntry(_document_id(point), digest, fingerprint, problem, application, derived)
+
+    def _texts_of_unhashed(
+        self, target: str, points: Sequence[models.Record], bookkeeping: _Bookkeeping
+    ) -> dict[str, Mapping[str, Any]]:
+        """point id -> payload with the text, for the points of a page that carry no content hash."""
+        unhashed = [p.id for p in points if "reindex_content_hash" not in (p.payload or {})]
+        if not unhashed or bookkeeping.text_field is None:
+            return {}
+        with _translated():
+            found = self._client.retrieve(target, unhashed, with_payload=bookkeeping.keys, with_vectors=False)
+        return {str(p.id): p.payload or {} for p in found}
+
+    def adopt(self, target: str, hashes: Mapping[str, str], fingerprint: str) -> int:
+        """Store the bookkeeping `scan_index` derived for application points, in one request per
+        `upsert_batch`: each a set_payload guarded by "still no content hash", so a point rewritten by
+        the tool meanwhile keeps its own, and a point deleted meanwhile is not an error. The vectors are
+        untouched; from now on a text changed with set_payload under the old vector is stale. The points
+        keep `reindex_origin = "application"`, so verify still counts them as the application's."""
+        from qdrant_client import models
+
+        items = list(hashes.items())
+        for start in range(0, len(items), self.upsert_batch):
+            operations = [
+                models.SetPayloadOperation(
+                    set_payload=models.SetPayload(
+                        payload={
+                            "reindex_id": doc_id,
+                            "reindex_fingerprint": fingerprint,
+                            "reindex_content_hash": digest,
+                            "reindex_origin": ADOPTED,
+                        },
+                        filter=_unhashed(doc_id),
+                    )
+                )
+                for doc_id, digest in items[start : start + self.upsert_batch]
+            ]
+            with _translated():
+                self._client.batch_update_points(target, operations, wait=True)
+        return len(items)
+
+    def _pages(self, target: str, name: str | None, limit: int) -> Iterator[list[models.Record]]:
+        """Every point with the index keys and its vector, a scroll page at a time."""
+        offset: Any = None
+        while True:
+            with _translated():
+                points, offset = self._client.scroll(
+                    target,
+                    limit=limit,
+                    offset=offset,
+                    with_payload=INDEX_KEYS,
+                    with_vectors=_with_vector(name),
+                )
+            yield points
+            if offset is None:
+                return
+
+    def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
+        point_ids = self._point_ids(target)(ids)
+        by_point = {str(p): i for p, i in zip(point_ids, ids, strict=True)}
+        name = self._vector_name(target)
+        with _translated():
+            points = self._client.retrieve(
+                target, point_ids, with_payload=False, with_vectors=_with_vector(name)
+            )
+        return {by_point[str(p.id)]: _stored_vector(p, name) for p in points}
+
+    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
+        """Only ids whose stored content hash is the expected one: a copy never takes a stale vector."""
+        name = self._vector_name(target)
+        ids = list(expected)
+        found: dict[str, Vectors] = {}
+        ids_of = self._point_ids(target)
+        for start in range(0, len(ids), self.upsert_batch):
+            part = ids[start : start + self.upsert_batch]
+            point_ids = ids_of(part)
+            by_point = {str(p): i for p, i in zip(point_ids, part, strict=True)}
+            with _translated():
+                points = self._client.retrieve(
+                    target, point_ids, with_payload=INDEX_KEYS, with_vectors=_with_vector(name)
+                )
+            for point in points:
+                doc_id = by_point[str(point.id)]
+                if (point.payload or {}).get("reindex_content_hash") == expected[doc_id]:
+                    found[doc_id] = _stored_vector(point, name)
+        return found
+
+    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
+        name = self._vector_name(target)
+        for points in self._pages(target, name, batch):
+            kept = [(p, v) for p in points if (v := _stored_vector(p, name)).size]
+            if kept:
+                yield [_document_id(p) for p, _ in kept], np.stack([v for _, v in kept]).astype(np.float32)
+
+    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
+        """Qdrant's own (HNSW) search, one query per vector."""
+        name = self._vector_name(target)
+        found: list[list[str]] = []
+        for vector in vectors:
+            with _translated():
+                response = self._client.query_points(
+                    target,
+                    query=np.asarray(vector, dtype=np.float32).tolist(),
+                    using=name,
+                    limit=k,
+                    with_payload=INDEX_KEYS,
+                )
+            found.append([_document_id(p) for p in response.points])
+        return found
+
+    def distance(self, target: str) -> Distance:
+        with _translated():
+            config = self._client.get_collection(target).config
+        return _distance(_vector_params(config.params.vectors, self._vector_name(target)), target)
+
+    def targets(self, alias: str) -> list[str]:
+        names = [name for name in self._collections() if name.startswith(f"{alias}__")]
+        return sorted(names, key=lambda name: (self._created_at(name), name))
+
+    def drop(self, target: str) -> None:
+        readers = sorted(a for a, t in self._aliases().items() if t == target and GUARD_MARK not in a)
+        if readers:
+            raise CutoverRefused(
+                f"collection {target!r} is served by alias {readers[0]!r}",
+                hint="move the alias to another target before pruning",
+            )
+        if target in self._collections():
+            with _translated():
+                self._client.delete_collection(target)
+        self._vector_names.pop(target, None)
+        self._native.pop(target, None)
+
+    def close(self) -> None:
+        _release(self._lease)
+        self._lease = None
+
+    def _vector_name(self, target: str) -> str | None:
+        if target not in self._vector_names:
+            self._read_layout(target)
+        return self._vector_names[target]
+
+    def _point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]:
+        """How `target` names its points: `point_id` (integer ids kept), or on a target built before that
+        was recorded (`NATIVE_IDS`), a UUID for every document, so a resumed run keeps its scheme."""
+        if target not in self._native:
+            self._read_layout(target)
+        return _point_ids if self._native[target] else _uuid_point_ids
+
+    def _read_layout(self, target: str) -> None:
+        with _translated():
+            config = self._client.get_collection(target).config
+        vectors = config.params.vectors
+        names: list[str | None] = list(vectors) if isinstance(vectors, Mapping) else [None]
+        meta = _reindex_meta(config)
+        recorded = meta.get("vector")
+        self._vector_names[target] = recorded if recorded in names else next(iter(names), None)
+        self._native[target] = meta.get("point_ids") == NATIVE_IDS
+
+    def _created_at(self, name: str) -> str:
+        with _translated():
+            config = self._client.get_collection(name).config
+        return str(_reindex_meta(config).get("created_at", ""))
+
+
+def _check_existing(info: TargetInfo, spec: TargetSpec) -> None:
+    if (info.fingerprint, info.dim) != (spec.fingerprint, spec.dim):
+        raise ConfigError(
+            f"collection {spec.name!r} holds fingerprint {info.fingerprint} and dim {info.dim}, "
+            f"not {spec.fingerprint} and {spec.dim}",
+            hint="choose another [target] name",
+        )
+
+
+def _rows_at(rows: Rows, picked: Sequence[int]) -> Rows:
+    return Rows(
+        [rows.records[i] for i in picked],
+        np.asarray(rows.vectors)[list(picked)],
+        [rows.content_hashes[i] for i in picked],
+        rows.fingerprint,
+    )

@@ -1,0 +1,211 @@
+"""QdrantSource: a collection (or an alias) read in point-id order, each point named by its document id."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from reindex.errors import ConfigError
+from reindex.ports import Record, Sink, SourceSchema
+from reindex_adapters.qdrant.connection import _acquire, _Connection, _location, _release, _translated
+from reindex_adapters.qdrant.points import (
+    _candidate_points,
+    _distance,
+    _document_id,
+    _dotted,
+    _parse_point_id,
+)
+from reindex_adapters.qdrant.sink import QdrantSink
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient, models
+
+BOUNDS_PAGE = 10_000  # points per ids-only scroll page when a ray driver plans shards
+
+
+class QdrantSource:
+    """Reads a collection (or alias) in point-id order; the cursor is the last point id."""
+
+    class Config(_Connection):
+        kind: Literal["qdrant"]
+        collection: str
+        text_field: str = "page_content"  # dotted path into the payload, e.g. "metadata.text"
+        vector_name: str | None = None
+        page_size: int = Field(default=256, ge=1)
+
+    def __init__(
+        self,
+        client: QdrantClient,
+        *,
+        collection: str,
+        text_field: str = "page_content",
+        vector_name: str | None = None,
+        page_size: int = 256,
+    ) -> None:
+        self._client = client
+        self.collection = collection
+        self.text_field = text_field
+        self.vector_name = vector_name
+        self.page_size = page_size
+        self._lease: str | None = None
+        self._checked = False
+
+    @classmethod
+    def from_config(cls, config: Config) -> QdrantSource:
+        client, key = _acquire(config)
+        source = cls(
+            client,
+            collection=config.collection,
+            text_field=config.text_field,
+            vector_name=config.vector_name,
+            page_size=config.page_size,
+        )
+        source._lease = key
+        return source
+
+    def identity(self) -> str:
+        """`qdrant:<server url or absolute path>/<collection>#id,<text field>`: no key, no page size."""
+        return f"qdrant:{_location(self._client)}/{self.collection}#id,{self.text_field}"
+
+    def schema(self) -> SourceSchema:
+        with _translated():
+            vectors = self._client.get_collection(self._require()).config.params.vectors
+        name, params = self._pick_vector(vectors)
+        return SourceSchema(
+            id_field="id",
+            text_field=self.text_field,
+            vector_field=name,
+            distance=_distance(params, self.collection),
+        )
+
+    def count(self) -> int | None:
+        with _translated():
+            return self._client.count(self._require(), exact=True).count
+
+    def scan(self, after: str | None = None) -> Iterator[Record]:
+        offset: int | str | None = None if after is None else _parse_point_id(after, strict=True)
+        while True:
+            with _translated():
+                points, next_offset = self._client.scroll(
+                    self._require(),
+                    limit=self.page_size,
+                    offset=offset,
+                    with_payload=True,
+                    with_vectors=False,
+                )
+            for point in points:
+                if str(point.id) != after:  # scroll's offset is inclusive
+                    yield self._record(point)
+            if next_offset is None:
+                return
+            offset = next_offset if isinstance(next_offset, int | str) else str(next_offset)
+
+    def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
+        """(last point id, points) of each shard of `size` points after `after`, as `scan` would cut them:
+        a scroll of ids alone (no payload, no vector), so a ray driver plans a big collection without
+        reading its texts. A point without a text is a document too (a dead letter)."""
+        offset: int | str | None = None if after is None else _parse_point_id(after, strict=True)
+        count, last = 0, ""
+        while True:
+            with _translated():
+                points, next_offset = self._client.scroll(
+                    self._require(),
+                    limit=max(self.page_size, BOUNDS_PAGE),
+                    offset=offset,
+                    with_payload=False,
+                    with_vectors=False,
+                )
+            for point in points:
+                if str(point.id) == after:  # scroll's offset is inclusive
+                    continue
+                count, last = count + 1, str(point.id)
+                if count == size:
+                    yield last, count
+                    count = 0
+            if next_offset is None:
+                break
+            offset = next_offset if isinstance(next_offset, int | str) else str(next_offset)
+        if count:
+            yield last, count
+
+    def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
+        """The documents with these ids (`_document_id`): the point of that id, or the point a reindex
+        target stored the document under."""
+        wanted = set(ids)
+        candidates = {str(p): p for i in wanted for p in _candidate_points(i)}
+        with _translated():
+            points = self._client.retrieve(
+                self._require(), list(candidates.values()), with_payload=True, with_vectors=False
+            )
+        records = (self._record(point) for point in points)
+        return (record for record in records if record.id in wanted)
+
+    def reading(self, sink: Sink, alias: str, previous: str) -> QdrantSource | None:
+        """This source over `previous` when it reads the alias or `previous` itself in the sink's storage:
+        the live index the application wrote to until the flip. It shares this source's client."""
+        if not isinstance(sink, QdrantSink) or self.collection not in (alias, previous):
+            return None
+        if _location(sink._client) != _location(self._client):
+            return None
+        return self.over(previous)
+
+    def over(self, index: str) -> QdrantSource:
+        """This source's settings over another collection of the same store, sharing this client."""
+        return QdrantSource(
+            self._client,
+            collection=index,
+            text_field=self.text_field,
+            vector_name=self.vector_name,
+            page_size=self.page_size,
+        )
+
+    def close(self) -> None:
+        _release(self._lease)
+        self._lease = None
+
+    def _require(self) -> str:
+        if not self._checked:
+            with _translated():
+                exists = self._client.collection_exists(self.collection)
+            if not exists:
+                raise ConfigError(
+                    f"Qdrant collection or alias {self.collection!r} not found",
+                    hint="check [source] collection",
+                )
+            self._checked = True
+        return self.collection
+
+    def _record(self, point: models.Record) -> Record:
+        payload = point.payload or {}
+        text = _dotted(payload, self.text_field)
+        doc_id = _document_id(point)
+        cursor = None if doc_id == str(point.id) else str(point.id)  # scans resume after a point id
+        if text is None:
+            return Record(doc_id, "", payload, cursor, defect="missing_text")
+        if not isinstance(text, str):
+            return Record(doc_id, "", payload, cursor, defect="invalid_text_type")
+        return Record(doc_id, text, payload, cursor)
+
+    def _pick_vector(self, vectors: Any) -> tuple[str | None, Any]:
+        if not isinstance(vectors, Mapping):
+            if self.vector_name is not None:
+                raise ConfigError(
+                    f"collection {self.collection!r} has one unnamed vector",
+                    hint="remove [source] vector_name",
+                )
+            return None, vectors
+        if self.vector_name is not None:
+            if self.vector_name not in vectors:
+                raise ConfigError(
+                    f"collection {self.collection!r} has no vector {self.vector_name!r}",
+                    hint=f"use one of: {', '.join(sorted(vectors))}",
+                )
+            return self.vector_name, vectors[self.vector_name]
+        if len(vectors) > 1:
+            raise ConfigError(
+                f"collection {self.collection!r} has several named vectors",
+                hint=f"set [source] vector_name to one of: {', '.join(sorted(vectors))}",
+            )
+        return next(iter(vectors.items()), (None, None))
