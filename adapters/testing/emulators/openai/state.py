@@ -1,26 +1,17 @@
-"""A local OpenAI embeddings + files + batches API that computes real embeddings, for tests and dry runs.
-
-Point the official SDK at `Emulator(embedder).base_url`; reindex_adapters.testing.emulators.faults scripts what goes wrong.
-It also serves Azure OpenAI's embeddings route (`AzureOpenAI(azure_endpoint=emulator.azure_endpoint)`):
-`/openai/deployments/{deployment}/embeddings`, refused without `api-version` or a key, as Azure does.
-"""
+"""The OpenAI emulator's state (EmulatorState): embeddings, files and batches as the provider keeps them,
+the batch clock and its result files, and the traffic it served."""
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import base64
-import functools
 import json
-import re
 import secrets
 import threading
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +19,6 @@ from reindex.ports import Embedder, Vectors
 from reindex_adapters.testing.emulators.faults import (
     INVALID_INPUT,
     ApiError,
-    FaultGate,
     FaultPlan,
     check_metadata,
     line_error,
@@ -37,12 +27,7 @@ from reindex_adapters.testing.emulators.faults import (
     parse_inputs,
     shape_output,
 )
-from reindex_adapters.testing.emulators.server import LocalServer, in_thread, routed_app
-
-if TYPE_CHECKING:
-    from fastapi import FastAPI
-    from starlette.requests import Request
-    from starlette.responses import Response
+from reindex_adapters.testing.emulators.openai.provider import ProviderState
 
 PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data")
 STEPPING = ("validating", "in_progress", "finalizing", "cancelling")
@@ -64,19 +49,6 @@ UNFINISHED = {
     "batch_expired": "This request could not be executed before the completion window expired.",
     "batch_cancelled": "This request was not executed because the batch was cancelled.",
 }
-Handler = Callable[["EmulatorState", "Request"], Any]
-AZURE_PREFIX = "/openai/"
-# A missing api-version is a bare 404 "Resource not found" (MicrosoftDocs/azure-docs#114602). The 401 and
-# DeploymentNotFound bodies below are Azure's wording as commonly reported, not checked against a source:
-# the adapters act on the status codes only.
-AZURE_UNAUTHORIZED = (
-    "Access denied due to invalid subscription key or wrong API endpoint. Make sure to provide a valid key "
-    "for an active subscription and use a correct regional API endpoint for your resource."
-)
-AZURE_NO_DEPLOYMENT = (
-    "The API deployment for this resource does not exist. If you created the deployment within the last 5 "
-    "minutes, please wait a moment and try again."
-)
 
 
 def _new_id(prefix: str) -> str:
@@ -120,31 +92,6 @@ class BatchJob:
     @property
     def id(self) -> str:
         return str(self.data["id"])
-
-
-@dataclass(slots=True)
-class Ledger:
-    """What a provider would bill and count: tokens of successful embeddings, requests served (not
-    refused by a fault), batches created with their metadata."""
-
-    billed: list[tuple[int, str | None]] = field(default_factory=list)  # (tokens, batch id or None)
-    requests: Counter[str] = field(default_factory=Counter)
-    batches: list[dict[str, Any]] = field(default_factory=list)
-
-    def describe(self) -> dict[str, Any]:
-        batch_tokens = sum(tokens for tokens, batch in self.billed if batch)
-        total = sum(tokens for tokens, _ in self.billed)
-        billed = [{"tokens": t, "batch_id": b, "is_batch": b is not None} for t, b in self.billed]
-        return dict(
-            billed_tokens=total,
-            billed_tokens_online=total - batch_tokens,
-            billed_tokens_batch=batch_tokens,
-            billed=billed,
-            requests=dict(self.requests),
-            requests_served=sum(self.requests.values()),
-            batches_created=len(self.batches),
-            batches=[dict(b) for b in self.batches],
-        )
 
 
 def encode_vector(vector: Vectors, encoding_format: str) -> list[float] | str:
@@ -216,47 +163,6 @@ class Traffic:
     def describe(self) -> dict[str, Any]:
         with self.lock:
             return {"max_in_flight": self.max_in_flight, "arrivals": list(self.arrivals)}
-
-
-class ProviderState:
-    """What every provider emulator keeps behind one lock: the model, the scripted faults' gate and what the
-    provider would bill and count. The web layers only parse and render."""
-
-    def __init__(self, embedder: Embedder, faults: FaultPlan) -> None:
-        self.embedder, self.gate, self.ledger = embedder, FaultGate(faults), Ledger()
-        self.lock = threading.RLock()
-
-    def admit(self, route: str, client: str) -> None:
-        """A request through the fault gate (its scripted refusal raised as ApiError), counted as served."""
-        with self.lock:
-            self.gate.admit(route, client, time.monotonic())
-            self.ledger.requests[route] += 1
-
-    def set_faults(self, plan: FaultPlan) -> None:
-        with self.lock:
-            self.gate.plan = plan
-
-    def tick(self, job: Any, running: Collection[str], advance: Callable[[Any], None]) -> dict[str, Any]:
-        """One poll of a job is one tick of the emulated clock: it steps every `polls_per_step` ticks (0:
-        straight to the end); returns the job's wire object as it stands. Call under the lock."""
-        job.polls += 1
-        if job.plan.polls_per_step <= 0:
-            while job.data["status"] in running:
-                advance(job)
-        elif job.polls % job.plan.polls_per_step == 0:
-            advance(job)
-        return dict(job.data)
-
-    def stats(self) -> dict[str, Any]:
-        with self.lock:
-            early = dict(self.gate.early_requests)
-            refused = {str(status): count for status, count in self.gate.refused.items()}
-            return {
-                **self.ledger.describe(),
-                "early_requests": early,
-                "early_requests_total": sum(early.values()),
-                "refused": refused,
-            }
 
 
 class EmulatorState(ProviderState):
@@ -485,233 +391,3 @@ class EmulatorState(ProviderState):
 
 def _jsonl(lines: list[str]) -> bytes:
     return "".join(f"{line}\n" for line in lines).encode()
-
-
-def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
-    """Form fields as name -> (filename, bytes); enough of RFC 7578 for the SDK's uploads."""
-    boundary = _header_param(content_type, "boundary")
-    if not content_type.startswith("multipart/form-data") or not boundary:
-        raise ApiError(400, "Expected a multipart/form-data body.")
-    fields: dict[str, tuple[str | None, bytes]] = {}
-    for part in body.split(b"--" + boundary.encode())[1:-1]:
-        head, _, content = part.removeprefix(b"\r\n").partition(b"\r\n\r\n")
-        lines = head.decode("utf-8", errors="replace").split("\r\n")
-        disposition = next((line for line in lines if line.lower().startswith("content-disposition")), "")
-        name = _header_param(disposition, "name")
-        if name:
-            fields[name] = (_header_param(disposition, "filename"), content.removesuffix(b"\r\n"))
-    return fields
-
-
-def _header_param(header: str, name: str) -> str | None:
-    match = re.search(rf'(?:^|;)\s*{name}="?([^";]*)"?', header)
-    return match.group(1) if match else None
-
-
-async def json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = json.loads(await request.body())
-    except json.JSONDecodeError:
-        body = None
-    if not isinstance(body, dict):
-        raise ApiError(400, "We could not parse the JSON body of your request.")
-    return body
-
-
-async def _embeddings(state: EmulatorState, request: Request) -> Any:
-    with state.traffic.serving() as arrived:
-        body = await json_body(request)
-        embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
-        return await in_thread(embed)
-
-
-async def _azure_embeddings(state: EmulatorState, request: Request) -> Any:
-    """Azure's route: the deployment in the path picks the model (the body's `model` is not needed)."""
-    deployment = str(request.path_params["deployment"])
-    if state.deployments is not None and deployment not in state.deployments:
-        raise ApiError(404, AZURE_NO_DEPLOYMENT, type=None, code="DeploymentNotFound")
-    with state.traffic.serving() as arrived:
-        body = {**await json_body(request), "model": deployment}
-        embed = functools.partial(state.embeddings, body, client=_client(request), arrived=arrived)
-        answer = await in_thread(embed)
-    served = (state.deployments or {}).get(deployment)
-    return {**answer, "model": served} if served else answer
-
-
-def _check_azure(request: Request) -> None:
-    """What Azure refuses before anything else: no `api-version` (a bare 404), no key or token (401)."""
-    if not request.query_params.get("api-version"):
-        raise ApiError(404, "Resource not found", type=None, code="404")
-    if not (request.headers.get("api-key") or request.headers.get("authorization", "").startswith("Bearer ")):
-        raise ApiError(401, AZURE_UNAUTHORIZED, type=None, code="401")
-
-
-async def _create_file(state: EmulatorState, request: Request) -> Any:
-    fields = parse_multipart(request.headers.get("content-type", ""), await request.body())
-    filename, content = fields.get("file", (None, b""))
-    return state.create_file(filename or "upload", content, fields.get("purpose", (None, b""))[1].decode())
-
-
-async def _create_batch(state: EmulatorState, request: Request) -> Any:
-    batch, delay = state.create_batch(await json_body(request))
-    await asyncio.sleep(delay)
-    return batch
-
-
-async def _list_batches(state: EmulatorState, request: Request) -> Any:
-    limit = request.query_params.get("limit", "20")
-    if not limit.isdigit():
-        raise ApiError(400, "limit must be an integer.", param="limit")
-    return state.list_batches(request.query_params.get("after"), int(limit))
-
-
-async def _set_faults(state: EmulatorState, request: Request) -> Any:
-    plan = FaultPlan.from_mapping(await json_body(request))
-    state.set_faults(plan)
-    return plan.describe()
-
-
-def _file_id(request: Request) -> str:
-    return str(request.path_params["file_id"])
-
-
-def _batch_id(request: Request) -> str:
-    return str(request.path_params["batch_id"])
-
-
-# method, path, route name for the fault gate (None: never refused), handler (sync or async)
-ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
-    ("POST", "/v1/embeddings", "embeddings", _embeddings),
-    ("POST", "/openai/deployments/{deployment}/embeddings", "embeddings", _azure_embeddings),
-    ("POST", "/v1/files", "files", _create_file),
-    ("GET", "/v1/files/{file_id}", "files", lambda state, r: state.file(_file_id(r)).describe()),
-    ("GET", "/v1/files/{file_id}/content", "files", lambda state, r: state.file(_file_id(r)).content),
-    ("DELETE", "/v1/files/{file_id}", "files", lambda state, r: state.delete_file(_file_id(r))),
-    ("POST", "/v1/batches", "batch_create", _create_batch),
-    ("GET", "/v1/batches", "batch_list", _list_batches),
-    (
-        "GET",
-        "/v1/batches/{batch_id}",
-        "batch_retrieve",
-        lambda s, r: in_thread(s.retrieve_batch, _batch_id(r)),
-    ),
-    ("POST", "/v1/batches/{batch_id}/cancel", "batch_cancel", lambda s, r: s.cancel_batch(_batch_id(r))),
-    ("POST", "/_emulator/faults", None, _set_faults),
-    ("GET", "/_emulator/stats", None, lambda state, r: state.stats()),
-]
-
-
-def create_app(
-    embedder: Embedder, faults: FaultPlan | None = None, deployments: Mapping[str, str] | None = None
-) -> FastAPI:
-    """The emulator as an ASGI app; its state is at `app.state.emulator`."""
-    return _build_app(EmulatorState(embedder, faults or FaultPlan(), deployments))
-
-
-def _build_app(state: EmulatorState) -> FastAPI:
-    return routed_app("OpenAI API emulator", state, ROUTE_TABLE, endpoint_for)
-
-
-def endpoint_for(
-    state: Any,
-    route: str | None,
-    handler: Callable[[Any, Request], Any],
-    render: Callable[[ApiError], dict[str, Any]] = ApiError.body,
-) -> Callable[[Request], Awaitable[Response]]:
-    """One route: the fault gate (`state.admit`), the handler, and errors as `render` shapes them (each
-    provider has its own error body)."""
-
-    async def endpoint(request: Request) -> Response:
-        from starlette.responses import JSONResponse, Response
-
-        try:
-            if request.url.path.startswith(AZURE_PREFIX):
-                _check_azure(request)
-            if route is not None:
-                state.admit(route, _client(request))
-            result = handler(state, request)
-            result = await result if asyncio.iscoroutine(result) else result
-        except ApiError as exc:
-            return JSONResponse(render(exc), status_code=exc.status, headers=exc.headers)
-        if isinstance(result, bytes):
-            return Response(result, media_type="application/octet-stream")
-        return JSONResponse(result)
-
-    return endpoint
-
-
-def _client(request: Request) -> str:
-    """Clients are told apart by their API key (Azure's `api-key` header too), as the real rate limits are."""
-    key = request.headers.get("api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
-    return key.strip() or "anonymous"
-
-
-class Emulator(LocalServer):
-    """The OpenAI emulator, served on a free local port in a background thread.
-
-    with Emulator(HashEmbedder()) as emu:
-        client = OpenAI(base_url=emu.base_url, api_key="test", max_retries=0)
-        azure = AzureOpenAI(azure_endpoint=emu.azure_endpoint, api_version="2024-10-21", api_key="test")
-
-    `deployments` (Azure deployment name -> model) makes any other deployment a 404, as on Azure; None
-    accepts every name.
-    """
-
-    def __init__(
-        self,
-        embedder: Embedder,
-        faults: FaultPlan | None = None,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        deployments: Mapping[str, str] | None = None,
-    ) -> None:
-        self.state = EmulatorState(embedder, faults or FaultPlan(), deployments)
-        super().__init__(_build_app(self.state), host=host, port=port, name="OpenAI emulator")
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.url}/v1"
-
-    @property
-    def azure_endpoint(self) -> str:
-        """What `AzureOpenAI(azure_endpoint=...)` takes: the SDK adds `/openai/...` and `api-version`."""
-        return self.url
-
-    def stats(self) -> dict[str, Any]:
-        return self.state.stats()
-
-    def set_faults(self, plan: FaultPlan) -> None:
-        self.state.set_faults(plan)
-
-
-def _load_embedder(model: str, dim: int) -> Embedder:
-    if model == "hash":
-        from reindex_adapters.testing.memory import HashEmbedder
-
-        return HashEmbedder(dim=dim)
-    from reindex.registry import build
-
-    embedder: Embedder = build("embedder", {"kind": "sentence-transformers", "model": model})
-    return embedder
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Serve the emulator until interrupted: `python -m reindex_adapters.testing.emulators.openai --port 8089 --model hash`."""
-    parser = argparse.ArgumentParser(
-        prog="python -m reindex_adapters.testing.emulators.openai", description=__doc__
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8089)
-    parser.add_argument("--model", default="hash", help='a sentence-transformers model path, or "hash"')
-    parser.add_argument("--dim", type=int, default=1536, help="vector size of the hash model")
-    parser.add_argument("--polls-per-step", type=int, default=1, help="batch retrieves per status step")
-    args = parser.parse_args(argv)
-    import uvicorn
-
-    app = create_app(_load_embedder(args.model, args.dim), FaultPlan(polls_per_step=args.polls_per_step))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
-
-
-if __name__ == "__main__":
-    main()
