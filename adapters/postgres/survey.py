@@ -11,7 +11,7 @@ from reindex import registry
 from reindex.errors import ConfigError
 from reindex.ports import AliasInfo
 from reindex.survey import SAMPLE_ROWS, VECTOR_NAMES, Choice, Overrides, Survey, choose_by_name, choose_text
-from reindex_adapters.postgres.core import (
+from reindex_adapters.postgres.sink import (
     _BOOKKEEPING,
     PostgresSource,
     _Attribute,
@@ -24,10 +24,10 @@ from reindex_adapters.postgres.core import (
     _regclass,
     _resolve_alias,
 )
-from reindex_adapters.postgres.core import _attributes as _catalog_columns
+from reindex_adapters.postgres.sink import _attributes as _catalog_columns
 
 if TYPE_CHECKING:
-    from reindex_adapters.postgres.core import Connection
+    from reindex_adapters.postgres.sink import Connection
 
 _TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "citext"})
 _RELATIONS = {

@@ -21,7 +21,7 @@ import pytest
 from reindex.errors import ConfigError, CutoverRefused, ReindexError, RowsRejected, TransientError
 from reindex.fingerprint import content_hash
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
-from reindex_adapters.postgres.core import PgvectorSink, PostgresSource, mask_dsn
+from reindex_adapters.postgres.sink import PgvectorSink, PostgresSource, mask_dsn
 
 _roles = itertools.count()
 
