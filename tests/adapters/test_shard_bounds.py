@@ -15,7 +15,7 @@ from qdrant_client import QdrantClient, models
 from reindex.ports import Source
 from reindex.run.pipeline import scan_documents
 from reindex_adapters.files.core import JsonlSource, ParquetSource
-from reindex_adapters.postgres.sink import PostgresSource
+from reindex_adapters.postgres.source import PostgresSource
 from reindex_adapters.qdrant.core import QdrantSource
 
 

@@ -58,7 +58,7 @@ def _memory(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Re
 def _postgres(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
     import psycopg
 
-    from reindex_adapters.postgres.sink import PostgresSource
+    from reindex_adapters.postgres.source import PostgresSource
 
     dsn = request.getfixturevalue("pg_dsn")
     with psycopg.connect(dsn) as conn:
