@@ -537,7 +537,7 @@ def reindex_pgvector(bench: Bench, repeat: int) -> Sample:
 def index_seconds_seen() -> Iterator[list[tuple[float, str]]]:
     """What each PgvectorSink.finalize of this process reports for its CREATE INDEX (its `index_seconds`,
     else finalize's wall time): read until RunReport carries `index_seconds` itself."""
-    from reindex_adapters.postgres.core import PgvectorSink
+    from reindex_adapters.postgres.sink import PgvectorSink
 
     seen: list[tuple[float, str]] = []
     original = PgvectorSink.finalize

@@ -25,7 +25,8 @@ def main(documents: int) -> dict[str, float]:
     from reindex.fingerprint import content_hash
     from reindex.ports import Rows, TargetSpec
     from reindex.prove.verify import coverage
-    from reindex_adapters.postgres.core import PgvectorSink, PostgresSource
+    from reindex_adapters.postgres.sink import PgvectorSink
+    from reindex_adapters.postgres.source import PostgresSource
 
     data = Path(tempfile.mkdtemp(prefix="reindex-rate-"))
     data.chmod(0o755)

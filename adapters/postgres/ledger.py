@@ -47,7 +47,7 @@ from reindex.state.ledger import (
     shard_row,
     worker_summaries,
 )
-from reindex_adapters.postgres.core import mask_dsn
+from reindex_adapters.postgres.connection import mask_dsn
 
 if TYPE_CHECKING:
     import psycopg

@@ -11,23 +11,21 @@ from reindex import registry
 from reindex.errors import ConfigError
 from reindex.ports import AliasInfo
 from reindex.survey import SAMPLE_ROWS, VECTOR_NAMES, Choice, Overrides, Survey, choose_by_name, choose_text
-from reindex_adapters.postgres.core import (
+from reindex_adapters.postgres.alias import _resolve_alias
+from reindex_adapters.postgres.catalog import (
     _BOOKKEEPING,
-    PostgresSource,
     _Attribute,
     _base_tables,
-    _Database,
-    _identifier,
     _index_distance,
-    _one,
     _read_source_shape,
     _regclass,
-    _resolve_alias,
 )
-from reindex_adapters.postgres.core import _attributes as _catalog_columns
+from reindex_adapters.postgres.catalog import _attributes as _catalog_columns
+from reindex_adapters.postgres.connection import _Database, _identifier, _one
+from reindex_adapters.postgres.source import PostgresSource
 
 if TYPE_CHECKING:
-    from reindex_adapters.postgres.core import Connection
+    from reindex_adapters.postgres.connection import Connection
 
 _TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "citext"})
 _RELATIONS = {

@@ -21,7 +21,9 @@ import pytest
 from reindex.errors import ConfigError, CutoverRefused, ReindexError, RowsRejected, TransientError
 from reindex.fingerprint import content_hash
 from reindex.ports import Record, Rows, SourceSchema, TargetSpec
-from reindex_adapters.postgres.core import PgvectorSink, PostgresSource, mask_dsn
+from reindex_adapters.postgres.connection import mask_dsn
+from reindex_adapters.postgres.sink import PgvectorSink
+from reindex_adapters.postgres.source import PostgresSource
 
 _roles = itertools.count()
 

@@ -18,8 +18,8 @@ from reindex.columns import Documents
 from reindex.errors import RowsRejected
 from reindex.fingerprint import content_hash
 from reindex.ports import Column, Record, Rows, SourceSchema, TargetSpec
-from reindex_adapters.postgres import core as postgres
-from reindex_adapters.postgres.core import PgvectorSink
+from reindex_adapters.postgres import sink as postgres
+from reindex_adapters.postgres.sink import PgvectorSink
 
 TARGET = "docs__bulk0001"
 AWKWARD = [

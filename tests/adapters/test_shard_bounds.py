@@ -16,7 +16,7 @@ from reindex.ports import Source
 from reindex.run.pipeline import scan_documents
 from reindex_adapters.files.jsonl import JsonlSource
 from reindex_adapters.files.parquet import ParquetSource
-from reindex_adapters.postgres.core import PostgresSource
+from reindex_adapters.postgres.source import PostgresSource
 from reindex_adapters.qdrant.source import QdrantSource
 
 

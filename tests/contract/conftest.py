@@ -21,7 +21,7 @@ def sink(request: pytest.FixtureRequest) -> Iterator[Sink]:
 
         built: Sink = MemorySink()
     elif kind == "pgvector":
-        from reindex_adapters.postgres.core import PgvectorSink
+        from reindex_adapters.postgres.sink import PgvectorSink
 
         built = PgvectorSink(request.getfixturevalue("pg_dsn"))
     else:
@@ -58,7 +58,7 @@ def _memory(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Re
 def _postgres(request: pytest.FixtureRequest, tmp_path: Path, records: Sequence[Record]) -> Source:
     import psycopg
 
-    from reindex_adapters.postgres.core import PostgresSource
+    from reindex_adapters.postgres.source import PostgresSource
 
     dsn = request.getfixturevalue("pg_dsn")
     with psycopg.connect(dsn) as conn:

@@ -22,7 +22,7 @@ from reindex.fingerprint import content_hash, target_name
 from reindex.flip import cutover
 from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
 from reindex.state.ledger import SqliteLedger
-from reindex_adapters.postgres.core import PgvectorSink
+from reindex_adapters.postgres.sink import PgvectorSink
 from reindex_adapters.qdrant.points import point_id
 from reindex_adapters.qdrant.sink import QdrantSink
 from reindex_adapters.testing.memory import HashEmbedder
