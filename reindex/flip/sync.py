@@ -37,7 +37,7 @@ from reindex.run.validation import excused, text_hash
 from reindex.state.ledger import DeadLetter, Ledger
 
 if TYPE_CHECKING:
-    from reindex.commands import Migration
+    from reindex.run.migration import Migration
 
 DELETE_CHUNK = 1000
 AFTER_FLIP = "after_flip"  # the ledger's verification kind for the catch-up after a flip (pending, then done)
