@@ -34,6 +34,7 @@ from reindex import crashpoints
 from reindex.config import RunConfig
 from reindex.errors import ConfigError, Interrupted
 from reindex.ports import (
+    ONLINE,
     DeferredEmbedder,
     JobItem,
     JobResult,
@@ -52,7 +53,6 @@ from reindex.run.shards import Copy, prepare_shard
 from reindex.run.validation import text_hash, vector_dead_letters
 from reindex.state.ledger import DeadLetter, Job, Ledger, ShardResult
 
-ONLINE = "online"  # the job id of lines sent through the online endpoint (or of a job left with no lines)
 Item = tuple[str, str, str, int]  # custom_id, doc_id, content_hash, tokens
 # JobResult.failed codes worth sending again; any other code is the provider refusing the input itself.
 RETRYABLE = frozenset(
