@@ -37,6 +37,7 @@ from reindex.errors import (
     ReindexError,
     TransientError,
 )
+from reindex.fingerprint import text_hash
 from reindex.ports import (
     AliasInfo,
     Distance,
@@ -49,7 +50,6 @@ from reindex.ports import (
     TargetSpec,
     Vectors,
 )
-from reindex.run.validation import text_hash
 from reindex.vectors import vector_problem
 
 if TYPE_CHECKING:
