@@ -1,4 +1,5 @@
-"""Embedding-space identity: two vectors are comparable only if their fingerprints are equal."""
+"""Embedding-space identity: two vectors are comparable only if their fingerprints are equal.
+Text identity: the content hash of the exact text embedded, per text, per batch and per record."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
+
+from reindex.ports import Record
 
 FINGERPRINT_LENGTH = 16  # hex chars; targets use the first 8 (`docs__3f9a1c2e`)
 
@@ -24,3 +27,28 @@ def content_hash(text: str) -> str:
 
 def target_name(alias: str, fingerprint: str) -> str:
     return f"{alias}__{fingerprint[:8]}"
+
+
+def content_hashes(texts: list[str]) -> list[str | None]:
+    """Content hashes of all texts in one comprehension; None for a text that is not valid Unicode (a lone
+    surrogate: no tokenizer accepts it). One encode of the joined texts proves the common case."""
+    try:
+        "".join(texts).encode("utf-8")
+    except UnicodeEncodeError:
+        return [_hash_or_none(text) for text in texts]
+    return [content_hash(text) for text in texts]
+
+
+def _hash_or_none(text: str) -> str | None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return content_hash(text)
+
+
+def text_hash(record: Record) -> str | None:
+    """The content hash of a readable record; None when the source could not read its text."""
+    if record.defect:
+        return None
+    return _hash_or_none(record.text)

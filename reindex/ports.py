@@ -128,6 +128,9 @@ class Embedder(Protocol):
     def embed(self, items: Sequence[Tokens]) -> Vectors: ...
 
 
+ONLINE = "online"  # the job id of lines sent through the online endpoint (or of a job left with no lines)
+
+
 @dataclass(frozen=True, slots=True)
 class JobItem:
     """One input of a provider job. `custom_id` is short (< 64 chars) and unique within the job."""

@@ -1,10 +1,17 @@
-"""Vector sanity: what every sink checks before a write and verify checks after."""
+"""Vector sanity: what every sink checks before a write and verify checks after.
+Exact nearest neighbours by brute force: the quality check's ground truth and the memory sink's search."""
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Iterable, Sequence
+from typing import Any
 
-from reindex.ports import VectorProblem, Vectors
+import numpy as np
+from numpy.typing import NDArray
+
+from reindex.ports import Distance, VectorProblem, Vectors
+
+Neighbours = list[tuple[list[str], list[float]]]  # per query: ids and scores, best first
 
 
 def vector_problem(vector: Vectors, dim: int) -> VectorProblem | None:
@@ -16,3 +23,67 @@ def vector_problem(vector: Vectors, dim: int) -> VectorProblem | None:
     if not vector.any():
         return "zero"
     return None
+
+
+# exact neighbours ---------------------------------------------------------------------------------------
+
+
+def exact_neighbours(
+    batches: Iterable[tuple[list[str], Vectors]],
+    queries: Vectors,
+    query_ids: Sequence[str | None],
+    k: int,
+    distance: Distance,
+) -> Neighbours:
+    """Each query's k nearest stored vectors by `distance`, itself (its own id) excluded, best first."""
+    count = len(queries)
+    best_scores = np.full((count, 0), -np.inf, dtype=np.float64)
+    best_ids = np.empty((count, 0), dtype=object)
+    prepared = _prepared(np.asarray(queries, dtype=np.float32), distance)
+    rows = {doc_id: row for row, doc_id in enumerate(query_ids) if doc_id is not None}
+    for ids, vectors in batches:
+        if not len(ids):
+            continue
+        scores = _scores(prepared, np.asarray(vectors, dtype=np.float32), distance)
+        for column, doc_id in enumerate(ids):
+            row = rows.get(doc_id)
+            if row is not None:
+                scores[row, column] = -np.inf  # a document is not its own neighbour
+        take = min(k, len(ids))
+        top = np.argpartition(-scores, take - 1, axis=1)[:, :take]
+        names = np.asarray(ids, dtype=object)
+        best_scores = np.hstack([best_scores, np.take_along_axis(scores, top, axis=1)])
+        best_ids = np.hstack([best_ids, names[top]])
+        order = np.argsort(-best_scores, axis=1, kind="stable")[:, :k]
+        best_scores = np.take_along_axis(best_scores, order, axis=1)
+        best_ids = np.take_along_axis(best_ids, order, axis=1)
+    return [
+        (
+            [str(i) for i, s in zip(ids, scores, strict=True) if np.isfinite(s)],
+            [float(s) for s in scores if np.isfinite(s)],
+        )
+        for ids, scores in zip(best_ids.tolist(), best_scores.tolist(), strict=True)
+    ]
+
+
+def _prepared(queries: NDArray[np.float32], distance: Distance) -> NDArray[np.float32]:
+    return _normalised(queries) if distance == "cosine" else queries
+
+
+def _scores(queries: NDArray[np.float32], vectors: NDArray[np.float32], distance: Distance) -> NDArray[Any]:
+    """Higher is nearer: cosine similarity, inner product, or minus the squared Euclidean distance."""
+    if distance == "cosine":
+        return (queries @ _normalised(vectors).T).astype(np.float64)
+    products = (queries @ vectors.T).astype(np.float64)
+    if distance == "dot":
+        return products
+    squares = (queries.astype(np.float64) ** 2).sum(axis=1)[:, None]
+    distances: NDArray[np.float64] = (
+        squares - 2 * products + (vectors.astype(np.float64) ** 2).sum(axis=1)[None, :]
+    )
+    return -distances
+
+
+def _normalised(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32)

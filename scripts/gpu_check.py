@@ -942,10 +942,10 @@ def _vectors(
         return compute(), "embedded directly by the adapter"
     import numpy as np
 
-    from reindex import commands
+    from reindex.run.migration import open_backends
 
     ids = [document["id"] for document in sample]
-    with commands.open_backends(migrated["config"]) as (_, sink):
+    with open_backends(migrated["config"]) as (_, sink):
         stored = sink.fetch(migrated["target"], ids)
     return np.vstack([stored[i] for i in ids]), f"read back from pgvector target {migrated['target']}"
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex_adapters.openai.core import ProviderBusy, ProviderNotFound, ProviderRejected
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError
-
-    from reindex_adapters.bedrock.embedder import BedrockBatchEmbedder
 
 T = TypeVar("T")
 S3_URI = re.compile(r"s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?")
@@ -30,7 +28,22 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     return match.group(1), (match.group(2) or "").strip("/")
 
 
-def make_clients(config: BedrockBatchEmbedder.Config) -> dict[str, Any]:
+class ClientSettings(Protocol):
+    """What `make_clients` reads of a `BedrockBatchEmbedder.Config`."""
+
+    @property
+    def region(self) -> str: ...
+    @property
+    def endpoint_url(self) -> str | None: ...
+    @property
+    def s3_endpoint_url(self) -> str | None: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def create_timeout_s(self) -> float: ...
+
+
+def make_clients(config: ClientSettings) -> dict[str, Any]:
     """boto3 clients with their own retries off (pacing is ours); credentials from boto3's usual chain."""
     try:
         import boto3

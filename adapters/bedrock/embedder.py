@@ -23,8 +23,7 @@ from pydantic import Field, field_validator
 
 from reindex.errors import BackendError, ConfigError, TransientError
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
-from reindex.run.deferred import ONLINE  # the job id of lines sent through InvokeModel
+from reindex.ports import ONLINE, EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.bedrock.connection import (
     S3_URI,
     JobNameTaken,

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from reindex.fingerprint import text_hash
 from reindex.ports import Record
-from reindex.run.validation import text_hash
 from reindex_adapters.qdrant.points import _dotted, _parse_point_id, _uuid_point_id
 
 if TYPE_CHECKING:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from reindex.batching import chunks
 from reindex.errors import ConfigError
+from reindex.fingerprint import text_hash
 from reindex.ports import (
     AdoptingSink,
     DeferredEmbedder,
@@ -33,11 +34,11 @@ from reindex.prove.served import as_served
 from reindex.prove.verify import Category, Comparison, compare, load_rows
 from reindex.run.pipeline import retrying
 from reindex.run.synchronous import online
-from reindex.run.validation import excused, text_hash
+from reindex.run.validation import excused
 from reindex.state.ledger import DeadLetter, Ledger
 
 if TYPE_CHECKING:
-    from reindex.commands import Migration
+    from reindex.run.migration import Migration
 
 DELETE_CHUNK = 1000
 AFTER_FLIP = "after_flip"  # the ledger's verification kind for the catch-up after a flip (pending, then done)

@@ -18,7 +18,7 @@ from reindex.init.text import Entry
 from reindex.survey import UNITS, Choice, Survey, quoted
 
 if TYPE_CHECKING:
-    from reindex.init import InitRequest
+    from reindex.init.request import InitRequest
 
 EMBEDDER_KINDS = ("sentence-transformers", "vllm", "openai", "openai-batch")
 TARGET_KINDS = ("pgvector", "qdrant")

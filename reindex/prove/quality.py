@@ -12,9 +12,9 @@ Coverage (verify) proves every document is there; this measures what the vectors
                 (queries embedded by the new model), and of the live index when `[compare] embedder`
                 names its model.
 
-Exact neighbours stream the stored vectors in batches against all queries at once, keeping each query's
-best k: memory is O(queries x k + batch), whatever the corpus size. `[gate]` thresholds turn the report
-into a pass or a refusal (cutover exit 3, naming the metric).
+Exact neighbours (`reindex.vectors.exact_neighbours`) stream the stored vectors in batches against all
+queries at once, keeping each query's best k: memory is O(queries x k + batch), whatever the corpus size.
+`[gate]` thresholds turn the report into a pass or a refusal (cutover exit 3, naming the metric).
 """
 
 from __future__ import annotations
@@ -24,21 +24,20 @@ import hashlib
 import heapq
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from reindex.config import CompareConfig, GateConfig
 from reindex.errors import ConfigError
-from reindex.ports import Distance, Embedder, Sink, Source, Vectors
+from reindex.ports import Embedder, Sink, Source, Vectors
+from reindex.vectors import Neighbours, exact_neighbours
 
 RBO_PERSISTENCE = 0.9  # weight of rank d+1 relative to rank d: the top 10 carry about 86% of the score
 NDCG_AT = 10
-Neighbours = list[tuple[list[str], list[float]]]  # per query: ids and scores, best first
 
 
 @dataclass(frozen=True)
@@ -103,70 +102,6 @@ def _sample(sink: Sink, sides: Sides, settings: CompareConfig) -> list[str]:
 
 def _rank(seed: str, doc_id: str) -> bytes:
     return hashlib.sha256(f"{seed}\0{doc_id}".encode("utf-8", "surrogatepass")).digest()[:8]
-
-
-# exact neighbours ---------------------------------------------------------------------------------------
-
-
-def exact_neighbours(
-    batches: Iterable[tuple[list[str], Vectors]],
-    queries: Vectors,
-    query_ids: Sequence[str | None],
-    k: int,
-    distance: Distance,
-) -> Neighbours:
-    """Each query's k nearest stored vectors by `distance`, itself (its own id) excluded, best first."""
-    count = len(queries)
-    best_scores = np.full((count, 0), -np.inf, dtype=np.float64)
-    best_ids = np.empty((count, 0), dtype=object)
-    prepared = _prepared(np.asarray(queries, dtype=np.float32), distance)
-    rows = {doc_id: row for row, doc_id in enumerate(query_ids) if doc_id is not None}
-    for ids, vectors in batches:
-        if not len(ids):
-            continue
-        scores = _scores(prepared, np.asarray(vectors, dtype=np.float32), distance)
-        for column, doc_id in enumerate(ids):
-            row = rows.get(doc_id)
-            if row is not None:
-                scores[row, column] = -np.inf  # a document is not its own neighbour
-        take = min(k, len(ids))
-        top = np.argpartition(-scores, take - 1, axis=1)[:, :take]
-        names = np.asarray(ids, dtype=object)
-        best_scores = np.hstack([best_scores, np.take_along_axis(scores, top, axis=1)])
-        best_ids = np.hstack([best_ids, names[top]])
-        order = np.argsort(-best_scores, axis=1, kind="stable")[:, :k]
-        best_scores = np.take_along_axis(best_scores, order, axis=1)
-        best_ids = np.take_along_axis(best_ids, order, axis=1)
-    return [
-        (
-            [str(i) for i, s in zip(ids, scores, strict=True) if np.isfinite(s)],
-            [float(s) for s in scores if np.isfinite(s)],
-        )
-        for ids, scores in zip(best_ids.tolist(), best_scores.tolist(), strict=True)
-    ]
-
-
-def _prepared(queries: NDArray[np.float32], distance: Distance) -> NDArray[np.float32]:
-    return _normalised(queries) if distance == "cosine" else queries
-
-
-def _scores(queries: NDArray[np.float32], vectors: NDArray[np.float32], distance: Distance) -> NDArray[Any]:
-    """Higher is nearer: cosine similarity, inner product, or minus the squared Euclidean distance."""
-    if distance == "cosine":
-        return (queries @ _normalised(vectors).T).astype(np.float64)
-    products = (queries @ vectors.T).astype(np.float64)
-    if distance == "dot":
-        return products
-    squares = (queries.astype(np.float64) ** 2).sum(axis=1)[:, None]
-    distances: NDArray[np.float64] = (
-        squares - 2 * products + (vectors.astype(np.float64) ** 2).sum(axis=1)[None, :]
-    )
-    return -distances
-
-
-def _normalised(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
 # neighbourhoods, ANN recall -----------------------------------------------------------------------------

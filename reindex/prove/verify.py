@@ -20,8 +20,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from reindex.batching import chunks
+from reindex.fingerprint import text_hash
 from reindex.ports import Embedder, IndexEntry, Record, Sink, Source
-from reindex.run.validation import screen, text_hash
+from reindex.run.validation import screen
 
 CHUNK = 20_000
 EXAMPLES = 5

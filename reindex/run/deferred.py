@@ -33,7 +33,9 @@ import numpy as np
 from reindex import crashpoints
 from reindex.config import RunConfig
 from reindex.errors import ConfigError, Interrupted
+from reindex.fingerprint import text_hash
 from reindex.ports import (
+    ONLINE,
     DeferredEmbedder,
     JobItem,
     JobResult,
@@ -49,10 +51,9 @@ from reindex.run.copies import copy_rows
 from reindex.run.cost import Budget
 from reindex.run.pipeline import Progress, retrying, scan_documents, write_rows
 from reindex.run.shards import Copy, prepare_shard
-from reindex.run.validation import text_hash, vector_dead_letters
+from reindex.run.validation import vector_dead_letters
 from reindex.state.ledger import DeadLetter, Job, Ledger, ShardResult
 
-ONLINE = "online"  # the job id of lines sent through the online endpoint (or of a job left with no lines)
 Item = tuple[str, str, str, int]  # custom_id, doc_id, content_hash, tokens
 # JobResult.failed codes worth sending again; any other code is the provider refusing the input itself.
 RETRYABLE = frozenset(

@@ -17,8 +17,9 @@ from numpy.typing import NDArray
 
 from reindex.columns import Documents, TokenColumns, documents, tokenize
 from reindex.config import RunConfig
+from reindex.fingerprint import content_hashes
 from reindex.ports import Record, Vectors
-from reindex.run.validation import content_hashes, screen
+from reindex.run.validation import screen
 from reindex.state.ledger import DeadLetter
 
 Claim = Callable[

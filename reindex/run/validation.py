@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reindex.columns import Documents, documents
-from reindex.fingerprint import content_hash
+from reindex.fingerprint import content_hashes
 from reindex.ports import Record, Vectors
 from reindex.state.ledger import DeadLetter
 
@@ -79,31 +79,6 @@ def screen(records: Sequence[Record], hashes: Sequence[str | None] | None = None
     result.records = docs
     result.hashes = [digest or "" for digest in hashes]
     return result
-
-
-def content_hashes(texts: list[str]) -> list[str | None]:
-    """Content hashes of all texts in one comprehension; None for a text that is not valid Unicode (a lone
-    surrogate: no tokenizer accepts it). One encode of the joined texts proves the common case."""
-    try:
-        "".join(texts).encode("utf-8")
-    except UnicodeEncodeError:
-        return [_hash_or_none(text) for text in texts]
-    return [content_hash(text) for text in texts]
-
-
-def _hash_or_none(text: str) -> str | None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return None
-    return content_hash(text)
-
-
-def text_hash(record: Record) -> str | None:
-    """The content hash of a readable record; None when the source could not read its text."""
-    if record.defect:
-        return None
-    return _hash_or_none(record.text)
 
 
 def _fold(result: Screened, docs: Documents, hashes: list[str | None], rows: list[int]) -> list[int]:

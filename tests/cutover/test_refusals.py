@@ -15,6 +15,7 @@ from reindex import commands
 from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.flip import sync
+from reindex.run.migration import open_migration
 from reindex.state.ledger import Cutover, SqliteLedger
 
 DOCS = 150
@@ -36,7 +37,7 @@ class Setup:
             conn.execute(statement.replace("{target}", f'"{self.target}"'), params)
 
     def alias_target(self) -> str | None:
-        with commands.open_migration(self.new) as m:
+        with open_migration(self.new) as m:
             return m.sink.alias(m.spec.alias).target
 
 

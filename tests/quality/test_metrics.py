@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from reindex.config import GateConfig
-from reindex.prove.quality import evaluate, exact_neighbours, ndcg, overlap, rbo, recall
+from reindex.prove.quality import evaluate, ndcg, overlap, rbo, recall
+from reindex.vectors import exact_neighbours
 
 
 def brute(

@@ -127,7 +127,7 @@ class MemorySink:
 
     def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
         """Exact: the memory sink has no ANN index."""
-        from reindex.prove.quality import exact_neighbours
+        from reindex.vectors import exact_neighbours
 
         found = exact_neighbours(
             self.scan_vectors(target), vectors, [None] * len(vectors), k, self.distance(target)
