@@ -5,7 +5,7 @@
 
 Names are those of mistralai 3.7: `client.files.upload/download/delete`, `client.batch.jobs.create/get/list`
 (README, "Mistral: batch API for mistral-embed"). Pacing, Retry-After and the join on custom_id are the
-OpenAI adapter's (reindex_adapters.openai.core); only the envelope of Mistral's lines and its statuses are read here.
+OpenAI adapter's (reindex_adapters.openai.online); only the envelope of Mistral's lines and its statuses are read here.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pydantic import Field
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
-from reindex_adapters.openai.core import (
+from reindex_adapters.openai.online import (
     Paced,
     Pacer,
     ProviderBusy,
@@ -356,7 +356,7 @@ def make_client(server_url: str | None, key_env: str, timeout_s: float) -> Mistr
 
 def _cl100k() -> Any:
     try:
-        import tiktoken  # noqa: F401  (the mistral extra's; reindex_adapters.openai.core would name the openai extra)
+        import tiktoken  # noqa: F401  (the mistral extra's; reindex_adapters.openai.online would name the openai extra)
     except ImportError as exc:
         raise MissingDependency("tiktoken", extra="mistral") from exc
     return encoding("cl100k_base")

@@ -33,7 +33,7 @@ from reindex_adapters.bedrock.connection import (
     split_s3_uri,
 )
 from reindex_adapters.bedrock.records import collect_records, embedding
-from reindex_adapters.openai.core import (
+from reindex_adapters.openai.online import (
     Paced,
     Pacer,
     ProviderBusy,

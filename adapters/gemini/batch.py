@@ -27,7 +27,7 @@ from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.gemini.client import make_client, translated_errors
 from reindex_adapters.gemini.responses import read_responses
-from reindex_adapters.openai.core import (
+from reindex_adapters.openai.online import (
     Paced,
     Pacer,
     ProviderBusy,

@@ -17,7 +17,7 @@ from openai import AzureOpenAI, OpenAI
 from reindex.errors import ConfigError
 from reindex.registry import build
 from reindex_adapters.openai.azure import PRICES, PRICES_TAKEN, AzureOpenAIEmbedder
-from reindex_adapters.openai.core import OpenAIEmbedder, Pacer, cl100k
+from reindex_adapters.openai.online import OpenAIEmbedder, Pacer, cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder

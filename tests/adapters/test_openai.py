@@ -19,7 +19,7 @@ from reindex.config import RunConfig
 from reindex.errors import ConfigError, TransientError
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
 from reindex.run.pipeline import batch_budget, batch_texts
-from reindex_adapters.openai.core import (
+from reindex_adapters.openai.online import (
     PRICES,
     PRICES_TAKEN,
     OpenAIBatchEmbedder,
@@ -579,7 +579,7 @@ def test_the_api_key_is_in_no_error_message_traceback_or_log_line(
 
 @pytest.mark.parametrize("dim", [384, 385, 1536])  # 385: each row's base64 ends in padding
 def test_base64_rows_decode_to_one_float32_matrix_as_the_rows_say(dim: int) -> None:
-    from reindex_adapters.openai.core import decode_vectors
+    from reindex_adapters.openai.online import decode_vectors
 
     rows = np.random.default_rng(dim).random((7, dim), dtype=np.float32)
     encoded = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in rows]
