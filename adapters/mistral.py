@@ -5,7 +5,7 @@
 
 Names are those of mistralai 3.7: `client.files.upload/download/delete`, `client.batch.jobs.create/get/list`
 (README, "Mistral: batch API for mistral-embed"). Pacing, Retry-After and the join on custom_id are the
-OpenAI adapter's (reindex_adapters.openai.online); only the envelope of Mistral's lines and its statuses are read here.
+remote-provider toolkit's (reindex_adapters.remote); only the envelope of Mistral's lines and its statuses are read here.
 """
 
 from __future__ import annotations
@@ -23,20 +23,12 @@ from pydantic import Field
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
-from reindex_adapters.openai.online import (
-    Paced,
-    Pacer,
-    ProviderBusy,
-    ProviderNotFound,
-    api_key,
-    collect_lines,
-    encoding,
-    json_line,
-    line_vectors,
-    redact,
-    retry_after,
-    tokenize_texts,
-)
+from reindex_adapters.remote.decoding import line_vectors
+from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, retry_after
+from reindex_adapters.remote.keys import api_key, redact
+from reindex_adapters.remote.lines import collect_lines, json_line
+from reindex_adapters.remote.pacing import Paced, Pacer
+from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
 if TYPE_CHECKING:
     from mistralai.client import Mistral
@@ -356,7 +348,7 @@ def make_client(server_url: str | None, key_env: str, timeout_s: float) -> Mistr
 
 def _cl100k() -> Any:
     try:
-        import tiktoken  # noqa: F401  (the mistral extra's; reindex_adapters.openai.online would name the openai extra)
+        import tiktoken  # noqa: F401  (the mistral extra's; reindex_adapters.remote.tokens would name the openai extra)
     except ImportError as exc:
         raise MissingDependency("tiktoken", extra="mistral") from exc
     return encoding("cl100k_base")

@@ -33,15 +33,9 @@ from reindex_adapters.bedrock.connection import (
     split_s3_uri,
 )
 from reindex_adapters.bedrock.records import collect_records, embedding
-from reindex_adapters.openai.online import (
-    Paced,
-    Pacer,
-    ProviderBusy,
-    ProviderNotFound,
-    ProviderRejected,
-    encoding,
-    tokenize_texts,
-)
+from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected
+from reindex_adapters.remote.pacing import Paced, Pacer
+from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
 T = TypeVar("T")
 TITAN_V2 = "amazon.titan-embed-text-v2:0"

@@ -27,14 +27,9 @@ from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.gemini.client import make_client, translated_errors
 from reindex_adapters.gemini.responses import read_responses
-from reindex_adapters.openai.online import (
-    Paced,
-    Pacer,
-    ProviderBusy,
-    ProviderNotFound,
-    encoding,
-    tokenize_texts,
-)
+from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound
+from reindex_adapters.remote.pacing import Paced, Pacer
+from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
 if TYPE_CHECKING:
     from google.genai import Client
