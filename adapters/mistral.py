@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field
 
-from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
+from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.remote.decoding import line_vectors
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, retry_after
+from reindex_adapters.remote.jobs import create_once
 from reindex_adapters.remote.keys import api_key, redact
 from reindex_adapters.remote.lines import collect_lines, json_line
 from reindex_adapters.remote.pacing import Paced, Pacer
@@ -191,15 +192,8 @@ class MistralBatchEmbedder:
             timeout_hours=self._timeout_hours,
             timeout_ms=int(self._create_timeout_s * 1000),
         )
-        try:
-            return self._api.once(create).id
-        except ProviderBusy as exc:
-            found = self._find(key)
-            if found is None:
-                raise TransientError(
-                    f"creating the job for key {key!r} failed: {exc}; rerun to retry"
-                ) from exc
-            return found.id
+        created = functools.partial(self._api.once, create)
+        return create_once(created, functools.partial(self._find, key), what=f"the job for key {key!r}").id
 
     def _estimates(self, job: BatchJob) -> dict[str, int]:
         """The job's lines and their estimated tokens: remembered from submit, else read from its input

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from reindex.errors import BackendError, ConfigError, TransientError
+from reindex.errors import BackendError, ConfigError
 from reindex.ports import JobItem, JobResult, Tokens
 from reindex_adapters.openai.client import (
     MAX_INPUTS,
@@ -24,7 +24,8 @@ from reindex_adapters.openai.client import (
     resolve_dim,
 )
 from reindex_adapters.openai.online import OpenAIEmbedder
-from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound
+from reindex_adapters.remote.errors import ProviderNotFound
+from reindex_adapters.remote.jobs import create_once
 from reindex_adapters.remote.lines import collect_lines
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.remote.tokens import encoding, tokenize_texts
@@ -234,15 +235,8 @@ class OpenAIBatchEmbedder:
             completion_window="24h",
             metadata={KEY_FIELD: key, ITEMS_FIELD: map_file},
         )
-        try:
-            return self._endpoint.once(create).id
-        except ProviderBusy as exc:
-            found = self._find(key)
-            if found is None:
-                raise TransientError(
-                    f"creating the batch for key {key!r} failed: {exc}; rerun to retry"
-                ) from exc
-            return found.id
+        created = functools.partial(self._endpoint.once, create)
+        return create_once(created, functools.partial(self._find, key), what=f"the batch for key {key!r}").id
 
     def _line_items(self, batch: Batch) -> dict[str, list[str]]:
         if batch.id not in self._lines:
