@@ -5,7 +5,7 @@
 
 Names are those of mistralai 3.7: `client.files.upload/download/delete`, `client.batch.jobs.create/get/list`
 (README, "Mistral: batch API for mistral-embed"). Pacing, Retry-After and the join on custom_id are the
-OpenAI adapter's (reindex_adapters.openai.core); only the envelope of Mistral's lines and its statuses are read here.
+remote-provider toolkit's (reindex_adapters.remote); only the envelope of Mistral's lines and its statuses are read here.
 """
 
 from __future__ import annotations
@@ -20,23 +20,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field
 
-from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError, TransientError
+from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
-from reindex_adapters.openai.core import (
-    Paced,
-    Pacer,
-    ProviderBusy,
-    ProviderNotFound,
-    api_key,
-    collect_lines,
-    encoding,
-    json_line,
-    line_vectors,
-    redact,
-    retry_after,
-    tokenize_texts,
-)
+from reindex_adapters.remote.decoding import line_vectors
+from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, retry_after
+from reindex_adapters.remote.jobs import create_once
+from reindex_adapters.remote.keys import api_key, redact
+from reindex_adapters.remote.lines import collect_lines, json_line
+from reindex_adapters.remote.pacing import Paced, Pacer
+from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
 if TYPE_CHECKING:
     from mistralai.client import Mistral
@@ -199,15 +192,8 @@ class MistralBatchEmbedder:
             timeout_hours=self._timeout_hours,
             timeout_ms=int(self._create_timeout_s * 1000),
         )
-        try:
-            return self._api.once(create).id
-        except ProviderBusy as exc:
-            found = self._find(key)
-            if found is None:
-                raise TransientError(
-                    f"creating the job for key {key!r} failed: {exc}; rerun to retry"
-                ) from exc
-            return found.id
+        created = functools.partial(self._api.once, create)
+        return create_once(created, functools.partial(self._find, key), what=f"the job for key {key!r}").id
 
     def _estimates(self, job: BatchJob) -> dict[str, int]:
         """The job's lines and their estimated tokens: remembered from submit, else read from its input
@@ -356,7 +342,7 @@ def make_client(server_url: str | None, key_env: str, timeout_s: float) -> Mistr
 
 def _cl100k() -> Any:
     try:
-        import tiktoken  # noqa: F401  (the mistral extra's; reindex_adapters.openai.core would name the openai extra)
+        import tiktoken  # noqa: F401  (the mistral extra's; reindex_adapters.remote.tokens would name the openai extra)
     except ImportError as exc:
         raise MissingDependency("tiktoken", extra="mistral") from exc
     return encoding("cl100k_base")

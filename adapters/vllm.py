@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from reindex.errors import BackendError, ConfigError, MissingDependency
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, Tokens, Vectors
-from reindex_adapters.sentence_transformers import _model_dir, _special_count, _untruncated, weights_digest
+from reindex_adapters.sentence_transformers.model import _model_dir, weights_digest
+from reindex_adapters.sentence_transformers.tokenizer import _special_count, _untruncated
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer

@@ -124,7 +124,7 @@ class TokenColumns(Sequence[Tokens]):
     offsets: Int64s | None = None
     texts: list[str] | None = None
     items: list[Any] | None = None
-    # True: `counts` are upper bounds a remote model was not asked to count exactly (`reindex_adapters.openai.core`), and
+    # True: `counts` are upper bounds a remote model was not asked to count exactly (`reindex_adapters.openai.online`), and
     # the provider's usage is the count the run records.
     bounded: bool = False
 

@@ -636,12 +636,8 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
     from openai import OpenAI
 
     from reindex.config import RunConfig
-    from reindex_adapters.openai.core import (
-        MIN_INPUTS_PER_REQUEST,
-        REQUESTS_PER_SLOT,
-        OpenAIEmbedder,
-        decode_vectors,
-    )
+    from reindex_adapters.openai.online import MIN_INPUTS_PER_REQUEST, REQUESTS_PER_SLOT, OpenAIEmbedder
+    from reindex_adapters.remote.decoding import decode_vectors
 
     concurrency = OpenAIEmbedder.Config.model_fields["concurrency"].default
     per_request = max(MIN_INPUTS_PER_REQUEST, -(-RunConfig().shard_size // (concurrency * REQUESTS_PER_SLOT)))
@@ -670,7 +666,8 @@ def endpoint_alone(bench: Bench, repeat: int) -> Sample:
 
 def sent_texts(texts: Sequence[str]) -> list[str]:
     """What the run sends for these documents: each distinct text once, cut at the model's 8,191 tokens."""
-    from reindex_adapters.openai.core import OpenAIEmbedder, cl100k, tokenize_texts
+    from reindex_adapters.openai.online import OpenAIEmbedder
+    from reindex_adapters.remote.tokens import cl100k, tokenize_texts
 
     limit = OpenAIEmbedder.Config.model_fields["max_tokens"].default
     return [str(item.data) for item in tokenize_texts(list(dict.fromkeys(texts)), cl100k(), limit)]

@@ -280,7 +280,8 @@ def provider():
     """The OpenAI batch embedder against the emulator, through the official SDK."""
     from openai import OpenAI
 
-    from reindex_adapters.openai.core import OpenAIBatchEmbedder, Pacer
+    from reindex_adapters.openai.batch import OpenAIBatchEmbedder
+    from reindex_adapters.remote.pacing import Pacer
     from reindex_adapters.testing.emulators.openai import Emulator
     from reindex_adapters.testing.memory import HashEmbedder
 

@@ -15,7 +15,7 @@ from reindex.config import RouteConfig, RunConfig
 from reindex.plan import routing
 from reindex.plan.estimate import PlanReport
 from reindex.ui.cli import app
-from reindex_adapters.openai.core import encoding
+from reindex_adapters.remote.tokens import encoding
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.cli.test_terminal import readable
 

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
-from reindex_adapters.openai.core import ProviderBusy, ProviderNotFound, ProviderRejected
+from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError

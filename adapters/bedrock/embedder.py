@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import Field, field_validator
 
-from reindex.errors import BackendError, ConfigError, TransientError
+from reindex.errors import BackendError, ConfigError
 from reindex.fingerprint import fingerprint
 from reindex.ports import ONLINE, EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.bedrock.connection import (
@@ -32,15 +32,10 @@ from reindex_adapters.bedrock.connection import (
     split_s3_uri,
 )
 from reindex_adapters.bedrock.records import collect_records, embedding
-from reindex_adapters.openai.core import (
-    Paced,
-    Pacer,
-    ProviderBusy,
-    ProviderNotFound,
-    ProviderRejected,
-    encoding,
-    tokenize_texts,
-)
+from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected
+from reindex_adapters.remote.jobs import create_once
+from reindex_adapters.remote.pacing import Paced, Pacer
+from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
 T = TypeVar("T")
 TITAN_V2 = "amazon.titan-embed-text-v2:0"
@@ -183,13 +178,12 @@ class BedrockBatchEmbedder:
             inputDataConfig={"s3InputDataConfig": {"s3Uri": input_uri, "s3InputFormat": "JSONL"}},
             outputDataConfig={"s3OutputDataConfig": {"s3Uri": self.config.output_s3_uri}},
         )
-        try:
-            return str(once(create)["jobArn"])
-        except (JobNameTaken, ProviderBusy) as exc:
-            found = self._find(name)
-            if found is None:
-                raise TransientError(f"creating the batch job for key {key!r} failed: {exc}; rerun") from exc
-            return found
+        return create_once(
+            lambda: str(once(create)["jobArn"]),
+            functools.partial(self._find, name),
+            what=f"the batch job for key {key!r}",
+            unsure=(JobNameTaken, ProviderBusy),
+        )
 
     def _find(self, name: str) -> str | None:
         """The ARN of the job with exactly this name, over every page of the filtered listing."""

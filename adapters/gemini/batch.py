@@ -22,19 +22,15 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 from pydantic import Field
 
-from reindex.errors import ConfigError, TransientError
+from reindex.errors import ConfigError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.gemini.client import make_client, translated_errors
 from reindex_adapters.gemini.responses import read_responses
-from reindex_adapters.openai.core import (
-    Paced,
-    Pacer,
-    ProviderBusy,
-    ProviderNotFound,
-    encoding,
-    tokenize_texts,
-)
+from reindex_adapters.remote.errors import ProviderNotFound
+from reindex_adapters.remote.jobs import create_once
+from reindex_adapters.remote.pacing import Paced, Pacer
+from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
 if TYPE_CHECKING:
     from google.genai import Client
@@ -225,17 +221,14 @@ class GeminiBatchEmbedder:
             src=types.EmbeddingsBatchJobSource(file_name=file_name),
             config=types.CreateEmbeddingsBatchJobConfig(display_name=key, http_options=timeout),
         )
-        try:
+
+        def created() -> BatchJob:
             with warnings.catch_warnings():  # the SDK marks create_embeddings experimental, once per call
                 warnings.simplefilter("ignore", ExperimentalWarning)
-                return str(self._once(create).name)
-        except ProviderBusy as exc:
-            found = self._find(key)
-            if found is None:
-                raise TransientError(
-                    f"creating the batch for key {key!r} failed: {exc}; rerun to retry"
-                ) from exc
-            return str(found.name)
+                return self._once(create)
+
+        found = functools.partial(self._find, key)
+        return str(create_once(created, found, what=f"the batch for key {key!r}").name)
 
     # files and calls ---------------------------------------------------------------------------------------
 

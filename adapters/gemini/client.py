@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
-from reindex_adapters.openai.core import ProviderBusy, ProviderNotFound, redact
+from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound
+from reindex_adapters.remote.keys import redact
 
 if TYPE_CHECKING:
     from google.genai import Client
@@ -80,7 +81,7 @@ def make_client(base_url: str | None, key_env: str, timeout_s: float) -> Client:
         import google.genai as genai
     except ImportError as exc:
         raise MissingDependency("google-genai", extra="gemini") from exc
-    from reindex_adapters.openai.core import api_key
+    from reindex_adapters.remote.keys import api_key
 
     options = genai.types.HttpOptions(
         api_version=API_VERSION, timeout=int(timeout_s * 1000), base_url=base_url

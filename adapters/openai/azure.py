@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import field_validator
 
 from reindex.errors import MissingDependency
-from reindex_adapters.openai.core import OpenAIEmbedder, api_key
+from reindex_adapters.openai.online import OpenAIEmbedder
+from reindex_adapters.remote.keys import api_key
 
 if TYPE_CHECKING:
     from openai import AzureOpenAI

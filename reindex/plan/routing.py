@@ -22,7 +22,7 @@ from reindex.units import duration, usd
 Tier = Literal["self-hosted", "online", "batch", "unknown"]
 CONFIGURED = "[embedder]"  # the configured embedder's route name
 DEFAULT_WINDOW_HOURS = 24.0  # OpenAI's only window; Bedrock's and Mistral's default job limit
-PACING_SHARE = 0.98  # of a per-minute limit the online pacer aims at (adapters/openai/core.py)
+PACING_SHARE = 0.98  # of a per-minute limit the online pacer aims at (adapters/remote/pacing.py)
 MAX_INPUTS, MAX_REQUEST_TOKENS = 2048, 300_000  # online request limits when the section names none
 
 

@@ -17,7 +17,9 @@ from openai import AzureOpenAI, OpenAI
 from reindex.errors import ConfigError
 from reindex.registry import build
 from reindex_adapters.openai.azure import PRICES, PRICES_TAKEN, AzureOpenAIEmbedder
-from reindex_adapters.openai.core import OpenAIEmbedder, Pacer, cl100k
+from reindex_adapters.openai.online import OpenAIEmbedder
+from reindex_adapters.remote.pacing import Pacer
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder

@@ -23,7 +23,7 @@ from reindex_adapters.bedrock import (
     job_name,
 )
 from reindex_adapters.bedrock.records import collect_records
-from reindex_adapters.openai.core import Pacer
+from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.testing.emulators.bedrock import BedrockEmulator
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import shorten
@@ -100,7 +100,7 @@ def created(emulator: BedrockEmulator, key: str) -> int:
 
 
 def tokens_of(texts: list[str]) -> int:
-    from reindex_adapters.openai.core import cl100k
+    from reindex_adapters.remote.tokens import cl100k
 
     return sum(len(cl100k().encode_ordinary(text)) for text in texts)
 

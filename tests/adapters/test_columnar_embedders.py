@@ -13,7 +13,8 @@ import pytest
 
 from reindex.columns import TokenColumns, embed, tokenize
 from reindex.errors import ConfigError
-from reindex_adapters.sentence_transformers import ColumnTokenizer, SentenceTransformerEmbedder, framed
+from reindex_adapters.sentence_transformers import ColumnTokenizer, SentenceTransformerEmbedder
+from reindex_adapters.sentence_transformers.tokenizer import framed
 from reindex_adapters.testing.memory import HashEmbedder
 
 VARIED = [

@@ -24,7 +24,8 @@ from reindex_adapters.gemini import (
     read_responses,
     retry_delay,
 )
-from reindex_adapters.openai.core import Pacer, cl100k
+from reindex_adapters.remote.pacing import Pacer
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.gemini.app import GeminiEmulator
 from reindex_adapters.testing.memory import HashEmbedder

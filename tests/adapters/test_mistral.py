@@ -19,7 +19,8 @@ from reindex.errors import ConfigError, MissingDependency, TransientError
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
 from reindex.registry import build
 from reindex_adapters.mistral import DIM, PRICES, PRICES_TAKEN, MistralBatchEmbedder, read_line
-from reindex_adapters.openai.core import Pacer, cl100k
+from reindex_adapters.remote.pacing import Pacer
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators import mistral as mistral_emulator
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.mistral import MistralEmulator

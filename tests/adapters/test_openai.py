@@ -19,16 +19,12 @@ from reindex.config import RunConfig
 from reindex.errors import ConfigError, TransientError
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
 from reindex.run.pipeline import batch_budget, batch_texts
-from reindex_adapters.openai.core import (
-    PRICES,
-    PRICES_TAKEN,
-    OpenAIBatchEmbedder,
-    OpenAIEmbedder,
-    Pacer,
-    cl100k,
-    price_per_million,
-    redact,
-)
+from reindex_adapters.openai.batch import OpenAIBatchEmbedder
+from reindex_adapters.openai.client import PRICES, PRICES_TAKEN, price_per_million
+from reindex_adapters.openai.online import OpenAIEmbedder
+from reindex_adapters.remote.keys import redact
+from reindex_adapters.remote.pacing import Pacer
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder
@@ -579,7 +575,7 @@ def test_the_api_key_is_in_no_error_message_traceback_or_log_line(
 
 @pytest.mark.parametrize("dim", [384, 385, 1536])  # 385: each row's base64 ends in padding
 def test_base64_rows_decode_to_one_float32_matrix_as_the_rows_say(dim: int) -> None:
-    from reindex_adapters.openai.core import decode_vectors
+    from reindex_adapters.remote.decoding import decode_vectors
 
     rows = np.random.default_rng(dim).random((7, dim), dtype=np.float32)
     encoded = [base64.b64encode(row.astype("<f4").tobytes()).decode("ascii") for row in rows]

@@ -13,7 +13,7 @@ import pytest
 from openai import OpenAI
 
 from reindex.ports import Vectors
-from reindex_adapters.openai.core import cl100k
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import INVALID_INPUT, FaultPlan
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder

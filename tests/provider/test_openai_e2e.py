@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from reindex_adapters.openai.core import cl100k
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder

@@ -29,7 +29,7 @@ from reindex.run import ray_engine
 from reindex.run.migration import leased, open_migration
 from reindex.run.pipeline import Progress, scan_documents
 from reindex.run.validation import screen
-from reindex_adapters.openai.core import cl100k
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.lifecycle.support import toml

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reindex.ports import Embedder
-from reindex_adapters.openai.core import cl100k
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import ApiError, FaultPlan, shape_output
 from reindex_adapters.testing.emulators.openai import Ledger, ProviderState, shorten
 from reindex_adapters.testing.emulators.server import LocalServer, in_thread, routed_app

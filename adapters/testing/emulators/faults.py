@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from reindex_adapters.openai.core import cl100k
+from reindex_adapters.remote.tokens import cl100k
 
 ROUTES = ("embeddings", "batch_create", "batch_retrieve", "batch_list", "batch_cancel", "files")
 MAX_INPUTS = 2048

@@ -273,7 +273,7 @@ class MistralState(ProviderState):
 
     def _embed(self, body: Mapping[str, Any], job: Job) -> dict[str, Any]:
         """One embeddings request of a job: Mistral's EmbeddingResponse; bills its tokens."""
-        from reindex_adapters.openai.core import cl100k
+        from reindex_adapters.remote.tokens import cl100k
 
         texts = body.get("input")
         texts = [texts] if isinstance(texts, str) else texts

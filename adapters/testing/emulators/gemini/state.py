@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reindex.ports import Embedder
-from reindex_adapters.openai.core import cl100k
+from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import ApiError, FaultPlan, line_failure, shape_output
 from reindex_adapters.testing.emulators.openai import ProviderState
 

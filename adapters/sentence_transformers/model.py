@@ -1,0 +1,166 @@
+"""Loading a sentence-transformers model: torch and the device, the model and its fast tokenizer, the token
+limit it accepts, and its identity (the weights digest, pooling and modules its fingerprint hashes)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from reindex.errors import ConfigError, MissingDependency
+from reindex.fingerprint import fingerprint
+from reindex.ports import EmbedderInfo
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+Device = Literal["cpu", "cuda", "auto"]
+Precision = Literal["fp32", "bf16", "fp16"]
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+SKIPPED_DIRS = {"onnx", "openvino"}  # alternative runtimes' exports: not the weights torch loads
+
+
+def _import_torch() -> Any:
+    try:
+        import sentence_transformers  # noqa: F401
+        import torch
+    except ImportError:
+        raise MissingDependency("sentence-transformers", extra="sentence-transformers") from None
+    return torch
+
+
+def _resolve_device(torch: Any, device: Device, precision: Precision) -> str:
+    has_cuda = bool(torch.cuda.is_available())
+    if device == "cuda" and not has_cuda:
+        raise ConfigError("device 'cuda' requested but CUDA is not available", hint="use 'auto' or 'cpu'")
+    resolved = "cuda" if device == "cuda" or (device == "auto" and has_cuda) else "cpu"
+    if resolved == "cpu" and precision == "fp16":
+        raise ConfigError("precision 'fp16' is not offered on CPU", hint="use 'fp32' or 'bf16' on CPU")
+    return resolved
+
+
+def _load(model: str, device: str) -> SentenceTransformer:
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # our own progress goes to stderr; theirs would interleave
+    with _loading_errors(model):
+        return SentenceTransformer(model, device=device, local_files_only=_offline() or Path(model).exists())
+
+
+@contextmanager
+def _loading_errors(model: str) -> Iterator[None]:
+    """huggingface_hub, transformers and safetensors raise OSError/ValueError/RuntimeError: make them ours."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        where = "not found locally" if not Path(model).exists() else "could not be loaded"
+        raise ConfigError(
+            f"model {model!r} {where}: {type(exc).__name__}",
+            hint="pass a local model directory or pre-download it into the Hugging Face cache",
+        ) from exc
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes", "on"}
+
+
+def _tokenizer(model: SentenceTransformer, name: str) -> Any:
+    tokenizer = getattr(model[0], "tokenizer", None)
+    if tokenizer is None or not getattr(tokenizer, "is_fast", False):
+        raise ConfigError(
+            f"model {name!r} has no fast (tokenizers) text tokenizer",
+            hint="use a model that ships tokenizer.json",
+        )
+    return tokenizer
+
+
+def _max_tokens(model: SentenceTransformer, tokenizer: Any, requested: int | None, specials: int) -> int:
+    ceiling = _position_limit(model, tokenizer)
+    limit = requested or model.max_seq_length or ceiling
+    if limit > ceiling or limit <= specials:
+        raise ConfigError(
+            f"max_tokens {limit} is outside what the model accepts ({specials + 1}..{ceiling})",
+            hint=f"set max_tokens to at most {ceiling}",
+        )
+    return limit
+
+
+def _position_limit(model: SentenceTransformer, tokenizer: Any) -> int:
+    transformer: Any = model[0]
+    limits = [
+        getattr(transformer.auto_model.config, "max_position_embeddings", None),
+        tokenizer.init_kwargs.get("model_max_length"),
+        model.max_seq_length,
+    ]
+    return min(value for value in limits if isinstance(value, int) and 0 < value < 1_000_000)
+
+
+def _info(model: SentenceTransformer, name: str, limit: int, **choices: Any) -> EmbedderInfo:
+    dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    dim = dimension()
+    if not isinstance(dim, int):
+        raise ConfigError(
+            f"model {name!r} does not report its embedding dimension", hint="use a text encoder"
+        )
+    options = {
+        "weights": weights_digest(_model_dir(name)),
+        "pooling": _pooling(model),
+        "modules": [type(module).__name__ for module in model],
+        "max_tokens": limit,
+        **choices,
+    }
+    identity = Path(name).name if Path(name).exists() else name  # the weights digest pins the files
+    return EmbedderInfo(
+        kind="sentence-transformers",
+        model=name,
+        dim=dim,
+        max_tokens=limit,
+        fingerprint=fingerprint("sentence-transformers", identity, dim, options),
+        options=options,
+    )
+
+
+def _model_dir(name: str) -> Path:
+    if Path(name).is_dir():
+        return Path(name)
+    from huggingface_hub import snapshot_download
+
+    with _loading_errors(name):
+        return Path(snapshot_download(name, local_files_only=True))
+
+
+def weights_digest(directory: Path) -> str:
+    """sha256 over the weight files torch loads (name and bytes), in a stable order."""
+    digest = hashlib.sha256()
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory)
+        if path.suffix in WEIGHT_SUFFIXES and path.is_file() and not SKIPPED_DIRS & set(relative.parts):
+            digest.update(relative.as_posix().encode() + b"\0")
+            _hash_file(digest, path)
+    return digest.hexdigest()
+
+
+def _hash_file(digest: Any, path: Path) -> None:
+    with path.open("rb") as stream:
+        while block := stream.read(1 << 20):
+            digest.update(block)
+
+
+def _pooling(model: SentenceTransformer) -> str:
+    for module in model.children():
+        describe = getattr(module, "get_config_dict", dict)
+        config: dict[str, Any] = describe()
+        if "pooling_mode" in config:
+            return str(config["pooling_mode"])
+        modes = [
+            key.removeprefix("pooling_mode_")
+            for key, on in config.items()
+            if key.startswith("pooling_mode_") and on is True
+        ]
+        if modes:
+            return "+".join(modes)
+    return "none"
