@@ -62,7 +62,7 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         model text NOT NULL, state text NOT NULL DEFAULT 'running', created_at double precision NOT NULL,
         finished_at double precision
     );
-    CREATE TABLE reindex.run.shards (
+    CREATE TABLE reindex.shards (
         plan_id text NOT NULL, seq integer NOT NULL, after_cursor text, last_cursor text NOT NULL,
         documents integer NOT NULL, written integer NOT NULL, dead_letters integer NOT NULL,
         duplicates integer NOT NULL, reused integer NOT NULL, vanished integer NOT NULL DEFAULT 0,
@@ -88,7 +88,7 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     );
     """,
     """
-    ALTER TABLE reindex.run.shards ADD COLUMN billed_tokens bigint NOT NULL DEFAULT 0;
+    ALTER TABLE reindex.shards ADD COLUMN billed_tokens bigint NOT NULL DEFAULT 0;
     CREATE TABLE reindex.jobs (
         plan_id text NOT NULL, key text NOT NULL, seq integer NOT NULL, attempt integer NOT NULL,
         state text NOT NULL, job_id text, after_cursor text, last_cursor text NOT NULL,
@@ -116,16 +116,16 @@ MIGRATIONS: tuple[LiteralString, ...] = (
         plan_id text NOT NULL, seq bigint NOT NULL, after_cursor text, last_cursor text NOT NULL,
         documents bigint NOT NULL, PRIMARY KEY (plan_id, seq)
     );
-    ALTER TABLE reindex.run.shards ADD COLUMN worker text;
+    ALTER TABLE reindex.shards ADD COLUMN worker text;
     """,
     """
     ALTER TABLE reindex.verifications ADD COLUMN kind text NOT NULL DEFAULT 'coverage';
     """,
 )
 _SETTLE: dict[str, LiteralString] = {
-    "written": "UPDATE reindex.run.shards SET dead_letters = dead_letters - 1, written = written + 1"
+    "written": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, written = written + 1"
     " WHERE plan_id = %s AND seq = %s",
-    "vanished": "UPDATE reindex.run.shards SET dead_letters = dead_letters - 1, vanished = vanished + 1"
+    "vanished": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, vanished = vanished + 1"
     " WHERE plan_id = %s AND seq = %s",
 }
 # One statement per shard, whatever its size: the rows travel as arrays.
@@ -152,7 +152,7 @@ _TOTALS = (
     "SELECT count(*), coalesce(sum(documents),0), coalesce(sum(written),0), coalesce(sum(dead_letters),0),"
     " coalesce(sum(duplicates),0), coalesce(sum(vanished),0), coalesce(sum(reused),0), coalesce(sum(tokens),0),"
     " coalesce(sum(truncated),0), coalesce(sum(seconds),0), coalesce(sum(billed_tokens),0)"
-    " FROM reindex.run.shards WHERE plan_id = %s"
+    " FROM reindex.shards WHERE plan_id = %s"
 )
 _RUN_COLUMNS: LiteralString = "plan_id, alias, target, fingerprint, model, nonce, config_key"
 # The lease connection: a vanished network fails its pings within seconds instead of hanging them.
@@ -267,7 +267,7 @@ class PostgresLedger:
 
     def workers(self, plan_id: str) -> list[WorkerSummary]:
         rows = self._query(
-            "SELECT worker, documents, seconds, written_at FROM reindex.run.shards"
+            "SELECT worker, documents, seconds, written_at FROM reindex.shards"
             " WHERE plan_id = %s AND worker IS NOT NULL",
             (plan_id,),
         )
@@ -275,7 +275,7 @@ class PostgresLedger:
 
     def shards(self, plan_id: str) -> list[ShardRecord]:
         rows = self._query(
-            "SELECT seq, documents, written, tokens, seconds, written_at, worker FROM reindex.run.shards"
+            "SELECT seq, documents, written, tokens, seconds, written_at, worker FROM reindex.shards"
             " WHERE plan_id = %s ORDER BY written_at, seq",
             (plan_id,),
         )
@@ -287,7 +287,7 @@ class PostgresLedger:
     def shard_plan(self, plan_id: str) -> list[PlannedShard]:
         rows = self._query(
             "SELECT p.seq, p.after_cursor, p.last_cursor, p.documents, s.seq IS NOT NULL"
-            " FROM reindex.shard_plan p LEFT JOIN reindex.run.shards s ON s.plan_id = p.plan_id AND s.seq = p.seq"
+            " FROM reindex.shard_plan p LEFT JOIN reindex.shards s ON s.plan_id = p.plan_id AND s.seq = p.seq"
             " WHERE p.plan_id = %s ORDER BY p.seq",
             (plan_id,),
         )
@@ -296,7 +296,7 @@ class PostgresLedger:
     def resume_point(self, plan_id: str) -> tuple[str | None, int]:
         """The cursor after the last written shard and the next shard number."""
         rows = self._query(
-            "SELECT seq, last_cursor FROM reindex.run.shards WHERE plan_id = %s ORDER BY seq DESC LIMIT 1",
+            "SELECT seq, last_cursor FROM reindex.shards WHERE plan_id = %s ORDER BY seq DESC LIMIT 1",
             (plan_id,),
         )
         return (None, 0) if not rows else (rows[0][1], rows[0][0] + 1)
@@ -308,14 +308,14 @@ class PostgresLedger:
         now = time.time()
         with self._fenced() as conn:
             recorded = conn.execute(
-                "SELECT seq, after_cursor, last_cursor FROM reindex.run.shards WHERE plan_id = %s"
+                "SELECT seq, after_cursor, last_cursor FROM reindex.shards WHERE plan_id = %s"
                 " AND seq BETWEEN %s AND %s",
                 (plan_id, shard.seq - 1, shard.seq + 1),
             ).fetchall()
             if is_replay(plan_id, shard, {row[0]: (row[1], row[2]) for row in recorded}):
                 return
             conn.execute(
-                "INSERT INTO reindex.run.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
+                "INSERT INTO reindex.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
                 " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens,"
                 " vanished, worker) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
                 shard_row(plan_id, shard, now),

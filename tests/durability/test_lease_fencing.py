@@ -72,7 +72,7 @@ def _recorded(dsn: str) -> int:
     """Documents the ledger holds as written (0 before its schema exists or while the server is down)."""
     try:
         with psycopg.connect(dsn, connect_timeout=2) as conn:
-            row = conn.execute("SELECT coalesce(sum(documents), 0) FROM reindex.run.shards").fetchone()
+            row = conn.execute("SELECT coalesce(sum(documents), 0) FROM reindex.shards").fetchone()
     except psycopg.Error:
         return 0
     assert row is not None
@@ -97,7 +97,7 @@ def _assert_exact(tool: Tool, dsn: str, texts: dict[str, str]) -> None:
     assert status["state"] == "complete" and status["reconciled"], status
     assert status["written"] + status["duplicates"] == len(texts)
     with psycopg.connect(dsn) as conn:
-        seqs = [r[0] for r in conn.execute("SELECT seq FROM reindex.run.shards ORDER BY seq")]
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM reindex.shards ORDER BY seq")]
         holders = conn.execute("SELECT count(*) FROM reindex.leases").fetchone()
     assert seqs == list(range(len(seqs))), "the shards form one contiguous prefix"
     assert holders == (0,), "a run that ends releases its lease"

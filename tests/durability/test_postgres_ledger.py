@@ -29,7 +29,7 @@ class PostgresStateTool(Tool):
         with psycopg.connect(self.dsn) as conn:
             try:
                 row = conn.execute(
-                    "SELECT count(*), coalesce(sum(documents), 0) FROM reindex.run.shards"
+                    "SELECT count(*), coalesce(sum(documents), 0) FROM reindex.shards"
                 ).fetchone()
             except psycopg.errors.UndefinedTable:  # schema not created yet
                 return 0, 0
@@ -58,7 +58,7 @@ def test_sigkilled_runs_sharing_a_postgres_ledger_resume_to_a_verified_end(
     assert status["reconciled"] and status["state"] == "complete"
     assert status["written"] + status["duplicates"] == len(texts)
     with psycopg.connect(pg_dsn) as conn:
-        seqs = [r[0] for r in conn.execute("SELECT seq FROM reindex.run.shards ORDER BY seq")]
+        seqs = [r[0] for r in conn.execute("SELECT seq FROM reindex.shards ORDER BY seq")]
         leases = conn.execute("SELECT count(*) FROM reindex.leases").fetchone()
     assert seqs == list(range(len(seqs))), "the shards form one contiguous prefix"
     assert leases == (0,), "a run that ends releases its lease"
