@@ -457,16 +457,19 @@ class PostgresLedger:
         return [Cutover(int(r[0]), r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], float(r[8])) for r in rows]
 
     def record_job(self, plan_id: str, job: Job) -> None:
-        """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
+        """Store a job whole in its new state (every column replaced); the intent row is committed before the
+        provider sees anything."""
         from psycopg import sql
 
         row = job_row(plan_id, job)
         statement = sql.SQL(
             "INSERT INTO reindex.jobs VALUES ({})"
-            " ON CONFLICT (plan_id, key) DO UPDATE SET state = excluded.state, job_id = excluded.job_id,"
-            " written = excluded.written, billed_tokens = excluded.billed_tokens, items = excluded.items,"
-            " dead = excluded.dead, updated_at = excluded.updated_at, vanished = excluded.vanished,"
-            " copies = excluded.copies"
+            " ON CONFLICT (plan_id, key) DO UPDATE SET seq = excluded.seq, attempt = excluded.attempt,"
+            " state = excluded.state, job_id = excluded.job_id, after_cursor = excluded.after_cursor,"
+            " last_cursor = excluded.last_cursor, documents = excluded.documents,"
+            " duplicates = excluded.duplicates, truncated = excluded.truncated, written = excluded.written,"
+            " billed_tokens = excluded.billed_tokens, items = excluded.items, dead = excluded.dead,"
+            " updated_at = excluded.updated_at, vanished = excluded.vanished, copies = excluded.copies"
         ).format(sql.SQL(",").join([sql.Placeholder()] * len(row)))
         with self._fenced() as conn:
             conn.execute(statement, row)
