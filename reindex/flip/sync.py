@@ -34,7 +34,7 @@ from reindex.prove.verify import Category, Comparison, compare, load_rows
 from reindex.run.pipeline import retrying
 from reindex.run.synchronous import online
 from reindex.run.validation import excused, text_hash
-from reindex.state.ledger import DeadLetter, Ledger
+from reindex.state.sql import DeadLetter, Ledger
 
 if TYPE_CHECKING:
     from reindex.commands import Migration

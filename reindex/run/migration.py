@@ -26,7 +26,7 @@ from reindex.fingerprint import target_name
 from reindex.ports import DeferredEmbedder, Embedder, Sink, Source, TargetSpec
 from reindex.run.pipeline import Pipeline
 from reindex.run.synchronous import SynchronousBatches
-from reindex.state.ledger import Lease, Ledger, RunInfo, SqliteLedger
+from reindex.state.sql import Lease, Ledger, RunInfo, SqliteLedger
 
 
 @dataclass

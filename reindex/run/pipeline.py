@@ -46,7 +46,7 @@ from reindex.run.shards import (
     unstorable,
 )
 from reindex.run.validation import vector_problems
-from reindex.state.ledger import DeadLetter, Ledger, ShardResult
+from reindex.state.sql import DeadLetter, Ledger, ShardResult
 
 T = TypeVar("T")
 Plan = tuple[TokenColumns, list[Batch]]  # a window's unique texts and the batches the model takes them in

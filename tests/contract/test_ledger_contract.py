@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, CutoverRefused, LeaseLost
-from reindex.state.ledger import DeadLetter, Job, Ledger, ShardResult, SqliteLedger
+from reindex.state.sql import DeadLetter, Job, Ledger, ShardResult, SqliteLedger
 
 PLAN = "plan-0001"
 Opener = Callable[[], Ledger]
@@ -260,7 +260,7 @@ def test_a_lease_is_freed_when_its_process_is_killed(open_ledger: Opener, state:
 _HOLDER = """
 import sys, time
 from reindex_adapters.postgres.ledger import PostgresLedger
-from reindex.state.ledger import SqliteLedger
+from reindex.state.sql import SqliteLedger
 state = sys.argv[1]
 ledger = PostgresLedger(state) if state.startswith("postgresql://") else SqliteLedger(state)
 with ledger.lease("migration-a"):

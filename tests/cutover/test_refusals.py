@@ -15,7 +15,7 @@ from reindex import commands
 from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.flip import sync
-from reindex.state.ledger import Cutover, SqliteLedger
+from reindex.state.sql import Cutover, SqliteLedger
 
 DOCS = 150
 
