@@ -629,7 +629,7 @@ def write_shards(
     budget: dict[str, Any],
     barrier: Any,
 ) -> dict[str, Any]:
-    from reindex.state.sql import Lease, ShardResult
+    from reindex.state.records import Lease, ShardResult
 
     ledger = open_ledger(backend, location)
     ledger.fence(Lease(*lease))

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal, LiteralString
 from pydantic import BaseModel, ConfigDict
 
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, MissingDependency, TransientError
-from reindex.state.sql import (
-    FORGET_TABLES,
+from reindex.state.ledger import FORGET_TABLES, alias_busy, held, lease_lost
+from reindex.state.records import (
     Cutover,
     DeadLetter,
     Job,
@@ -35,18 +35,13 @@ from reindex.state.sql import (
     ShardResult,
     Verification,
     WorkerSummary,
-    alias_busy,
-    held,
-    is_replay,
     job_from_row,
     job_row,
-    lease_lost,
-    new_nonce,
     run_info_from_row,
-    settlements_by_state,
     shard_row,
     worker_summaries,
 )
+from reindex.state.sql import is_replay, new_nonce, settlements_by_state
 from reindex_adapters.postgres.core import mask_dsn
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from reindex.errors import ConfigError
 from reindex.ports import IndexSource, Record, Sink, Source, SourceSchema
-from reindex.state.sql import Ledger
+from reindex.state.ledger import Ledger
 
 if TYPE_CHECKING:
     from reindex.run.migration import Migration

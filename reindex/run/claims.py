@@ -14,8 +14,8 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Protocol
 
-from reindex.state import sql as ledger
-from reindex.state.sql import Ledger
+from reindex.state import ledger
+from reindex.state.ledger import Ledger
 
 
 class Claims(Protocol):

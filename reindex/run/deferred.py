@@ -50,7 +50,8 @@ from reindex.run.cost import Budget
 from reindex.run.pipeline import Progress, retrying, scan_documents, write_rows
 from reindex.run.shards import Copy, prepare_shard
 from reindex.run.validation import text_hash, vector_dead_letters
-from reindex.state.sql import DeadLetter, Job, Ledger, ShardResult
+from reindex.state.ledger import Ledger
+from reindex.state.records import DeadLetter, Job, ShardResult
 
 ONLINE = "online"  # the job id of lines sent through the online endpoint (or of a job left with no lines)
 Item = tuple[str, str, str, int]  # custom_id, doc_id, content_hash, tokens

@@ -19,7 +19,7 @@ from reindex.columns import Documents, TokenColumns, documents, tokenize
 from reindex.config import RunConfig
 from reindex.ports import Record, Vectors
 from reindex.run.validation import content_hashes, screen
-from reindex.state.sql import DeadLetter
+from reindex.state.records import DeadLetter
 
 Claim = Callable[
     [dict[str, str]], dict[str, tuple[str, str]]

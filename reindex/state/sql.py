@@ -16,12 +16,30 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from reindex.errors import AlreadyRunning, BackendError, ConfigError, CutoverRefused, LeaseLost
+from reindex.errors import AlreadyRunning, BackendError, ConfigError
+from reindex.state.ledger import FORGET_TABLES, alias_busy, held, lease_lost
+from reindex.state.records import (
+    Cutover,
+    DeadLetter,
+    Job,
+    Lease,
+    PlannedShard,
+    RunInfo,
+    RunSummary,
+    ShardRecord,
+    ShardResult,
+    Verification,
+    WorkerSummary,
+    job_from_row,
+    job_row,
+    run_info_from_row,
+    shard_row,
+    worker_summaries,
+)
 
 # Numbered, append-only: PRAGMA user_version holds how many have been applied (alembic, in miniature).
 MIGRATIONS: tuple[str, ...] = (
@@ -117,346 +135,6 @@ _UPSERT_DEAD_LETTER = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    doc_id: str
-    reason: str  # one of reindex.run.validation.REASONS
-    detail: str = ""
-    content_hash: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ShardResult:
-    seq: int
-    after_cursor: str | None
-    last_cursor: str
-    documents: int
-    written: int
-    dead_letters: Sequence[DeadLetter]
-    duplicates: int  # duplicate ids with identical text, folded into one write
-    reused: int  # documents whose text was already embedded in this shard (embedded once)
-    tokens: int
-    truncated: int
-    seconds: float
-    billed_tokens: int = 0  # what the provider charged for (online or batch usage fields)
-    vanished: int = 0  # documents deleted from the source before their vectors could be written
-    texts: Sequence[tuple[str, str]] = ()  # (content_hash, "written" | "dead:<reason>") this shard embedded
-    # content_hash -> the document that now owns the text (re-embedded copies); recorded with the shard
-    owners: Mapping[str, str] = field(default_factory=dict)
-    worker: str | None = None  # "node/actor" that wrote it (engine `ray`); None for the local engine
-
-
-@dataclass(frozen=True)
-class WorkerSummary:
-    """What one worker of a ray run wrote: `status --json` lists them."""
-
-    worker: str
-    shards: int
-    documents: int
-    docs_per_second: float  # over its shard times
-    recent_docs_per_second: float  # over its shards of the last minute it wrote in
-    last_written_at: float
-
-
-def worker_summaries(rows: Sequence[tuple[str, int, float, float]]) -> list[WorkerSummary]:
-    """Per worker, from (worker, documents, seconds, written_at) of each shard it recorded."""
-    by_worker: dict[str, list[tuple[int, float, float]]] = {}
-    for worker, documents, seconds, at in rows:
-        by_worker.setdefault(worker, []).append((int(documents), float(seconds), float(at)))
-    summaries = []
-    for worker, shards in sorted(by_worker.items()):
-        last = max(at for _, _, at in shards)
-        recent = [(d, s) for d, s, at in shards if at >= last - 60]
-        summaries.append(
-            WorkerSummary(
-                worker,
-                len(shards),
-                sum(d for d, _, _ in shards),
-                _rate(sum(d for d, _, _ in shards), sum(s for _, s, _ in shards)),
-                _rate(sum(d for d, _ in recent), sum(s for _, s in recent)),
-                last,
-            )
-        )
-    return summaries
-
-
-def _rate(documents: int, seconds: float) -> float:
-    return round(documents / seconds, 1) if seconds > 0 else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Job:
-    """A provider job (deferred embedder) for one shard's texts, or for the lines a previous attempt lost.
-
-    States: intent (key durable, nothing created) → submitted (provider job id known) → applied (vectors
-    durable in the target) → released (provider files deleted). The key is deterministic, so recovery
-    adopts a job the provider created even if its id never reached the ledger.
-    """
-
-    key: str
-    seq: int
-    attempt: int
-    state: str
-    job_id: str | None
-    after_cursor: str | None
-    last_cursor: str
-    items: tuple[tuple[str, str, str, int], ...]  # (custom_id, doc_id, content_hash, tokens); never text
-    documents: int = 0  # shard documents, on attempt 0 only
-    duplicates: int = 0
-    truncated: int = 0
-    dead: tuple[DeadLetter, ...] = ()  # screening dead letters (attempt 0) or final provider rejections
-    written: int = 0
-    billed_tokens: int = 0
-    vanished: int = 0  # finished lines whose documents had left the source
-    # attempt 0: (doc_id, content_hash, owner doc) of texts embedded elsewhere; later attempts: the copies
-    # this job took over (embeds itself) because no stored vector carried their text any more
-    copies: tuple[tuple[str, str, str], ...] = ()
-
-
-def job_row(plan_id: str, job: Job) -> tuple[Any, ...]:
-    """The column values of a job, in table order (shared by both ledgers)."""
-    return (
-        plan_id,
-        job.key,
-        job.seq,
-        job.attempt,
-        job.state,
-        job.job_id,
-        job.after_cursor,
-        job.last_cursor,
-        job.documents,
-        job.duplicates,
-        job.truncated,
-        job.written,
-        job.billed_tokens,
-        json.dumps(job.items),
-        json.dumps([asdict(d) for d in job.dead]),
-        time.time(),
-        job.vanished,
-        json.dumps(job.copies),
-    )
-
-
-def job_from_row(row: Sequence[Any]) -> Job:
-    """A job from its row. Rows written before texts left the ledger carry a fifth item field (the text):
-    it is ignored, and gone once the job is recorded again."""
-    items = tuple((str(i[0]), str(i[1]), str(i[2]), int(i[3])) for i in json.loads(row[13]))
-    dead = tuple(DeadLetter(**d) for d in json.loads(row[14]))
-    return Job(
-        key=row[1],
-        seq=row[2],
-        attempt=row[3],
-        state=row[4],
-        job_id=row[5],
-        after_cursor=row[6],
-        last_cursor=row[7],
-        documents=row[8],
-        duplicates=row[9],
-        truncated=row[10],
-        written=row[11],
-        billed_tokens=row[12],
-        items=items,
-        dead=dead,
-        vanished=row[16],
-        copies=tuple((str(c[0]), str(c[1]), str(c[2])) for c in json.loads(row[17])),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    plan_id: str
-    alias: str
-    target: str
-    fingerprint: str
-    state: str  # running | complete
-    shards: int
-    documents: int
-    written: int
-    dead_letters: int
-    duplicates: int
-    vanished: int  # dead-lettered documents gone from the source when retried
-    reused: int
-    tokens: int
-    truncated: int
-    seconds: float
-    last_cursor: str | None
-    dead_letter_reasons: dict[str, int] = field(default_factory=dict)
-    billed_tokens: int = 0
-
-    @property
-    def reconciled(self) -> bool:
-        """Documents in = vectors written + dead letters (+ duplicate ids folded, + retried-and-vanished)."""
-        return self.documents == self.written + self.dead_letters + self.duplicates + self.vanished
-
-
-@dataclass(frozen=True, slots=True)
-class ShardRecord:
-    """One recorded shard as the report plots it: how much it carried and how long it took."""
-
-    seq: int
-    documents: int
-    written: int
-    tokens: int
-    seconds: float  # since the previous record of the same run: the run's wall time, shard by shard
-    written_at: float  # epoch seconds
-    worker: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Cutover:
-    id: int
-    alias: str
-    old: str | None
-    new: str
-    fingerprint: str | None
-    action: str  # cutover | rollback
-    forced: bool
-    state: str  # pending | done | aborted
-    at: float
-
-
-@dataclass(frozen=True, slots=True)
-class Verification:
-    """One check of a run's target: `coverage` (verify) or `quality` (compare), passed or not, its report."""
-
-    at: float
-    kind: str
-    passed: bool
-    report: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """The one-run-at-a-time right to write a migration's progress.
-
-    `token` increases with every acquisition of `key` (a fencing token): while a lease is held, every
-    ledger write checks in its own transaction that the token is still the newest, and raises
-    LeaseLost otherwise, so a stale runner can neither record shards nor release another's claims.
-    `lost` is set within seconds once the lease is known to be gone (its connection dropped);
-    the run watches it and stops (exit 75).
-    """
-
-    key: str
-    token: int
-    lost: threading.Event = field(default_factory=threading.Event, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class RunInfo:
-    """What a migration's commands need without loading the model (cached at `begin`)."""
-
-    plan_id: str
-    alias: str
-    target: str
-    fingerprint: str
-    model: dict[str, Any]
-    nonce: str
-    config_key: str | None
-
-
-@dataclass(frozen=True)
-class PlannedShard:
-    """A shard fixed in advance (engine `ray`): documents after `after_cursor` up to `last_cursor`."""
-
-    seq: int
-    after_cursor: str | None
-    last_cursor: str
-    documents: int
-    recorded: bool = False  # the ledger holds the shard's record: written
-
-
-class Ledger(Protocol):
-    """The durable record of a migration. SqliteLedger here; PostgresLedger in adapters/ for shared runs."""
-
-    def begin(
-        self,
-        plan_id: str,
-        *,
-        alias: str,
-        target: str,
-        fingerprint: str,
-        model: dict[str, Any],
-        config_key: str | None = None,
-    ) -> str:
-        """Create or reopen the run; return its nonce (random, made once per run, kept until forget)."""
-        ...
-
-    def run_info(self, plan_id: str) -> RunInfo | None: ...
-    def find_run(self, config_key: str) -> RunInfo | None:
-        """The newest run begun with this config key (source, target and embedder settings)."""
-        ...
-
-    def forget(self, plan_id: str) -> None:
-        """Delete a run's shards, dead letters, texts, jobs and run row (start afresh); keep cutovers."""
-        ...
-
-    def alias_lock(self, alias: str, *, wait_seconds: float = 5.0) -> AbstractContextManager[None]:
-        """Serialise cutover, rollback, prune and `cutover --sync` per alias; CutoverRefused if busy."""
-        ...
-
-    def resume_point(self, plan_id: str) -> tuple[str | None, int]: ...
-    def plan_shards(self, plan_id: str, shards: Sequence[PlannedShard]) -> None: ...
-    def fence(self, lease: Lease) -> None: ...
-    def shard_plan(self, plan_id: str) -> list[PlannedShard]: ...
-    def workers(self, plan_id: str) -> list[WorkerSummary]: ...
-    def shards(self, plan_id: str) -> list[ShardRecord]:
-        """The run's recorded shards in the order they were written."""
-        ...
-
-    def record_shard(self, plan_id: str, shard: ShardResult) -> None: ...
-    def settle_retry(
-        self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
-    ) -> None: ...
-    def record_dead_letters(self, plan_id: str, letters: Sequence[DeadLetter]) -> None: ...
-    def finish(self, plan_id: str) -> None: ...
-    def summary(self, plan_id: str) -> RunSummary | None: ...
-    def dead_letters(self, plan_id: str) -> list[DeadLetter]: ...
-    def record_verification(
-        self, plan_id: str, complete: bool, report: dict[str, Any], *, kind: str = "coverage"
-    ) -> None: ...
-    def verifications(self, plan_id: str, kind: str | None = None) -> list[Verification]: ...
-    def cutover_intent(
-        self,
-        alias: str,
-        old: str | None,
-        new: str,
-        *,
-        fingerprint: str | None,
-        action: str,
-        forced: bool,
-        report: dict[str, Any] | None = None,
-    ) -> int: ...
-    def settle_cutover(self, cutover_id: int, state: str, *, old: str | None = None) -> None: ...
-    def cutovers(self, alias: str) -> list[Cutover]: ...
-    def lease(self, key: str) -> AbstractContextManager[Lease]: ...
-    def record_job(self, plan_id: str, job: Job) -> None:
-        """Store the job whole: recorded again, its row takes every field of the new one."""
-        ...
-
-    def jobs(self, plan_id: str) -> list[Job]: ...
-    def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]: ...
-    def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]: ...
-    def settle_texts(
-        self, plan_id: str, states: Sequence[tuple[str, str]], *, owners: Mapping[str, str] | None = None
-    ) -> None: ...
-    def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None: ...
-    def close(self) -> None: ...
-
-
-def held(owners: Mapping[str, str], states: Mapping[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
-    """Of the ledger's states for texts a shard wants to claim ({hash: owner}), the ones it must not embed:
-    another document holds the text, or this very document already settled it past the run's cursor: a
-    sync wrote it, or its sink refused every row that carries it (a NUL byte Postgres refuses; only such
-    refusals stay dead in the ledger, see `shards.text_settlements`). Such a self-copy costs nothing and
-    still checks the stored vector (`copies.copy_rows`); were it embedded again, a provider would bill the
-    text twice. Other dead texts are tried again: a changed over-length policy may save them."""
-    return {
-        digest: state
-        for digest, state in states.items()
-        if state[0] != owners[digest] or state[1] == "written" or state[1].startswith("dead:sink_rejected")
-    }
-
-
 def settlements_by_state(
     states: Sequence[tuple[str, str]], owners: Mapping[str, str]
 ) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
@@ -504,60 +182,11 @@ def is_replay(plan_id: str, shard: ShardResult, recorded: Mapping[int, tuple[str
     return False
 
 
-def shard_row(plan_id: str, shard: ShardResult, now: float) -> tuple[Any, ...]:
-    """The shards columns both ledgers insert, in the order of their INSERT statements."""
-    return (
-        plan_id,
-        shard.seq,
-        shard.after_cursor,
-        shard.last_cursor,
-        shard.documents,
-        shard.written,
-        len(shard.dead_letters),
-        shard.duplicates,
-        shard.reused,
-        shard.tokens,
-        shard.truncated,
-        shard.seconds,
-        now,
-        shard.billed_tokens,
-        shard.vanished,
-        shard.worker,
-    )
-
-
-def lease_lost(key: str, token: int, stored: int | None) -> LeaseLost:
-    """The refusal of a fenced write: `stored` is the key's newest token, None when the loss was seen first
-    (the lease connection dropped)."""
-    how = (
-        "was lost (its connection dropped, or another run took it)"
-        if stored is None
-        else f"was taken over (token {stored})"
-    )
-    return LeaseLost(
-        f"the lease {key!r} (token {token}) {how}: this run writes nothing more",
-        hint="rerun the same command to continue once no other run holds the lease",
-    )
-
-
-def alias_busy(alias: str, wait_seconds: float) -> CutoverRefused:
-    return CutoverRefused(
-        f"alias {alias!r} is locked: another cutover, rollback or prune holds it (waited {wait_seconds:g} s)",
-        hint="wait for it to finish, then retry",
-    )
-
-
-def run_info_from_row(row: Sequence[Any]) -> RunInfo:
-    """(plan_id, alias, target, fingerprint, model, nonce, config_key) as both ledgers select them."""
-    return RunInfo(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5] or "", row[6])
-
-
 def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
 _RUN_COLUMNS = "plan_id, alias, target, fingerprint, model, nonce, config_key"
-FORGET_TABLES = ("shards", "shard_plan", "dead_letters", "texts", "jobs", "verifications", "runs")
 
 
 class SqliteLedger:

@@ -16,7 +16,9 @@ import psycopg
 import pytest
 
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, CutoverRefused, LeaseLost
-from reindex.state.sql import DeadLetter, Job, Ledger, ShardResult, SqliteLedger
+from reindex.state.ledger import Ledger
+from reindex.state.records import DeadLetter, Job, ShardResult
+from reindex.state.sql import SqliteLedger
 
 PLAN = "plan-0001"
 Opener = Callable[[], Ledger]

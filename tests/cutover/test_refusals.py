@@ -15,7 +15,8 @@ from reindex import commands
 from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.flip import sync
-from reindex.state.sql import Cutover, SqliteLedger
+from reindex.state.records import Cutover
+from reindex.state.sql import SqliteLedger
 
 DOCS = 150
 
