@@ -555,7 +555,7 @@ def fresh_ledger(work: Path, dsn: str, backend: str, name: str) -> Iterator[str]
 
 def open_ledger(backend: str, location: str) -> Any:
     if backend == "sqlite":
-        from reindex.state.sql import SqliteLedger
+        from reindex.state.sqlite import SqliteLedger
 
         return SqliteLedger(location)
     from reindex_adapters.postgres.ledger import PostgresLedger

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from reindex.state.ledger import Ledger
 from reindex.state.records import ShardResult
-from reindex.state.sql import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 
 PLAN = "0123456789abcdef"
 STEP = 100_000

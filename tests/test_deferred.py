@@ -15,7 +15,7 @@ from reindex.ports import Record, TargetSpec
 from reindex.prove.verify import coverage
 from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun
-from reindex.state.sql import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 from reindex_adapters.files.core import JsonlSource
 from reindex_adapters.testing.memory import MemoryBatchEmbedder, MemorySink, MemorySource
 

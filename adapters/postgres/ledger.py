@@ -1,6 +1,6 @@
 """The ledger in a shared Postgres database (`[run] state = "postgresql://..."`), for runs across machines.
 
-Same tables and results as reindex.state.sql.SqliteLedger, in schema `reindex`. A lease is a session advisory
+Same tables and results as reindex.state.sqlite.SqliteLedger, in schema `reindex`. A lease is a session advisory
 lock on a connection of its own, watched by a thread that pings it every second, plus a fencing token per
 key in `reindex.lease_tokens` that every write of the holder checks in its own transaction. Alias locks
 are advisory locks in a key space of their own.

@@ -28,7 +28,7 @@ from reindex.run.pipeline import Pipeline
 from reindex.run.synchronous import SynchronousBatches
 from reindex.state.ledger import Ledger
 from reindex.state.records import Lease, RunInfo
-from reindex.state.sql import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 
 
 @dataclass

@@ -46,7 +46,7 @@ from reindex.run.pipeline import Pipeline, Progress, scan_documents
 from reindex.run.shards import Pretokenized, pretokenize
 from reindex.state.ledger import Ledger
 from reindex.state.records import Lease, PlannedShard
-from reindex.state.sql import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 
 _LOCAL_ADDRESSES = (None, "local")
 

@@ -1,6 +1,7 @@
 """The durable record of a migration.
 
-ledger.py: the Ledger port · records.py: what it records and returns · sql.py: the SQLite ledger.
+ledger.py: the Ledger port · records.py: what it records and returns · sql.py: SqlLedger, the ledger's logic
+once for every SQL database · sqlite.py: the SQLite ledger, the default (Postgres: reindex_adapters.postgres).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from reindex.state.records import (
     Verification,
     WorkerSummary,
 )
-from reindex.state.sql import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 
 __all__ = [
     "Cutover",

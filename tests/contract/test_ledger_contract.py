@@ -18,7 +18,7 @@ import pytest
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, CutoverRefused, LeaseLost
 from reindex.state.ledger import Ledger
 from reindex.state.records import DeadLetter, Job, ShardResult
-from reindex.state.sql import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 
 PLAN = "plan-0001"
 Opener = Callable[[], Ledger]
@@ -262,7 +262,7 @@ def test_a_lease_is_freed_when_its_process_is_killed(open_ledger: Opener, state:
 _HOLDER = """
 import sys, time
 from reindex_adapters.postgres.ledger import PostgresLedger
-from reindex.state.sql import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 state = sys.argv[1]
 ledger = PostgresLedger(state) if state.startswith("postgresql://") else SqliteLedger(state)
 with ledger.lease("migration-a"):

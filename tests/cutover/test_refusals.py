@@ -16,7 +16,7 @@ from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.flip import sync
 from reindex.state.records import Cutover
-from reindex.state.sql import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 
 DOCS = 150
 
