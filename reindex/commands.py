@@ -48,7 +48,8 @@ from reindex.run.migration import (
 from reindex.run.pipeline import Pipeline, Progress
 from reindex.run.synchronous import online
 from reindex.run.validation import excused
-from reindex.state.ledger import Lease, Ledger, RunSummary
+from reindex.state.ledger import Ledger
+from reindex.state.records import Lease, RunSummary
 from reindex.units import iso_utc
 
 # plan ---------------------------------------------------------------------------------------------------

@@ -555,7 +555,7 @@ def fresh_ledger(work: Path, dsn: str, backend: str, name: str) -> Iterator[str]
 
 def open_ledger(backend: str, location: str) -> Any:
     if backend == "sqlite":
-        from reindex.state.ledger import SqliteLedger
+        from reindex.state.sqlite import SqliteLedger
 
         return SqliteLedger(location)
     from reindex_adapters.postgres.ledger import PostgresLedger
@@ -629,7 +629,7 @@ def write_shards(
     budget: dict[str, Any],
     barrier: Any,
 ) -> dict[str, Any]:
-    from reindex.state.ledger import Lease, ShardResult
+    from reindex.state.records import Lease, ShardResult
 
     ledger = open_ledger(backend, location)
     ledger.fence(Lease(*lease))

@@ -21,7 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reindex.state.ledger import Ledger, ShardResult, SqliteLedger
+from reindex.state.ledger import Ledger
+from reindex.state.records import ShardResult
+from reindex.state.sqlite import SqliteLedger
 
 PLAN = "0123456789abcdef"
 STEP = 100_000

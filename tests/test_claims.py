@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reindex.run.claims import ClaimBook
-from reindex.state.ledger import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 
 PLAN = "plan-claims"
 

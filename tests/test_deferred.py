@@ -15,7 +15,7 @@ from reindex.ports import Record, TargetSpec
 from reindex.prove.verify import coverage
 from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun
-from reindex.state.ledger import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 from reindex_adapters.files.jsonl import JsonlSource
 from reindex_adapters.testing.memory import MemoryBatchEmbedder, MemorySink, MemorySource
 
@@ -199,7 +199,7 @@ def test_ledger_holds_no_document_text_while_jobs_are_in_flight_or_after(tmp_pat
 
 
 def test_old_job_rows_that_carry_texts_are_read_and_the_text_is_ignored():
-    from reindex.state.ledger import Job, job_from_row, job_row
+    from reindex.state.records import Job, job_from_row, job_row
 
     row = list(job_row("plan", Job("plan-0-0", 0, 0, "intent", None, None, "d1", (("0-0", "d1", "h", 3),))))
     row[13] = '[["0-0", "d1", "h", 3, "the old text"]]'

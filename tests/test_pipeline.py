@@ -19,7 +19,7 @@ from reindex.run.claims import LedgerClaims
 from reindex.run.cost import Budget
 from reindex.run.pipeline import Pipeline
 from reindex.run.shards import prepare_shard, pretokenize
-from reindex.state.ledger import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 from reindex_adapters.testing.memory import HashEmbedder, MemorySink, MemorySource
 
 

@@ -1,6 +1,7 @@
 """The ledger in a shared Postgres database (`[run] state = "postgresql://..."`), for runs across machines.
 
-Same tables and results as reindex.state.ledger.SqliteLedger, in schema `reindex`. A lease is a session advisory
+The shared logic is SqlLedger's (reindex.state.sql); this module holds what Postgres does its own way. Same
+tables and results as reindex.state.sqlite.SqliteLedger, in schema `reindex`. A lease is a session advisory
 lock on a connection of its own, watched by a thread that pings it every second, plus a fencing token per
 key in `reindex.lease_tokens` that every write of the holder checks in its own transaction. Alias locks
 are advisory locks in a key space of their own.
@@ -8,8 +9,8 @@ are advisory locks in a key space of their own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import json
 import os
 import re
 import socket
@@ -17,36 +18,14 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, Any, Literal, LiteralString
+from typing import TYPE_CHECKING, Any, Literal, LiteralString, cast
 
 from pydantic import BaseModel, ConfigDict
 
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, MissingDependency, TransientError
-from reindex.state.ledger import (
-    FORGET_TABLES,
-    Cutover,
-    DeadLetter,
-    Job,
-    Lease,
-    PlannedShard,
-    RunInfo,
-    RunSummary,
-    ShardRecord,
-    ShardResult,
-    Verification,
-    WorkerSummary,
-    alias_busy,
-    held,
-    is_replay,
-    job_from_row,
-    job_row,
-    lease_lost,
-    new_nonce,
-    run_info_from_row,
-    settlements_by_state,
-    shard_row,
-    worker_summaries,
-)
+from reindex.state.ledger import alias_busy, held, lease_lost
+from reindex.state.records import Lease
+from reindex.state.sql import SqlLedger, settlements_by_state
 from reindex_adapters.postgres.connection import mask_dsn
 
 if TYPE_CHECKING:
@@ -122,12 +101,6 @@ MIGRATIONS: tuple[LiteralString, ...] = (
     ALTER TABLE reindex.verifications ADD COLUMN kind text NOT NULL DEFAULT 'coverage';
     """,
 )
-_SETTLE: dict[str, LiteralString] = {
-    "written": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, written = written + 1"
-    " WHERE plan_id = %s AND seq = %s",
-    "vanished": "UPDATE reindex.shards SET dead_letters = dead_letters - 1, vanished = vanished + 1"
-    " WHERE plan_id = %s AND seq = %s",
-}
 # One statement per shard, whatever its size: the rows travel as arrays.
 _SETTLE_TEXTS: LiteralString = (
     "UPDATE reindex.texts AS t SET state = s.state FROM unnest(%s::text[], %s::text[]) AS s(content_hash, state)"
@@ -142,19 +115,10 @@ _CLAIM_TEXTS: LiteralString = (
     "INSERT INTO reindex.texts SELECT %s, d, o, 'claimed' FROM unnest(%s::text[], %s::text[]) AS u(d, o)"
     " ON CONFLICT DO NOTHING"
 )
-_UPSERT_DEAD_LETTER = (
-    "INSERT INTO reindex.dead_letters (plan_id, doc_id, reason, detail, content_hash, seq, created_at)"
-    " VALUES (%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id, doc_id) DO UPDATE SET reason = excluded.reason,"
-    " detail = excluded.detail, content_hash = excluded.content_hash,"
-    " seq = coalesce(excluded.seq, dead_letters.seq)"
+# The tables of the shared statements (reindex.state.sql): Postgres keeps them in schema `reindex`.
+_TABLE = re.compile(
+    r"\b(FROM|INTO|UPDATE|JOIN) (?=(?:runs|shards|shard_plan|dead_letters|texts|jobs|verifications|cutovers)\b)"
 )
-_TOTALS = (
-    "SELECT count(*), coalesce(sum(documents),0), coalesce(sum(written),0), coalesce(sum(dead_letters),0),"
-    " coalesce(sum(duplicates),0), coalesce(sum(vanished),0), coalesce(sum(reused),0), coalesce(sum(tokens),0),"
-    " coalesce(sum(truncated),0), coalesce(sum(seconds),0), coalesce(sum(billed_tokens),0)"
-    " FROM reindex.shards WHERE plan_id = %s"
-)
-_RUN_COLUMNS: LiteralString = "plan_id, alias, target, fingerprint, model, nonce, config_key"
 # The lease connection: a vanished network fails its pings within seconds instead of hanging them.
 _LEASE_OPTIONS = {
     "keepalives": 1,
@@ -169,13 +133,17 @@ _QUOTED_PASSWORD = re.compile(r"(password\s*=\s*)'(?:[^'\\]|\\.)*'", re.IGNORECA
 _MIN_SCRUBBED = 4  # shorter passwords are masked by position only (scrubbing 'p' everywhere garbles text)
 
 
-class PostgresLedger:
+class PostgresLedger(SqlLedger):
     """One autocommit connection shared by the pipeline's threads under a lock; reopened after a drop."""
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["postgres"] = "postgres"
         url: str
+
+    _RUN_ORDER = "created_at DESC, plan_id DESC"
+    _DEAD_LETTER_ORDER = 'seq NULLS FIRST, doc_id COLLATE "C"'  # ids bytewise, as SQLite sorts them
+    _VERIFICATION_ORDER = "at"
 
     def __init__(self, url: str) -> None:
         if "://" in url and url.split("://", 1)[1].split("?", 1)[0].count("@") > 1:
@@ -201,279 +169,33 @@ class PostgresLedger:
     def from_config(cls, config: Config) -> PostgresLedger:
         return cls(config.url)
 
-    def begin(
-        self,
-        plan_id: str,
-        *,
-        alias: str,
-        target: str,
-        fingerprint: str,
-        model: dict[str, Any],
-        config_key: str | None = None,
-    ) -> str:
-        with self._fenced() as conn:
-            nonce = _one(
-                conn.execute(
-                    "INSERT INTO reindex.runs (plan_id, alias, target, fingerprint, model, created_at, nonce,"
-                    " config_key) VALUES (%s,%s,%s,%s,%s,%s,%s,%s) ON CONFLICT (plan_id) DO UPDATE SET"
-                    " state = 'running', finished_at = NULL, nonce = coalesce(runs.nonce, excluded.nonce),"
-                    " config_key = coalesce(excluded.config_key, runs.config_key) RETURNING nonce",
-                    (
-                        plan_id,
-                        alias,
-                        target,
-                        fingerprint,
-                        json.dumps(model),
-                        time.time(),
-                        new_nonce(),
-                        config_key,
-                    ),
-                )
-            )
-        return str(nonce)
+    def _sql(self, text: str) -> LiteralString:
+        # psycopg takes a LiteralString: the shared statements are constants of reindex.state.sql, whose only
+        # interpolations are fixed table, column and ORDER BY names (mypy reads LiteralString as str)
+        return cast(LiteralString, _in_postgres(text))  # type: ignore[redundant-cast]
 
-    def run_info(self, plan_id: str) -> RunInfo | None:
-        rows = self._query(f"SELECT {_RUN_COLUMNS} FROM reindex.runs WHERE plan_id = %s", (plan_id,))
-        return run_info_from_row(rows[0]) if rows else None
+    @contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        with self._lock, self._translated():
+            yield self._connection()
 
-    def find_run(self, config_key: str) -> RunInfo | None:
-        rows = self._query(
-            f"SELECT {_RUN_COLUMNS} FROM reindex.runs WHERE config_key = %s"
-            " ORDER BY created_at DESC, plan_id DESC LIMIT 1",
-            (config_key,),
-        )
-        return run_info_from_row(rows[0]) if rows else None
+    def _executemany(self, db: Connection, text: str, rows: Sequence[Sequence[Any]]) -> None:
+        with db.cursor() as cursor:
+            cursor.executemany(self._sql(text), rows)
 
-    def forget(self, plan_id: str) -> None:
-        with self._fenced() as conn:
-            sql = _psycopg().sql
-            for table in FORGET_TABLES:
-                delete = sql.SQL("DELETE FROM reindex.{} WHERE plan_id = %s").format(sql.Identifier(table))
-                conn.execute(delete, (plan_id,))
-
-    def fence(self, lease: Lease) -> None:
-        """Check every write of this object against a lease another process holds (a Ray driver's, for
-        its workers): once a newer run takes the key, their writes raise LeaseLost instead of landing."""
-        self._leases[lease.key] = Lease(lease.key, lease.token)
-
-    def plan_shards(self, plan_id: str, shards: Sequence[PlannedShard]) -> None:
-        """Fix shards in advance (engine `ray`); a shard already planned keeps its first plan."""
-        with self._fenced() as conn, conn.cursor() as cursor:
-            cursor.executemany(
-                "INSERT INTO reindex.shard_plan (plan_id, seq, after_cursor, last_cursor, documents)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                [(plan_id, s.seq, s.after_cursor, s.last_cursor, s.documents) for s in shards],
-            )
-
-    def workers(self, plan_id: str) -> list[WorkerSummary]:
-        rows = self._query(
-            "SELECT worker, documents, seconds, written_at FROM reindex.shards"
-            " WHERE plan_id = %s AND worker IS NOT NULL",
-            (plan_id,),
-        )
-        return worker_summaries(rows)
-
-    def shards(self, plan_id: str) -> list[ShardRecord]:
-        rows = self._query(
-            "SELECT seq, documents, written, tokens, seconds, written_at, worker FROM reindex.shards"
-            " WHERE plan_id = %s ORDER BY written_at, seq",
-            (plan_id,),
-        )
-        return [
-            ShardRecord(int(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]), r[6])
-            for r in rows
-        ]
-
-    def shard_plan(self, plan_id: str) -> list[PlannedShard]:
-        rows = self._query(
-            "SELECT p.seq, p.after_cursor, p.last_cursor, p.documents, s.seq IS NOT NULL"
-            " FROM reindex.shard_plan p LEFT JOIN reindex.shards s ON s.plan_id = p.plan_id AND s.seq = p.seq"
-            " WHERE p.plan_id = %s ORDER BY p.seq",
-            (plan_id,),
-        )
-        return [PlannedShard(row[0], row[1], row[2], row[3], bool(row[4])) for row in rows]
-
-    def resume_point(self, plan_id: str) -> tuple[str | None, int]:
-        """The cursor after the last written shard and the next shard number."""
-        rows = self._query(
-            "SELECT seq, last_cursor FROM reindex.shards WHERE plan_id = %s ORDER BY seq DESC LIMIT 1",
-            (plan_id,),
-        )
-        return (None, 0) if not rows else (rows[0][1], rows[0][0] + 1)
-
-    def record_shard(self, plan_id: str, shard: ShardResult) -> None:
-        """Mark a shard written, with its dead letters and texts, atomically. Replaying it (a commit whose
-        acknowledgement was lost, then retried) changes nothing; a shard that does not join its neighbours
-        is refused."""
-        now = time.time()
-        with self._fenced() as conn:
-            recorded = conn.execute(
-                "SELECT seq, after_cursor, last_cursor FROM reindex.shards WHERE plan_id = %s"
-                " AND seq BETWEEN %s AND %s",
-                (plan_id, shard.seq - 1, shard.seq + 1),
-            ).fetchall()
-            if is_replay(plan_id, shard, {row[0]: (row[1], row[2]) for row in recorded}):
-                return
-            conn.execute(
-                "INSERT INTO reindex.shards (plan_id, seq, after_cursor, last_cursor, documents, written,"
-                " dead_letters, duplicates, reused, tokens, truncated, seconds, written_at, billed_tokens,"
-                " vanished, worker) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s)",
-                shard_row(plan_id, shard, now),
-            )
-            conn.cursor().executemany(
-                _UPSERT_DEAD_LETTER,
-                [
-                    (plan_id, d.doc_id, d.reason, d.detail, d.content_hash, shard.seq, now)
-                    for d in shard.dead_letters
-                ],
-            )
-            _settle_texts(conn, plan_id, shard.texts, shard.owners)
-
-    def settle_retry(
-        self, plan_id: str, *, written: Sequence[str], vanished: Sequence[str], dead: Sequence[DeadLetter]
+    def _settle_texts(
+        self, db: Connection, plan_id: str, states: Sequence[tuple[str, str]], owners: Mapping[str, str]
     ) -> None:
-        """Apply a dead-letter retry: written and vanished ids leave the dead letters (their shards'
-        counts move with them, so reconciliation still holds); the rest keep their newest reason."""
-        moves = [(i, "written") for i in written] + [(i, "vanished") for i in vanished]
-        with self._fenced() as conn:
-            for doc_id, column in moves:
-                row = conn.execute(
-                    "DELETE FROM reindex.dead_letters WHERE plan_id = %s AND doc_id = %s RETURNING seq",
-                    (plan_id, doc_id),
-                ).fetchone()
-                if row is not None:
-                    conn.execute(_SETTLE[column], (plan_id, row[0]))
-            conn.cursor().executemany(
-                "UPDATE reindex.dead_letters SET reason = %s, detail = %s, content_hash = %s"
-                " WHERE plan_id = %s AND doc_id = %s",
-                [(d.reason, d.detail, d.content_hash, plan_id, d.doc_id) for d in dead],
-            )
-
-    def record_dead_letters(self, plan_id: str, letters: Sequence[DeadLetter]) -> None:
-        """Upsert dead letters found outside a shard (sync): listed by `dlq`, not in shard totals."""
-        with self._fenced() as conn:
-            conn.cursor().executemany(
-                _UPSERT_DEAD_LETTER,
-                [(plan_id, d.doc_id, d.reason, d.detail, d.content_hash, None, time.time()) for d in letters],
-            )
-
-    def finish(self, plan_id: str) -> None:
-        with self._fenced() as conn:
-            conn.execute(
-                "UPDATE reindex.runs SET state = 'complete', finished_at = %s WHERE plan_id = %s",
-                (time.time(), plan_id),
-            )
-
-    def summary(self, plan_id: str) -> RunSummary | None:
-        runs = self._query(
-            "SELECT alias, target, fingerprint, state FROM reindex.runs WHERE plan_id = %s", (plan_id,)
+        updates, groups = settlements_by_state(states, owners)
+        if updates:
+            db.execute(_SETTLE_TEXTS, (list(updates), list(updates.values()), plan_id))
+        # In key order: the B-tree takes sorted keys page by page.
+        upserts = sorted(
+            (digest, owner, state) for state, owned in groups.items() for digest, owner in owned.items()
         )
-        if not runs:
-            return None
-        shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds, billed = (
-            self._query(_TOTALS, (plan_id,))[0]
-        )
-        reasons = self._query(
-            "SELECT reason, count(*) FROM reindex.dead_letters WHERE plan_id = %s GROUP BY reason", (plan_id,)
-        )
-        alias, target, fingerprint, state = runs[0]
-        return RunSummary(
-            plan_id,
-            alias,
-            target,
-            fingerprint,
-            state,
-            int(shards),
-            int(documents),
-            int(written),
-            int(dead),
-            int(duplicates),
-            int(vanished),
-            int(reused),
-            int(tokens),
-            int(truncated),
-            float(seconds),
-            self.resume_point(plan_id)[0],
-            {reason: int(count) for reason, count in reasons},
-            int(billed),
-        )
-
-    def dead_letters(self, plan_id: str) -> list[DeadLetter]:
-        rows = self._query(
-            "SELECT doc_id, reason, detail, content_hash FROM reindex.dead_letters WHERE plan_id = %s"
-            ' ORDER BY seq NULLS FIRST, doc_id COLLATE "C"',
-            (plan_id,),
-        )
-        return [DeadLetter(*row) for row in rows]
-
-    def record_verification(
-        self, plan_id: str, complete: bool, report: dict[str, Any], *, kind: str = "coverage"
-    ) -> None:
-        self._execute(
-            "INSERT INTO reindex.verifications (plan_id, at, complete, report, kind) VALUES (%s,%s,%s,%s,%s)",
-            (plan_id, time.time(), complete, json.dumps(report), kind),
-        )
-
-    def verifications(self, plan_id: str, kind: str | None = None) -> list[Verification]:
-        """The run's checks, oldest first (of one kind when given)."""
-        rows = self._query(
-            "SELECT at, kind, complete, report FROM reindex.verifications"
-            " WHERE plan_id = %s AND (%s::text IS NULL OR kind = %s) ORDER BY at",
-            (plan_id, kind, kind),
-        )
-        return [Verification(row[0], row[1], bool(row[2]), json.loads(row[3])) for row in rows]
-
-    def cutover_intent(
-        self,
-        alias: str,
-        old: str | None,
-        new: str,
-        *,
-        fingerprint: str | None,
-        action: str,
-        forced: bool,
-        report: dict[str, Any] | None = None,
-    ) -> int:
-        """Write what is about to happen before it happens, so a crash mid-swap is resolvable."""
-        rows = self._query(
-            "INSERT INTO reindex.cutovers (alias, old_target, new_target, fingerprint, action, forced, state,"
-            " report, at) VALUES (%s,%s,%s,%s,%s,%s,'pending',%s,%s) RETURNING id",
-            (alias, old, new, fingerprint, action, forced, json.dumps(report), time.time()),
-        )
-        return int(rows[0][0])
-
-    def settle_cutover(self, cutover_id: int, state: str, *, old: str | None = None) -> None:
-        self._execute(
-            "UPDATE reindex.cutovers SET state = %s, old_target = coalesce(%s, old_target) WHERE id = %s",
-            (state, old, cutover_id),
-        )
-
-    def cutovers(self, alias: str) -> list[Cutover]:
-        rows = self._query(
-            "SELECT id, alias, old_target, new_target, fingerprint, action, forced, state, at"
-            " FROM reindex.cutovers WHERE alias = %s ORDER BY id",
-            (alias,),
-        )
-        return [Cutover(int(r[0]), r[1], r[2], r[3], r[4], r[5], bool(r[6]), r[7], float(r[8])) for r in rows]
-
-    def record_job(self, plan_id: str, job: Job) -> None:
-        """Upsert a job in its new state; the intent row is committed before the provider sees anything."""
-        from psycopg import sql
-
-        row = job_row(plan_id, job)
-        statement = sql.SQL(
-            "INSERT INTO reindex.jobs VALUES ({})"
-            " ON CONFLICT (plan_id, key) DO UPDATE SET state = excluded.state, job_id = excluded.job_id,"
-            " written = excluded.written, billed_tokens = excluded.billed_tokens, items = excluded.items,"
-            " dead = excluded.dead, updated_at = excluded.updated_at, vanished = excluded.vanished,"
-            " copies = excluded.copies"
-        ).format(sql.SQL(",").join([sql.Placeholder()] * len(row)))
-        with self._fenced() as conn:
-            conn.execute(statement, row)
-
-    def jobs(self, plan_id: str) -> list[Job]:
-        rows = self._query("SELECT * FROM reindex.jobs WHERE plan_id = %s ORDER BY seq, attempt", (plan_id,))
-        return [job_from_row(row) for row in rows]
+        if upserts:
+            columns = list(zip(*upserts, strict=True))
+            db.execute(_UPSERT_TEXTS, (plan_id, list(columns[0]), list(columns[1]), list(columns[2])))
 
     def claim_texts(self, plan_id: str, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
         """Claim each text unless another document already did; return {hash: (owner, state)} of the texts
@@ -487,19 +209,12 @@ class PostgresLedger:
         return held(owners, {row[0]: (row[1], row[2]) for row in rows})
 
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
-        rows = self._query(
-            "SELECT content_hash, owner, state FROM reindex.texts WHERE plan_id = %s AND content_hash = ANY(%s)",
-            (plan_id, list(hashes)),
-        )
+        with self._reading() as conn:
+            rows = conn.execute(
+                "SELECT content_hash, owner, state FROM reindex.texts WHERE plan_id = %s AND content_hash = ANY(%s)",
+                (plan_id, list(hashes)),
+            ).fetchall()
         return {row[0]: (row[1], row[2]) for row in rows}
-
-    def settle_texts(
-        self, plan_id: str, states: Sequence[tuple[str, str]], *, owners: Mapping[str, str] | None = None
-    ) -> None:
-        """Set each text's state; a text in `owners` moves to that document (state from `states`, else
-        'written'), whoever held it before."""
-        with self._fenced() as conn:
-            _settle_texts(conn, plan_id, states, owners or {})
 
     def release_claims(self, plan_id: str, *, keep_owners: Sequence[str] = ()) -> None:
         """Forget claims that no durable work will fulfil (their shard died in flight). Fenced: a stale
@@ -638,14 +353,6 @@ class PostgresLedger:
             text = text.replace(secret, "***")
         return mask_dsn(_QUOTED_PASSWORD.sub(r"\1***", _USERINFO.sub(r"\1:***@", text)))
 
-    def _query(self, statement: LiteralString, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock, self._translated():
-            return self._connection().execute(statement, params).fetchall()
-
-    def _execute(self, statement: LiteralString, params: Sequence[Any] = ()) -> None:
-        with self._lock, self._translated():
-            self._connection().execute(statement, params)
-
     def _connection(self) -> Connection:
         """The shared connection, reopened if it was closed or broken (call with self._lock held)."""
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -728,19 +435,10 @@ def _release(conn: Connection, lease: Lease) -> None:
         conn.execute("SELECT pg_advisory_unlock(%s)", (_lock_key(f"reindex:lease:{lease.key}"),))
 
 
-def _settle_texts(
-    conn: Connection, plan_id: str, states: Sequence[tuple[str, str]], owners: Mapping[str, str]
-) -> None:
-    updates, groups = settlements_by_state(states, owners)
-    if updates:
-        conn.execute(_SETTLE_TEXTS, (list(updates), list(updates.values()), plan_id))
-    # In key order: the B-tree takes sorted keys page by page.
-    upserts = sorted(
-        (digest, owner, state) for state, owned in groups.items() for digest, owner in owned.items()
-    )
-    if upserts:
-        columns = list(zip(*upserts, strict=True))
-        conn.execute(_UPSERT_TEXTS, (plan_id, list(columns[0]), list(columns[1]), list(columns[2])))
+@functools.cache
+def _in_postgres(text: str) -> str:
+    """A shared statement in Postgres's words: %s placeholders (a literal % doubled), tables in `reindex`."""
+    return _TABLE.sub(r"\1 reindex.", text.replace("%", "%%").replace("?", "%s"))
 
 
 def _passwords(url: str) -> tuple[str, ...]:

@@ -10,7 +10,8 @@ from typing import Any
 from reindex import crashpoints
 from reindex.errors import CutoverRefused
 from reindex.ports import Sink
-from reindex.state.ledger import Cutover, Ledger
+from reindex.state.ledger import Ledger
+from reindex.state.records import Cutover
 
 ADOPTED_SUFFIX = "__adopted"  # what a sink renames a physical index to when it adopts it behind an alias
 

@@ -35,7 +35,8 @@ from reindex.prove.verify import Category, Comparison, compare, load_rows
 from reindex.run.pipeline import retrying
 from reindex.run.synchronous import online
 from reindex.run.validation import excused
-from reindex.state.ledger import DeadLetter, Ledger
+from reindex.state.ledger import Ledger
+from reindex.state.records import DeadLetter
 
 if TYPE_CHECKING:
     from reindex.run.migration import Migration

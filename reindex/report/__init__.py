@@ -18,7 +18,8 @@ from reindex.config import Config
 from reindex.errors import ConfigError
 from reindex.plan.estimate import estimate, spread
 from reindex.run.migration import known_run, ledger_of, open_backends, open_migration
-from reindex.state.ledger import DeadLetter, Ledger, RunSummary, ShardRecord, Verification
+from reindex.state.ledger import Ledger
+from reindex.state.records import DeadLetter, RunSummary, ShardRecord, Verification
 from reindex.units import iso_utc, now
 
 EXAMPLES_PER_REASON = 5

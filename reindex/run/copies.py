@@ -21,7 +21,7 @@ import numpy as np
 
 from reindex.ports import Rows, Sink, TargetSpec, Vectors
 from reindex.run.shards import Copy
-from reindex.state.ledger import DeadLetter
+from reindex.state.records import DeadLetter
 
 
 class TextStates(Protocol):

@@ -52,7 +52,8 @@ from reindex.run.cost import Budget
 from reindex.run.pipeline import Progress, retrying, scan_documents, write_rows
 from reindex.run.shards import Copy, prepare_shard
 from reindex.run.validation import vector_dead_letters
-from reindex.state.ledger import DeadLetter, Job, Ledger, ShardResult
+from reindex.state.ledger import Ledger
+from reindex.state.records import DeadLetter, Job, ShardResult
 
 Item = tuple[str, str, str, int]  # custom_id, doc_id, content_hash, tokens
 # JobResult.failed codes worth sending again; any other code is the provider refusing the input itself.

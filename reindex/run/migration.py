@@ -26,7 +26,9 @@ from reindex.fingerprint import target_name
 from reindex.ports import DeferredEmbedder, Embedder, Sink, Source, TargetSpec
 from reindex.run.pipeline import Pipeline
 from reindex.run.synchronous import SynchronousBatches
-from reindex.state.ledger import Lease, Ledger, RunInfo, SqliteLedger
+from reindex.state.ledger import Ledger
+from reindex.state.records import Lease, RunInfo
+from reindex.state.sqlite import SqliteLedger
 
 
 @dataclass

@@ -46,7 +46,8 @@ from reindex.run.shards import (
     unstorable,
 )
 from reindex.run.validation import vector_problems
-from reindex.state.ledger import DeadLetter, Ledger, ShardResult
+from reindex.state.ledger import Ledger
+from reindex.state.records import DeadLetter, ShardResult
 
 T = TypeVar("T")
 Plan = tuple[TokenColumns, list[Batch]]  # a window's unique texts and the batches the model takes them in

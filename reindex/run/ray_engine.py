@@ -44,7 +44,9 @@ from reindex.run.cost import Budget
 from reindex.run.migration import Migration, migration, open_backends, open_ledger, with_nonce
 from reindex.run.pipeline import Pipeline, Progress, scan_documents
 from reindex.run.shards import Pretokenized, pretokenize
-from reindex.state.ledger import Lease, Ledger, PlannedShard, SqliteLedger
+from reindex.state.ledger import Ledger
+from reindex.state.records import Lease, PlannedShard
+from reindex.state.sqlite import SqliteLedger
 
 _LOCAL_ADDRESSES = (None, "local")
 

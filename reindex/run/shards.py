@@ -20,7 +20,7 @@ from reindex.config import RunConfig
 from reindex.fingerprint import content_hashes
 from reindex.ports import Record, Vectors
 from reindex.run.validation import screen
-from reindex.state.ledger import DeadLetter
+from reindex.state.records import DeadLetter
 
 Claim = Callable[
     [dict[str, str]], dict[str, tuple[str, str]]

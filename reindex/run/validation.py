@@ -20,7 +20,7 @@ import numpy as np
 from reindex.columns import Documents, documents
 from reindex.fingerprint import content_hashes
 from reindex.ports import Record, Vectors
-from reindex.state.ledger import DeadLetter
+from reindex.state.records import DeadLetter
 
 REASONS = frozenset(
     {

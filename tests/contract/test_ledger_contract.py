@@ -16,7 +16,9 @@ import psycopg
 import pytest
 
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, CutoverRefused, LeaseLost
-from reindex.state.ledger import DeadLetter, Job, Ledger, ShardResult, SqliteLedger
+from reindex.state.ledger import Ledger
+from reindex.state.records import DeadLetter, Job, ShardResult
+from reindex.state.sqlite import SqliteLedger
 
 PLAN = "plan-0001"
 Opener = Callable[[], Ledger]
@@ -260,7 +262,7 @@ def test_a_lease_is_freed_when_its_process_is_killed(open_ledger: Opener, state:
 _HOLDER = """
 import sys, time
 from reindex_adapters.postgres.ledger import PostgresLedger
-from reindex.state.ledger import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 state = sys.argv[1]
 ledger = PostgresLedger(state) if state.startswith("postgresql://") else SqliteLedger(state)
 with ledger.lease("migration-a"):
@@ -498,6 +500,38 @@ def test_a_shard_that_does_not_join_its_neighbours_is_refused_and_a_replay_chang
     summary = ledger.summary(PLAN)
     assert summary is not None and (summary.shards, summary.documents, summary.dead_letters) == (4, 40, 1)
     assert summary.reconciled and ledger.resume_point(PLAN) == ("doc-0039", 4)
+
+
+def test_recording_a_job_again_stores_it_whole_as_the_deferred_run_keeps_it(ledger: Ledger) -> None:
+    """The deferred run caches each job as it records it and reads the ledger's jobs back on a rerun:
+    a job recorded again replaces every column of its row, the shard columns included."""
+    first = replace(
+        _job(),
+        items=(("0-0", "doc-0000", "hash-0", 7),),
+        documents=10,
+        duplicates=1,
+        truncated=2,
+        copies=(("doc-0001", "hash-1", "doc-0000"),),
+    )
+    ledger.record_job(PLAN, first)
+    again = replace(
+        first,
+        state="applied",
+        job_id="batch-1",
+        after_cursor="doc-0000",
+        last_cursor="doc-0019",
+        items=(("0-1", "doc-0002", "hash-2", 3),),
+        documents=20,
+        duplicates=3,
+        truncated=4,
+        dead=(DeadLetter("doc-0003", "provider_rejected:invalid", "refused when sent alone", "hash-3"),),
+        written=5,
+        billed_tokens=60,
+        vanished=1,
+        copies=(),
+    )
+    ledger.record_job(PLAN, again)
+    assert ledger.jobs(PLAN) == [again]
 
 
 def _job() -> Job:

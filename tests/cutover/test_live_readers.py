@@ -21,7 +21,7 @@ from reindex.errors import CutoverRefused
 from reindex.fingerprint import content_hash, target_name
 from reindex.flip import cutover
 from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
-from reindex.state.ledger import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 from reindex_adapters.postgres.sink import PgvectorSink
 from reindex_adapters.qdrant.points import point_id
 from reindex_adapters.qdrant.sink import QdrantSink

@@ -16,7 +16,8 @@ from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.flip import sync
 from reindex.run.migration import open_migration
-from reindex.state.ledger import Cutover, SqliteLedger
+from reindex.state.records import Cutover
+from reindex.state.sqlite import SqliteLedger
 
 DOCS = 150
 

@@ -13,7 +13,7 @@ import pytest
 from reindex import commands
 from reindex.config import Config, load
 from reindex.errors import CutoverRefused
-from reindex.state.ledger import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 
 
 def make_corpus(path: Path, n: int = 60) -> Path:

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from reindex.errors import AlreadyRunning, BackendError, ConfigError, LeaseLost, TransientError
-from reindex.state.ledger import Lease, ShardResult
+from reindex.state.records import Lease, ShardResult
 from reindex_adapters.postgres.ledger import MIGRATIONS, PostgresLedger
 from tests.durability.support import Tool, config_text, write_corpus
 

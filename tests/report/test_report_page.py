@@ -22,7 +22,7 @@ import pytest
 from psycopg import sql
 from typer.testing import CliRunner
 
-from reindex.state.ledger import SqliteLedger
+from reindex.state.sqlite import SqliteLedger
 from reindex.ui.cli import app
 
 runner = CliRunner()
