@@ -25,8 +25,9 @@ from reindex import commands, registry
 from reindex.commands import RunReport
 from reindex.config import Config, load
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
+from reindex.run.io import scan_documents
 from reindex.run.migration import leased, open_migration
-from reindex.run.pipeline import Progress, scan_documents
+from reindex.run.pipeline import Progress
 from reindex.run.ray import driver as ray_driver
 from reindex.run.ray import worker as ray_worker
 from reindex.run.validation import screen

@@ -16,8 +16,9 @@ from reindex.config import Config
 from reindex.errors import ConfigError, Interrupted
 from reindex.ports import Source
 from reindex.run.cost import Budget
+from reindex.run.io import scan_documents
 from reindex.run.migration import Migration
-from reindex.run.pipeline import Progress, scan_documents
+from reindex.run.pipeline import Progress
 from reindex.run.ray.budget import _budget_book
 from reindex.run.ray.cluster import _LOCAL_ADDRESSES, _cluster, _ray
 from reindex.run.ray.worker import ShardWorker, _read_shard

@@ -20,8 +20,9 @@ from reindex.config import Config
 from reindex.errors import BackendError, ConfigError, ReindexError
 from reindex.ports import Source
 from reindex.run.claims import LedgerClaims
+from reindex.run.io import scan_documents
 from reindex.run.migration import migration, open_backends, open_ledger, with_nonce
-from reindex.run.pipeline import Pipeline, scan_documents
+from reindex.run.pipeline import Pipeline
 from reindex.run.ray.budget import RemoteBudget
 from reindex.run.ray.cluster import _ray
 from reindex.run.shards import Pretokenized, pretokenize
