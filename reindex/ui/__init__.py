@@ -1,3 +1,8 @@
-"""The command line: typer commands over reindex.commands, and the terminal's progress and tables."""
+"""The command line: typer commands over reindex.commands, and the terminal's progress and tables.
+
+cli.py         the typer app: parse → commands.<verb>() → render; the only place that prints or exits
+terminal.py    each verb's summary for a person (plan_view.py: `reindex plan`'s), from its JSON document
+screen.py      the layout those summaries share: headlines, facts, tables, warnings; plain off a terminal
+"""
 
 from __future__ import annotations
