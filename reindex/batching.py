@@ -1,13 +1,17 @@
-"""Token-budget batches over length-sorted texts: short and long never share a padded batch."""
+"""Token-budget batches over length-sorted texts: short and long never share a padded batch; and how big one
+model call is (`batch_budget` padded tokens, `batch_texts` texts)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from reindex.config import RunConfig
 
 T = TypeVar("T")
 
@@ -48,3 +52,15 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
     iterator = iter(items)
     while chunk := list(islice(iterator, size)):
         yield chunk
+
+
+def batch_budget(run: RunConfig, embedder: Any) -> int:
+    """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large,
+    a remote API enough for all its requests in flight)."""
+    return int(run.batch_tokens or getattr(embedder, "batch_tokens", None) or 4096)
+
+
+def batch_texts(run: RunConfig, embedder: Any) -> int:
+    """Texts per model call: `[run] max_batch` when set, else the embedder's own limit, else the default."""
+    own = getattr(embedder, "max_batch", None)
+    return int(own) if own and "max_batch" not in run.model_fields_set else run.max_batch

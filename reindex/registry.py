@@ -54,7 +54,7 @@ LEDGERS: dict[str, str] = {
 }
 # [run] engine -> the module whose `run` drives the shards ("local", the default, is reindex.run.pipeline)
 ENGINES: dict[str, str] = {
-    "ray": "reindex.run.ray_engine",
+    "ray": "reindex.run.ray",
 }
 # 0.1 module paths a config, a plugin's entry point or a script may still name -> where they live since 0.2
 MOVED: dict[str, str] = {
@@ -66,7 +66,7 @@ MOVED: dict[str, str] = {
     "adapters.gemini.emulator": "reindex_adapters.testing.emulators.gemini",
     "adapters.gemini.service": "reindex_adapters.testing.emulators.gemini",
     "adapters.bedrock.emulator": "reindex_adapters.testing.emulators.bedrock",
-    "adapters.ray_engine": "reindex.run.ray_engine",
+    "adapters.ray_engine": "reindex.run.ray",
     "adapters.pg_copy": "reindex_adapters.postgres",
     "adapters.postgres_survey": "reindex_adapters.postgres.survey",
     "adapters.postgres_rules": "reindex_adapters.postgres",

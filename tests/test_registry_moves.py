@@ -15,7 +15,7 @@ from reindex.errors import ConfigError
         ("adapters.openai_emulator", "reindex_adapters.testing.emulators.openai"),
         ("adapters.postgres_ledger", "reindex_adapters.postgres.ledger"),
         ("adapters.azure_openai", "reindex_adapters.openai.azure"),
-        ("adapters.ray_engine", "reindex.run.ray_engine"),
+        ("adapters.ray_engine", "reindex.run.ray"),
     ],
 )
 # (Paths whose folder still exists, such as adapters.postgres, would import from a checkout's root, which

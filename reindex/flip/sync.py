@@ -32,7 +32,7 @@ from reindex.ports import (
 )
 from reindex.prove.served import as_served
 from reindex.prove.verify import Category, Comparison, compare, load_rows
-from reindex.run.pipeline import retrying
+from reindex.retry import retrying
 from reindex.run.synchronous import online
 from reindex.run.validation import excused
 from reindex.state.ledger import Ledger

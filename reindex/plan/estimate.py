@@ -9,11 +9,10 @@ from dataclasses import asdict, dataclass, field
 from itertools import islice
 from typing import Any
 
-from reindex.batching import token_batches
+from reindex.batching import batch_budget, batch_texts, token_batches
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
 from reindex.ports import Embedder, Record, Source
-from reindex.run.pipeline import batch_budget, batch_texts
 from reindex.run.validation import screen
 
 CHUNK = 1000

@@ -47,9 +47,11 @@ from reindex.ports import (
     Tokens,
     Vectors,
 )
+from reindex.retry import retrying
 from reindex.run.copies import copy_rows
 from reindex.run.cost import Budget
-from reindex.run.pipeline import Progress, retrying, scan_documents, write_rows
+from reindex.run.io import scan_documents, write_rows
+from reindex.run.pipeline import Progress
 from reindex.run.shards import Copy, prepare_shard
 from reindex.run.validation import vector_dead_letters
 from reindex.state.ledger import Ledger

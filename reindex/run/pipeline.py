@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import itertools
 import queue
 import sys
 import threading
@@ -20,21 +19,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import numpy as np
-import stamina
 
 from reindex import crashpoints
-from reindex.batching import chunks, padded_tokens, token_batches
-from reindex.columns import Documents, TokenColumns
+from reindex.batching import batch_budget, batch_texts, padded_tokens, token_batches
+from reindex.columns import TokenColumns
 from reindex.config import RunConfig
-from reindex.errors import BudgetRefused, ConfigError, Interrupted, RowsRejected, TransientError
+from reindex.errors import BudgetRefused, ConfigError, Interrupted
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
+from reindex.retry import retrying
 from reindex.run.claims import ClaimBook, Claims
 from reindex.run.copies import Copies, copy_rows
 from reindex.run.cost import Budget, Spending
 from reindex.run.feeding import Batch, Feeder
+from reindex.run.io import _rows, _slice, scan_documents, write_rows
 from reindex.run.shards import (
     Copy,
     Pretokenized,
@@ -49,7 +49,6 @@ from reindex.run.validation import vector_problems
 from reindex.state.ledger import Ledger
 from reindex.state.records import DeadLetter, ShardResult
 
-T = TypeVar("T")
 Plan = tuple[TokenColumns, list[Batch]]  # a window's unique texts and the batches the model takes them in
 # The model stage waits on the GIL whenever a CPU stage holds it: a short switch interval hands it back
 # within 0.1 ms instead of 5 ms (measured on an H200: 5,141 -> 6,597 documents/s with the old core).
@@ -63,7 +62,6 @@ GC_THRESHOLD = 50_000
 COPY_PATIENCE = 600.0
 COPY_POLL_MAX = 1.0
 _DONE = object()
-_END = object()
 
 __all__ = [
     "Copies",
@@ -494,67 +492,6 @@ class Pipeline:
         return write_rows(self.sink, self.spec.name, rows)
 
 
-def write_rows(sink: Sink, target: str, rows: Rows) -> list[DeadLetter]:
-    """Upsert `rows`; rows the sink refuses for their content are isolated by bisection and dead-lettered."""
-    if not rows.records:
-        return []
-    try:
-        retrying(sink.write, target, rows)
-        return []
-    except RowsRejected as exc:
-        if len(rows.records) == 1:
-            return [DeadLetter(rows.records[0].id, exc.reason, exc.message[:200], rows.content_hashes[0])]
-        half, end = len(rows.records) // 2, len(rows.records)
-        return write_rows(sink, target, _slice(rows, 0, half)) + write_rows(
-            sink, target, _slice(rows, half, end)
-        )
-
-
-def scan_documents(source: Source, after: str | None, size: int) -> Iterator[Documents]:
-    """Shards of up to `size` documents after `after`, as columns: the source's own `scan_documents` when it
-    has one (files: no Record per document), else `scan` in chunks. Reopened after the last shard yielded
-    when a transient fault breaks it."""
-    columnar = getattr(source, "scan_documents", None)
-    if columnar is None:
-        for records in chunks(resumable_scan(source, after), size):
-            yield Documents.from_records(records)
-        return
-    iterator: Iterator[Documents] = iter(columnar(after, size))
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        except TransientError:
-            iterator = retrying(_reopened, functools.partial(columnar, size=size), after)
-            continue
-        if batch.last_position is not None:
-            after = batch.last_position
-        yield batch
-
-
-def resumable_scan(source: Source, after: str | None) -> Iterator[Record]:
-    """`source.scan(after)`, reopened after the last record yielded when a transient fault breaks it."""
-    iterator: Iterator[Record] = iter(source.scan(after))
-    while True:
-        try:
-            record = next(iterator)
-        except StopIteration:
-            return
-        except TransientError:
-            iterator = retrying(_reopened, source.scan, after)
-            continue
-        after = record.position
-        yield record
-
-
-def _reopened(scan: Callable[[str | None], Iterator[T]], after: str | None) -> Iterator[T]:
-    """Open a scan and read its first item now, so a fault surfaces inside the retry."""
-    iterator = iter(scan(after))
-    first = next(iterator, _END)
-    return iter(()) if first is _END else itertools.chain([first], iterator)  # type: ignore[list-item]
-
-
 def _checked(vectors: Vectors, rows: int, dim: int, embedder: Any) -> Vectors:
     """The model's output must be (rows, dim) floats: anything else is a misconfiguration, not a bad text."""
     shape = getattr(vectors, "shape", None)
@@ -566,34 +503,3 @@ def _checked(vectors: Vectors, rows: int, dim: int, embedder: Any) -> Vectors:
             hint="check [embedder] dim / dimensions against the model's output",
         )
     return vectors
-
-
-def _rows(shard: Shard, fingerprint: str) -> Rows:
-    assert shard.vectors is not None
-    return Rows(shard.records, shard.vectors, shard.hashes, fingerprint)
-
-
-def _slice(rows: Rows, start: int, end: int) -> Rows:
-    return Rows(
-        rows.records[start:end], rows.vectors[start:end], rows.content_hashes[start:end], rows.fingerprint
-    )
-
-
-def batch_budget(run: RunConfig, embedder: Any) -> int:
-    """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large,
-    a remote API enough for all its requests in flight)."""
-    return int(run.batch_tokens or getattr(embedder, "batch_tokens", None) or 4096)
-
-
-def batch_texts(run: RunConfig, embedder: Any) -> int:
-    """Texts per model call: `[run] max_batch` when set, else the embedder's own limit, else the default."""
-    own = getattr(embedder, "max_batch", None)
-    return int(own) if own and "max_batch" not in run.model_fields_set else run.max_batch
-
-
-def retrying(function: Callable[..., T], *args: Any) -> T:
-    """The one retry policy: jittered exponential backoff on TransientError, bounded in attempts and time."""
-    for attempt in stamina.retry_context(on=TransientError, attempts=6, timeout=120.0):
-        with attempt:
-            return function(*args)
-    raise AssertionError("unreachable: stamina re-raises the last error")

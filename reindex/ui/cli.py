@@ -1,34 +1,23 @@
-"""The typer app: parse → commands.<verb>() → render. The only place that prints or exits.
+"""The typer app: parse → commands.<verb>() → render. With progress.py (what a verb shows while it works),
+the only place that prints or exits.
 
-Results go to stdout (`--json` for pipelines), progress and errors to stderr.
+Results go to stdout (`--json` for pipelines), progress and errors to stderr (consoles.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from importlib import metadata
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from typer.core import TyperGroup
 
 from reindex import commands, units
@@ -39,9 +28,9 @@ from reindex.errors import NoRouteFits, ReindexError, VerificationFailed
 from reindex.report import html as report_html
 from reindex.report import plan_html
 from reindex.ui import terminal
+from reindex.ui.consoles import err, out
+from reindex.ui.progress import _progress_bar, _signals_stop, _status
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 _JSON: ContextVar[bool] = ContextVar("json_output", default=False)  # this invocation was given --json
 
@@ -501,63 +490,6 @@ def dlq_retry(ctx: typer.Context, config: DlqConfigOption = None, as_json: JsonO
     """Re-read dead-lettered documents from the source and try again (after a fix or a policy change)."""
     cfg = _dlq_config(ctx, config)
     _render(_guarded(lambda: commands.dlq_retry(cfg)), as_json, "dlq retry", config or ctx.obj)
-
-
-@contextmanager
-def _status(message: str, quiet: bool) -> Iterator[None]:
-    if quiet or not err.is_terminal:
-        yield
-        return
-    with err.status(message):
-        yield
-
-
-@contextmanager
-def _signals_stop(stop: threading.Event) -> Iterator[None]:
-    """SIGTERM (spot reclaim) and SIGINT stop claiming shards; a second SIGINT aborts at once."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            sys.exit(130)
-        stop.set()
-        err.print(f"received {signal.Signals(signum).name}: finishing in-flight writes, then exiting (75)")
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-@contextmanager
-def _progress_bar(quiet: bool) -> Iterator[tuple[Callable[[int | None, int], None], Callable[[Any], None]]]:
-    """A rich bar on stderr (documents, docs/s, tokens/s, ETA); silent when not a terminal or --json."""
-    if quiet or not err.is_terminal:
-        yield (lambda total, done: None), (lambda progress: None)
-        return
-    columns = (
-        TextColumn("[bold]embedding"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rate]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=err) as bar:
-        task = bar.add_task("run", total=None, rate="")
-        resumed_at = [0]
-
-        def on_start(total: int | None, done: int) -> None:
-            resumed_at[0] = done
-            bar.update(task, total=total, completed=done)
-
-        def on_progress(progress: Any) -> None:
-            seconds = max(progress.seconds, 1e-9)
-            rate = f"{progress.documents / seconds:,.0f} docs/s  {progress.tokens / seconds:,.0f} tok/s"
-            bar.update(task, completed=resumed_at[0] + progress.documents, rate=rate)
-
-        yield on_start, on_progress
 
 
 def main() -> None:

@@ -1,252 +1,22 @@
 """What each verb prints for a person at a terminal: a short summary in sentences and small tables.
 
 Renderers read the verb's JSON document (`to_json()`), so nothing is shown that `--json` does not carry.
-Values from a source, a ledger or a config are printed as text, never as markup. On a terminal with
-colour the tables have light rules; with NO_COLOR set or stdout not a terminal the output is plain text
-with no box drawing, so logs and pipes stay readable.
+Values from a source, a ledger or a config are printed as text, never as markup. The layout (light rules
+on a colour terminal, plain text with no box drawing for NO_COLOR, logs and pipes) is `screen.Screen`'s;
+`reindex plan`'s summary is in plan_view.py, every other verb's here.
 """
 
 from __future__ import annotations
 
-import io
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from reindex import units
-from reindex.prove.verify import Coverage
-from reindex.units import count, duration, integer, local_time, model_line, ratio, size, usd
-
-LISTED = 20  # rows of a long list shown before "… and N more"
-
-
-@dataclass(frozen=True)
-class Screen:
-    """One verb's output: headlines, label/value facts, small tables, warnings, the next step."""
-
-    console: Console
-    config: str  # the -c path, for the commands suggested next
-
-    @property
-    def fancy(self) -> bool:
-        return self.console.is_terminal and not self.console.no_color
-
-    def headline(self, text: str, ok: bool | None = None) -> None:
-        style = "bold" if ok is None else ("bold green" if ok else "bold red")
-        self.console.print(Text(text, style=style), soft_wrap=not self.fancy)
-
-    def facts(self, rows: Iterable[tuple[str, str]]) -> None:
-        """Label/value lines; on a terminal long values wrap under themselves, elsewhere they do not wrap."""
-        rows = list(rows)
-        if not self.fancy:
-            width = max((len(label) for label, _ in rows), default=0)
-            for label, shown in rows:
-                self.line(f"  {label:<{width}}  {shown}")
-            return
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="dim", no_wrap=True)
-        grid.add_column(overflow="fold")
-        for label, shown in rows:
-            grid.add_row(Text("  " + label), Text(shown))
-        self.console.print(grid)
-
-    def table(
-        self, title: str, headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: Sequence[int] = ()
-    ) -> None:
-        table = Table(
-            title=Text(title, style="bold") if title else None,
-            title_justify="left",
-            box=box.SIMPLE_HEAD if self.fancy else None,
-            show_edge=False,
-            pad_edge=False,
-            padding=(0, 2),
-        )
-        for i, header in enumerate(headers):
-            table.add_column(header, justify="right" if i in numeric else "left", overflow="fold")
-        for row in rows:
-            table.add_row(*(Text(cell) for cell in row))
-        if self.fancy:
-            self.console.print(table)
-            return
-        wide = Console(width=100_000, no_color=True, file=io.StringIO())  # plain: no wrapping, no padding
-        with wide.capture() as captured:
-            wide.print(table)
-        for line in captured.get().splitlines():
-            self.line(line.rstrip())
-
-    def warn(self, text: str) -> None:
-        line = Text("warning: ", style="bold yellow")
-        line.append(text)
-        self.console.print(line, soft_wrap=not self.fancy)
-
-    def line(self, text: str = "") -> None:
-        self.console.print(Text(text), soft_wrap=not self.fancy)
-
-    def next(self, *commands: str) -> None:
-        self.line("Next: " + "; then ".join(f"{c} -c {self.config}" for c in commands))
-
-
-# plan ---------------------------------------------------------------------------------------------------
-
-
-def plan(s: Screen, p: dict[str, Any]) -> None:
-    s.headline(f"Plan: embed {count(p['documents'], 'document')} into {p['target']} for alias {p['alias']}")
-    rows = [
-        ("model", model_line(p["model"])),
-        (
-            "documents",
-            f"{integer(p['documents'])}: {integer(p['embeddable'])} to embed, "
-            f"{integer(p['unreadable_or_empty'])} unreadable or empty (dead letters)",
-        ),
-        (
-            "texts",
-            f"{count(p['unique_texts'], 'distinct text')}, {count(p['tokens'], 'token')} to embed "
-            f"(mean {units.decimal(p['tokens_mean'])}, p90 {integer(p['tokens_p90'])} per text)",
-        ),
-        ("time", _eta(p)),
-    ]
-    if p.get("cost_online_usd") is not None or p.get("cost_batch_usd") is not None:
-        rows.append(("cost", _cost(p)))
-    rows += [
-        (
-            "storage",
-            f"{size(p['vector_bytes'])} of vectors, about {size(p['index_bytes_estimate'])} with the HNSW index",
-        ),
-        (
-            "shards",
-            f"{integer(p['shards'])}; a reclaimed worker redoes at most "
-            f"{count(p['redone_documents_per_reclaim'], 'document')}",
-        ),
-        ("target", _plan_target(p)),
-        ("alias", _plan_alias(p)),
-        ("machine", _machine(p.get("backends"))),
-    ]
-    s.facts(rows)
-    if p["over_max_tokens"]:
-        fate = "truncated" if p["too_long_policy"] == "truncate" else "dead-lettered"
-        s.warn(
-            f"{count(p['over_max_tokens'], 'text')} longer than the model's {integer(p['max_tokens'])} tokens "
-            f'will be {fate} ([run] too_long = "{p["too_long_policy"]}")'
-        )
-    if p["unreadable_or_empty"]:
-        s.warn(
-            f"{count(p['unreadable_or_empty'], 'document')} will be dead letters (unreadable or empty text)"
-        )
-    if p["alias_target"] != p["target"] and (p["alias_target"] or p["alias_is_physical"]):
-        serves = p["alias_target"] or "the plain table or collection itself"
-        s.warn(f"`reindex cutover` will change what alias {p['alias']} serves (now {serves})")
-    if p.get("ledger_advice"):
-        s.warn(p["ledger_advice"])
-    refused = _routes(s, p.get("routes") or [], p.get("route") or {})
-    s.line("Nothing was changed.")
-    if refused:
-        s.line("Next: raise [run] deadline or max_cost_usd, or declare another [[routes]] table")
-        return
-    s.next("reindex run")
-
-
-def _routes(s: Screen, routes: list[dict[str, Any]], pick: dict[str, Any]) -> bool:
-    """The routes side by side and the pick; True when none meets the deadline and the budget."""
-    constrained = pick.get("deadline") is not None or pick.get("max_cost_usd") is not None
-    if len(routes) < 2 and not constrained:
-        return False
-    rows = [
-        (
-            ("→ " if r["name"] == pick.get("name") else "  ") + r["name"],
-            f"{units.short_model(r['model'])} ({r['kind']})" + ("" if r["same_vectors"] else _other(r)),
-            r["tier"],
-            usd(r["cost_usd"]) if r["cost_usd"] is not None else "not priced",
-            _route_duration(r),
-            "; ".join(r["failures"]) or "yes",
-        )
-        for r in routes
-    ]
-    s.table("Routes", ("route", "model", "tier", "cost", "duration", "fits"), rows, numeric=(3,))
-    for r in routes:
-        if r["risks"]:
-            s.line(f"  {r['name']}: " + "; ".join(r["risks"]))
-    if pick.get("name") is None:
-        s.headline(f"Refused: {pick.get('reason')}", ok=False)
-        return True
-    s.line(f"Route: {pick['name']}, {pick['reason']}")
-    return False
-
-
-def _other(route: dict[str, Any]) -> str:
-    return " [fingerprint unknown]" if route["same_vectors"] is None else " [other vectors]"
-
-
-def _route_duration(route: dict[str, Any]) -> str:
-    if route["duration_seconds"] is None:
-        return "unknown"
-    return ("up to " if route["tier"] == "batch" else "about ") + duration(route["duration_seconds"])
-
-
-def _eta(p: dict[str, Any]) -> str:
-    if p.get("eta_seconds_workers") is not None and p.get("workers", 1) > 1:
-        return (
-            f"about {duration(p['eta_seconds_workers'])} on {p['workers']} workers at "
-            f"{units.rate(p['worker_docs_per_second'], 'documents')} each"
-        )
-    if p.get("eta_seconds") is None:
-        return "not estimated (run `plan` without --no-calibrate to time a sample)"
-    return (
-        f"about {duration(p['eta_seconds'])} embedding on this machine "
-        f"(calibrated: {units.rate(p['calibration_docs_per_second'], 'documents')}, "
-        f"{units.rate(p['calibration_tokens_per_second'], 'tokens')})"
-    )
-
-
-def _cost(p: dict[str, Any]) -> str:
-    parts = []
-    if p.get("cost_online_usd") is not None:
-        parts.append(f"{usd(p['cost_online_usd'])} online")
-    if p.get("cost_batch_usd") is not None:
-        parts.append(
-            f"{usd(p['cost_batch_usd'])} through the batch API (within {p.get('batch_window') or '24h'})"
-        )
-    return ", ".join(parts) + " for the distinct texts"
-
-
-def _plan_target(p: dict[str, Any]) -> str:
-    if not p["target_exists"]:
-        return f"{p['target']} does not exist yet: `reindex run` creates it"
-    cov = p.get("coverage") or {}
-    state = "complete" if cov.get("complete") else f"not complete ({_problems(cov)})"
-    return f"{p['target']} exists, {integer(cov.get('target_vectors'))} vectors, {state}"
-
-
-def _plan_alias(p: dict[str, Any]) -> str:
-    if p["alias_is_physical"]:
-        return (
-            f"{p['alias']} is a plain table or collection today; the first cutover keeps it for rollback "
-            "and turns the name into an alias"
-        )
-    if not p["alias_target"]:
-        return f"{p['alias']} does not exist yet; cutover creates it"
-    if p["alias_target"] == p["target"]:
-        return f"{p['alias']} → {p['alias_target']} (this target: already live)"
-    model = f", vectors of fingerprint {p['alias_fingerprint']}" if p.get("alias_fingerprint") else ""
-    return f"{p['alias']} → {p['alias_target']}{model}; cutover moves it to {p['target']}"
-
-
-def _machine(backends: dict[str, Any] | None) -> str:
-    if not backends:
-        return units.NONE
-    cuda = backends.get("cuda") or {}
-    devices = cuda.get("devices") or []
-    gpus = (
-        f"{len(devices)} CUDA GPU{'s' if len(devices) != 1 else ''}"
-        if cuda.get("available")
-        else "no CUDA GPU"
-    )
-    return f"{backends.get('recommendation', '?')}, {backends.get('precision', '?')} ({gpus})"
-
+from reindex.ui.plan_view import plan
+from reindex.ui.screen import LISTED, Screen, _problems
+from reindex.units import count, duration, integer, local_time, model_line, ratio, usd
 
 # run, sync, dead letters --------------------------------------------------------------------------------
 
@@ -508,11 +278,6 @@ def _application_check(s: Screen, check: dict[str, Any] | None) -> None:
             f"{integer(check['stale'])} differ from their stored vector (cosine below {check['threshold']}):"
             " counted stale"
         )
-
-
-def _problems(c: dict[str, Any]) -> str:
-    """Every count that keeps the target from complete, as refusals name them (`Coverage.problems`)."""
-    return Coverage(**c).problems()
 
 
 def inspect(s: Screen, r: dict[str, Any]) -> None:

@@ -15,10 +15,10 @@ import openai
 import pytest
 from openai import OpenAI
 
+from reindex.batching import batch_budget, batch_texts
 from reindex.config import RunConfig
 from reindex.errors import ConfigError, TransientError
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
-from reindex.run.pipeline import batch_budget, batch_texts
 from reindex_adapters.openai.batch import OpenAIBatchEmbedder
 from reindex_adapters.openai.client import PRICES, PRICES_TAKEN, price_per_million
 from reindex_adapters.openai.online import OpenAIEmbedder

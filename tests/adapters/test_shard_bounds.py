@@ -13,7 +13,7 @@ import pytest
 from qdrant_client import QdrantClient, models
 
 from reindex.ports import Source
-from reindex.run.pipeline import scan_documents
+from reindex.run.io import scan_documents
 from reindex_adapters.files.jsonl import JsonlSource
 from reindex_adapters.files.parquet import ParquetSource
 from reindex_adapters.postgres.source import PostgresSource

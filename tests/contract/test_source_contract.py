@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from reindex.ports import Record
-from reindex.run.pipeline import scan_documents
+from reindex.run.io import scan_documents
 from tests.contract.conftest import SourceFactory
 
 

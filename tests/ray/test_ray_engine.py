@@ -25,9 +25,11 @@ from reindex import commands, registry
 from reindex.commands import RunReport
 from reindex.config import Config, load
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
-from reindex.run import ray_engine
+from reindex.run.io import scan_documents
 from reindex.run.migration import leased, open_migration
-from reindex.run.pipeline import Progress, scan_documents
+from reindex.run.pipeline import Progress
+from reindex.run.ray import driver as ray_driver
+from reindex.run.ray import worker as ray_worker
 from reindex.run.validation import screen
 from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.openai import Emulator
@@ -320,11 +322,11 @@ def test_read_tasks_tokenize_with_the_models_tokenizer_and_the_actors_take_their
         tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", embedder=model, cpus_per_task=0.5
     )
     embedder = registry.build("embedder", model)
-    shipped = ray_engine._shipped_tokenizer(embedder)
+    shipped = ray_driver._shipped_tokenizer(embedder)
     assert shipped is not None
     first = next(scan_documents(registry.build("source", cluster.source), None, 32))
     item = {"seq": 0, "after": None, "last": first.last_position, "documents": len(first)}
-    row = ray_engine._read_shard(item, cluster, tokenizer=shipped)
+    row = ray_worker._read_shard(item, cluster, tokenizer=shipped)
     ahead = pickle.loads(row["tokens"])
     texts = list(dict.fromkeys(screen(first).records.texts))  # distinct, in order of first appearance
     assert len(ahead.tokens) == len(texts) < 32
@@ -344,15 +346,15 @@ def test_an_actor_holds_a_second_shard_in_its_own_lane_while_the_first_is_in_the
     cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", embedder=slow)
     with leased(cluster) as (ledger, lease), open_migration(cluster) as m:
         m = commands.attach(m, ledger, create=True)
-        first, second = ray_engine.plan(m, ledger)[:2]
+        first, second = ray_driver.plan(m, ledger)[:2]
         items = [
-            ray_engine._read_shard(
+            ray_worker._read_shard(
                 {"seq": s.seq, "after": s.after_cursor, "last": s.last_cursor, "documents": s.documents},
                 cluster,
             )
             for s in (first, second)
         ]
-        worker = ray_engine.ShardWorker(cluster, m.plan_id, m.spec.nonce, (lease.key, lease.token))
+        worker = ray_worker.ShardWorker(cluster, m.plan_id, m.spec.nonce, (lease.key, lease.token))
         rows: dict[int, dict[str, Any]] = {}
 
         def call(item: dict[str, Any]) -> None:
@@ -494,7 +496,7 @@ def test_the_driver_gets_each_shard_row_as_soon_as_its_actor_returns_it(tmp_path
     only once the second is done, and the second here waits for the driver to have seen the first."""
     import ray.data
 
-    from reindex.run.ray_engine import _results
+    from reindex.run.ray.driver import _results
 
     gate = tmp_path / "gate"
     actor: Any = _Gated  # a callable class: Ray builds one per actor

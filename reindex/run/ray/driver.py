@@ -1,0 +1,229 @@
+"""The `ray` engine's driver: refuse what it cannot do, plan the shards in the ledger, feed them through Ray
+Data (read tasks, then the embedding actor pool) and count each shard's row as it comes back."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import threading
+from collections.abc import Callable, Generator, Iterator
+from contextlib import closing
+from dataclasses import dataclass, field
+from typing import Any
+
+from reindex.config import Config
+from reindex.errors import ConfigError, Interrupted
+from reindex.ports import Source
+from reindex.run.cost import Budget
+from reindex.run.io import scan_documents
+from reindex.run.migration import Migration
+from reindex.run.pipeline import Progress
+from reindex.run.ray.budget import _budget_book
+from reindex.run.ray.cluster import _LOCAL_ADDRESSES, _cluster, _ray
+from reindex.run.ray.worker import ShardWorker, _read_shard
+from reindex.state.ledger import Ledger
+from reindex.state.records import Lease, PlannedShard
+from reindex.state.sqlite import SqliteLedger
+
+
+@dataclass
+class WorkerStats:
+    """What one node (and actor) wrote in this run."""
+
+    node: str
+    actor: str
+    shards: int = 0
+    documents: int = 0
+    seconds: float = 0.0  # summed shard times
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.documents / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class RayProgress(Progress):
+    workers: dict[str, WorkerStats] = field(default_factory=dict)
+
+
+def check(config: Config, embedder: Any, ledger: Ledger) -> None:
+    """Refuse what the ray engine cannot do (exit 2, naming the fix); `reindex run` calls it before the
+    migration's run and target are touched. (A provider batch embedder never gets here: it runs on the
+    driver's machine under either engine.)"""
+    for role, section in (("source", config.source), ("target", config.target)):
+        if section.get("kind") == "qdrant" and section.get("path") is not None:
+            raise ConfigError(
+                f"[{role}] is Qdrant local mode (path = {section['path']!r}), which one process opens at a"
+                " time; the ray engine's workers each open it",
+                hint=f'give [{role}] the url of a Qdrant server, or use engine = "local"',
+            )
+    if isinstance(ledger, SqliteLedger) and config.ray.address not in _LOCAL_ADDRESSES:
+        raise ConfigError(
+            f"[run] state is a SQLite file, which only this machine reaches; a Ray cluster at"
+            f" {config.ray.address!r} needs a ledger every node reaches",
+            hint="set [run] state (or state_env) to a postgresql:// URL, or omit [ray] address for a local Ray",
+        )
+    _check_room(config)
+
+
+def plan(m: Migration, ledger: Ledger) -> list[PlannedShard]:
+    """The shards still to do: those planned before and not recorded, then new ones cut from the source
+    after the last planned (or, for a migration the local engine started, after its resume point)."""
+    planned = ledger.shard_plan(m.plan_id)
+    after, seq = (planned[-1].last_cursor, planned[-1].seq + 1) if planned else ledger.resume_point(m.plan_id)
+    new: list[PlannedShard] = []
+    for last, documents in shard_bounds(m.source, after, m.config.run.shard_size):
+        new.append(PlannedShard(seq, after, last, documents))
+        after, seq = last, seq + 1
+    if new:
+        ledger.plan_shards(m.plan_id, new)
+    return [shard for shard in planned if not shard.recorded] + new
+
+
+def shard_bounds(source: Source, after: str | None, size: int) -> Iterator[tuple[str, int]]:
+    """(last position, documents) of each shard of `size` documents after `after`. Sources that can say so
+    cheaply do (JSONL: a pass over the bytes; Parquet: arithmetic; Postgres: one query over the ids);
+    the others are read through once on the driver."""
+    bounds = getattr(source, "shard_bounds", None)
+    if bounds is not None:
+        yield from bounds(after, size)
+        return
+    for docs in scan_documents(source, after, size):
+        yield (docs.last_position if docs.last_position is not None else (after or "")), len(docs)
+
+
+def run(
+    m: Migration,
+    ledger: Ledger,
+    lease: Lease,
+    *,
+    stop: threading.Event,
+    on_progress: Callable[[Progress], None] | None = None,
+    budget: Budget | None = None,
+) -> RayProgress:
+    """Do every planned shard not yet recorded on Ray; raise Interrupted if stopped early or once `budget`
+    refused a shard (what was in flight lands first)."""
+    ray = _ray()
+    with _cluster(ray, m.config):
+        pending = plan(m, ledger)
+        ledger.release_claims(m.plan_id)  # claims of shards that died in flight (or refused by a budget)
+        book = _budget_book(ray, budget) if pending else None
+        progress = _stream(ray, m, lease, pending, stop, on_progress, book) if pending else RayProgress()
+        spent: Budget | None = ray.get(book.snapshot.remote()) if book is not None else None
+    if spent is not None and spent.exhausted:
+        raise Interrupted(spent.message())
+    if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
+        raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
+    return progress
+
+
+def _check_room(config: Config) -> None:
+    """On a local Ray, actors that take every CPU leave none for a read task, and the stream would wait
+    forever. (A cluster may autoscale, so its CPUs now say nothing: Ray waits for nodes there.)"""
+    settings = config.ray
+    if settings.address not in _LOCAL_ADDRESSES:
+        return
+    cpus = settings.num_cpus or os.cpu_count() or 1
+    wanted = settings.actors * settings.cpus_per_actor + settings.cpus_per_task
+    if wanted > cpus:
+        raise ConfigError(
+            f"[ray] {settings.actors} actor(s) x {settings.cpus_per_actor:g} CPU plus a read task's"
+            f" {settings.cpus_per_task:g} need {wanted:g} CPUs; the local Ray has {cpus:g}",
+            hint="lower [ray] actors, cpus_per_actor or cpus_per_task (fractions are fine), or raise num_cpus",
+        )
+
+
+def _stream(
+    ray: Any,
+    m: Migration,
+    lease: Lease,
+    pending: list[PlannedShard],
+    stop: threading.Event,
+    on_progress: Callable[[Progress], None] | None,
+    book: Any = None,
+) -> RayProgress:
+    """Feed the planned shards through Ray Data and count what comes back, until done or stopped. A shard
+    the budget refused comes back as a row of nothing; the stream is drained, not cut: shards already
+    in flight land (cutting them would bill them again on the rerun), and the rest are refused unread."""
+    progress = RayProgress()
+    with closing(_results(_dataset(ray, m, lease, pending, book))) as rows:
+        for row in rows:  # leaving closes the stream: Ray Data stops its tasks and actors
+            if row["error"]:  # a worker's ReindexError, raised as itself: same exit code and hint
+                raise pickle.loads(row["error"])
+            _count(progress, row)
+            if on_progress:
+                on_progress(progress)
+            if stop.is_set():
+                break
+    return progress
+
+
+def _results(dataset: Any) -> Generator[dict[str, Any], None, None]:
+    """Each shard's row as soon as its actor returns it. `iter_rows` prefetches a block, so it hands a row
+    over only once the next shard is done too: progress, and the check for a stop, would lag a shard."""
+    blocks = iter(dataset.iter_batches(batch_size=None, prefetch_batches=0, batch_format="pyarrow"))
+    with closing(blocks):
+        for block in blocks:
+            yield from block.to_pylist()
+
+
+def _count(progress: RayProgress, row: dict[str, Any]) -> None:
+    if row["refused"]:
+        return
+    progress.documents += int(row["documents"])
+    progress.written += int(row["written"])
+    progress.dead_letters += int(row["dead_letters"])
+    progress.tokens += int(row["tokens"])
+    progress.model_seconds += float(row["model_seconds"])
+    key = f"{row['node']}/{row['actor']}"
+    stats = progress.workers.setdefault(key, WorkerStats(str(row["node"]), str(row["actor"])))
+    stats.shards += 1
+    stats.documents += int(row["documents"])
+    stats.seconds += float(row["seconds"])
+
+
+def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], book: Any) -> Any:
+    """One row per shard. Ray Data's defaults make it fault tolerant: a task whose worker dies runs
+    again, an actor that dies is restarted and its shard retried (a system failure, not an exception)."""
+    settings = m.config.ray
+    items = [
+        {"seq": s.seq, "after": s.after_cursor, "last": s.last_cursor, "documents": s.documents}
+        for s in pending
+    ]
+    dataset = ray.data.from_items(items, override_num_blocks=len(items))
+    dataset = dataset.map(
+        _read_shard,
+        fn_kwargs={"config": m.config, "book": book, "tokenizer": _shipped_tokenizer(m.embedder)},
+        num_cpus=settings.cpus_per_task,
+        runtime_env=settings.runtime_env or None,  # also on a Ray this run did not start
+    )
+    return dataset.map(
+        ShardWorker,
+        fn_constructor_kwargs={
+            "config": m.config,
+            "plan_id": m.plan_id,
+            "nonce": m.spec.nonce,
+            "lease": (lease.key, lease.token),
+            "book": book,
+        },
+        compute=ray.data.ActorPoolStrategy(
+            size=settings.actors,
+            max_concurrent_calls_per_actor=settings.shards_per_actor,
+            enable_true_multi_threading=settings.shards_per_actor > 1,  # lanes, not just batching threads
+        ),
+        num_cpus=settings.cpus_per_actor,
+        num_gpus=settings.gpus_per_actor,
+        runtime_env=settings.runtime_env or None,
+    )
+
+
+def _shipped_tokenizer(embedder: Any) -> tuple[str, bytes] | None:
+    """The model's tokenizer for the read tasks, pickled once on the driver (key, bytes); None when the
+    embedder has none that travels without the model (a provider counts its own tokens; vLLM tokenizes in
+    its actor)."""
+    tokenizer = getattr(embedder, "column_tokenizer", None)
+    if tokenizer is None:
+        return None
+    blob = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)
+    return hashlib.sha256(blob).hexdigest(), blob

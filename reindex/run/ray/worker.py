@@ -1,0 +1,231 @@
+"""The `ray` engine on the workers: the read task (one planned shard's documents, tokenized when the model's
+tokenizer travels) and `ShardWorker`, the embedding actor whose lanes run the local engine's shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack, suppress
+from dataclasses import dataclass, replace
+from typing import Any
+
+from reindex import registry
+from reindex.columns import Documents
+from reindex.config import Config
+from reindex.errors import BackendError, ConfigError, ReindexError
+from reindex.ports import Source
+from reindex.run.claims import LedgerClaims
+from reindex.run.io import scan_documents
+from reindex.run.migration import migration, open_backends, open_ledger, with_nonce
+from reindex.run.pipeline import Pipeline
+from reindex.run.ray.budget import RemoteBudget
+from reindex.run.ray.cluster import _ray
+from reindex.run.shards import Pretokenized, pretokenize
+from reindex.state.records import Lease
+
+_sources: dict[str, Source] = {}  # per worker process: one source connection per [source] section
+_tokenizers: dict[str, Callable[[list[str]], Any]] = {}  # per worker process, by the pickle's sha256
+
+
+def _read_shard(
+    item: dict[str, Any], config: Config, book: Any = None, tokenizer: tuple[str, bytes] | None = None
+) -> dict[str, Any]:
+    """Read one planned shard: exactly the documents after its first cursor up to its last, and tokenize
+    its distinct texts with `tokenizer` (`driver._shipped_tokenizer`); nothing once the budget (`book`) has
+    refused a shard. A ReindexError travels on in the row (Ray would wrap it beyond recognition); the
+    driver raises it.
+
+    Ray Data fuses this function into the actor's process when their resources are equal (CPU-only
+    settings): there the actor tokenizes after its claims, as the local engine does, since tokenizing
+    here first would only tokenize, in the same process, texts the claims then set aside. Apart (an actor
+    with a GPU, a read task without), the read tasks hash and tokenize on the CPUs while the actors embed."""
+    row = {
+        "seq": item["seq"],
+        "after": item["after"],
+        "docs": b"",
+        "tokens": b"",
+        "error": b"",
+        "refused": False,
+    }
+    if book is not None and _ray().get(book.snapshot.remote()).exhausted:
+        return row | {"refused": True}
+    try:
+        docs = _read(item, config)
+    except ReindexError as exc:
+        return row | {"error": pickle.dumps(exc)}
+    tokens = b""
+    if tokenizer is not None and _ray().get_runtime_context().get_actor_id() is None:
+        ready = pretokenize(_tokenizer(tokenizer, config.ray.cpus_per_task), docs)
+        tokens = pickle.dumps(ready, protocol=pickle.HIGHEST_PROTOCOL)
+    return row | {"docs": pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL), "tokens": tokens}
+
+
+def _tokenizer(shipped: tuple[str, bytes], cpus: float) -> Callable[[list[str]], Any]:
+    """The shipped tokenizer, unpickled once per worker process, with threads for the task's CPUs (it
+    left the driver with the driver's)."""
+    key, blob = shipped
+    tokenizer = _tokenizers.get(key)
+    if tokenizer is None:
+        tokenizer = _tokenizers[key] = pickle.loads(blob)
+        if hasattr(tokenizer, "threads"):
+            tokenizer.threads = max(1, int(cpus))
+    return tokenizer
+
+
+def _read(item: dict[str, Any], config: Config) -> Documents:
+    key = json.dumps(config.source, sort_keys=True, default=str)
+    source = _sources.get(key)
+    if source is None:
+        source = _sources[key] = registry.build("source", config.source)
+    after = item["after"]
+    docs = next(scan_documents(source, after, int(item["documents"])), None)
+    found = (len(docs), docs.last_position) if docs is not None else (0, None)
+    if docs is None or found != (int(item["documents"]), item["last"]):
+        raise BackendError(
+            f"the source changed under planned shard {item['seq']}: expected {item['documents']} documents"
+            f" ending at {item['last']!r}, read {found[0]} ending at {found[1]!r}",
+            hint="`reindex run --fresh` plans again; `reindex sync` catches up edits made after a run",
+        )
+    return docs
+
+
+@dataclass
+class _Lane:
+    """One shard at a time inside an actor: its own ledger, source and target connections and pipeline
+    (its progress counts only its shards); the actor's lanes share the model and its lock."""
+
+    pipeline: Pipeline
+    resources: ExitStack  # the lane's connections, closed with it
+
+    def close(self) -> None:
+        with suppress(Exception):
+            self.resources.close()
+
+
+class ShardWorker:
+    """One embedding actor: the model, loaded once, and up to `[ray] shards_per_actor` lanes, each a shard
+    in flight with connections of its own, so one shard embeds while another writes and records (the model
+    takes one call at a time, as in the local engine). What fails to open with a ReindexError (an
+    unreachable backend, another model) answers every shard with that error, which the driver raises as
+    itself; raised here, Ray would report a dead actor and a traceback."""
+
+    def __init__(
+        self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int], book: Any = None
+    ) -> None:
+        context = _ray().get_runtime_context()
+        self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
+        self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
+        self.config, self.plan_id, self.nonce, self.lease = config, plan_id, nonce, lease
+        self.embedder: Any = None
+        self.budget = RemoteBudget(book, config.run.max_cost_usd) if book is not None else None
+        self._model = threading.Lock()
+        self._free: list[_Lane] = []
+        self._lanes: list[_Lane] = []
+        self._opening = threading.Lock()
+        self._broken = b""
+        try:
+            self._free.append(self._open())  # the model and a first lane now: a bad config fails at once
+        except ReindexError as exc:
+            self._broken = pickle.dumps(exc)
+
+    def _open(self) -> _Lane:
+        config = self.config
+        with ExitStack() as resources:
+            ledger = open_ledger(config)
+            resources.callback(ledger.close)
+            ledger.fence(Lease(*self.lease))
+            source, sink = resources.enter_context(open_backends(config))
+            m = migration(config, source, sink, self.embedder)
+            if m.plan_id != self.plan_id:
+                raise ConfigError(
+                    f"this worker computes plan {m.plan_id}, the driver {self.plan_id}: its model or"
+                    " backends differ",
+                    hint="give every node the same model weights and the same config",
+                )
+            self.embedder = m.embedder
+            m = with_nonce(m, self.nonce) if self.nonce else m
+            pipeline = Pipeline(
+                source=m.source,
+                embedder=m.embedder,
+                sink=m.sink,
+                ledger=ledger,
+                spec=m.spec,
+                plan_id=self.plan_id,
+                run=config.run,
+                claims=LedgerClaims(ledger, self.plan_id),
+                worker=f"{self.node}/{self.actor}",
+                budget=self.budget,
+                model_lock=self._model,
+            )
+            lane = _Lane(pipeline, resources.pop_all())
+        self._lanes.append(lane)
+        return lane
+
+    def _take(self) -> _Lane:
+        with self._opening:  # Ray calls this from as many threads as the actor has lanes
+            return self._free.pop() if self._free else self._open()
+
+    def __call__(self, item: dict[str, Any]) -> dict[str, Any]:
+        nothing = {**_NOTHING, "seq": int(item["seq"]), "node": self.node, "actor": self.actor}
+        if self._broken:
+            return nothing | {"error": self._broken}
+        if item["refused"] or (not item["error"] and self.budget is not None and self.budget.exhausted):
+            return nothing | {"refused": True}  # the budget refused a shard: claim nothing more
+        error = item["error"]
+        if not error:
+            try:
+                lane = self._take()
+            except ReindexError as exc:
+                return nothing | {"error": pickle.dumps(exc)}
+            try:
+                return self._process(lane.pipeline, item) or nothing | {"refused": True}
+            except ReindexError as exc:  # LeaseLost, BackendError, ...: the driver raises it
+                error = pickle.dumps(exc)
+            finally:
+                with self._opening:
+                    self._free.append(lane)
+        return nothing | {"error": error}
+
+    def _process(self, pipeline: Pipeline, item: dict[str, Any]) -> dict[str, Any] | None:
+        started = time.monotonic()
+        before = replace(pipeline.progress)
+        pretokenized: Pretokenized | None = pickle.loads(item["tokens"]) if item["tokens"] else None
+        shard = pipeline.run_shard(int(item["seq"]), item["after"], pickle.loads(item["docs"]), pretokenized)
+        if shard is None:
+            return None
+        after = pipeline.progress
+        return {
+            "seq": shard.seq,
+            "documents": after.documents - before.documents,
+            "written": after.written - before.written,
+            "dead_letters": after.dead_letters - before.dead_letters,
+            "tokens": after.tokens - before.tokens,
+            "model_seconds": after.model_seconds - before.model_seconds,
+            "seconds": time.monotonic() - started,
+            "node": self.node,
+            "actor": self.actor,
+            "error": b"",
+            "refused": False,
+        }
+
+    def __del__(self) -> None:
+        """An actor going away closes what it opened; nobody is left to hear of a failure to close."""
+        for lane in getattr(self, "_lanes", ()):
+            lane.close()
+
+
+_NOTHING: dict[str, Any] = {
+    "documents": 0,
+    "written": 0,
+    "dead_letters": 0,
+    "tokens": 0,
+    "model_seconds": 0.0,
+    "seconds": 0.0,
+    "error": b"",
+    "refused": False,
+}

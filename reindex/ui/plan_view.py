@@ -1,0 +1,164 @@
+"""What `reindex plan` prints: the estimate (documents, texts, time, cost, storage), the routes and the one
+picked, and what the run would do to the target and the alias."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reindex import units
+from reindex.ui.screen import Screen, _problems
+from reindex.units import count, duration, integer, model_line, size, usd
+
+
+def plan(s: Screen, p: dict[str, Any]) -> None:
+    s.headline(f"Plan: embed {count(p['documents'], 'document')} into {p['target']} for alias {p['alias']}")
+    rows = [
+        ("model", model_line(p["model"])),
+        (
+            "documents",
+            f"{integer(p['documents'])}: {integer(p['embeddable'])} to embed, "
+            f"{integer(p['unreadable_or_empty'])} unreadable or empty (dead letters)",
+        ),
+        (
+            "texts",
+            f"{count(p['unique_texts'], 'distinct text')}, {count(p['tokens'], 'token')} to embed "
+            f"(mean {units.decimal(p['tokens_mean'])}, p90 {integer(p['tokens_p90'])} per text)",
+        ),
+        ("time", _eta(p)),
+    ]
+    if p.get("cost_online_usd") is not None or p.get("cost_batch_usd") is not None:
+        rows.append(("cost", _cost(p)))
+    rows += [
+        (
+            "storage",
+            f"{size(p['vector_bytes'])} of vectors, about {size(p['index_bytes_estimate'])} with the HNSW index",
+        ),
+        (
+            "shards",
+            f"{integer(p['shards'])}; a reclaimed worker redoes at most "
+            f"{count(p['redone_documents_per_reclaim'], 'document')}",
+        ),
+        ("target", _plan_target(p)),
+        ("alias", _plan_alias(p)),
+        ("machine", _machine(p.get("backends"))),
+    ]
+    s.facts(rows)
+    if p["over_max_tokens"]:
+        fate = "truncated" if p["too_long_policy"] == "truncate" else "dead-lettered"
+        s.warn(
+            f"{count(p['over_max_tokens'], 'text')} longer than the model's {integer(p['max_tokens'])} tokens "
+            f'will be {fate} ([run] too_long = "{p["too_long_policy"]}")'
+        )
+    if p["unreadable_or_empty"]:
+        s.warn(
+            f"{count(p['unreadable_or_empty'], 'document')} will be dead letters (unreadable or empty text)"
+        )
+    if p["alias_target"] != p["target"] and (p["alias_target"] or p["alias_is_physical"]):
+        serves = p["alias_target"] or "the plain table or collection itself"
+        s.warn(f"`reindex cutover` will change what alias {p['alias']} serves (now {serves})")
+    if p.get("ledger_advice"):
+        s.warn(p["ledger_advice"])
+    refused = _routes(s, p.get("routes") or [], p.get("route") or {})
+    s.line("Nothing was changed.")
+    if refused:
+        s.line("Next: raise [run] deadline or max_cost_usd, or declare another [[routes]] table")
+        return
+    s.next("reindex run")
+
+
+def _routes(s: Screen, routes: list[dict[str, Any]], pick: dict[str, Any]) -> bool:
+    """The routes side by side and the pick; True when none meets the deadline and the budget."""
+    constrained = pick.get("deadline") is not None or pick.get("max_cost_usd") is not None
+    if len(routes) < 2 and not constrained:
+        return False
+    rows = [
+        (
+            ("→ " if r["name"] == pick.get("name") else "  ") + r["name"],
+            f"{units.short_model(r['model'])} ({r['kind']})" + ("" if r["same_vectors"] else _other(r)),
+            r["tier"],
+            usd(r["cost_usd"]) if r["cost_usd"] is not None else "not priced",
+            _route_duration(r),
+            "; ".join(r["failures"]) or "yes",
+        )
+        for r in routes
+    ]
+    s.table("Routes", ("route", "model", "tier", "cost", "duration", "fits"), rows, numeric=(3,))
+    for r in routes:
+        if r["risks"]:
+            s.line(f"  {r['name']}: " + "; ".join(r["risks"]))
+    if pick.get("name") is None:
+        s.headline(f"Refused: {pick.get('reason')}", ok=False)
+        return True
+    s.line(f"Route: {pick['name']}, {pick['reason']}")
+    return False
+
+
+def _other(route: dict[str, Any]) -> str:
+    return " [fingerprint unknown]" if route["same_vectors"] is None else " [other vectors]"
+
+
+def _route_duration(route: dict[str, Any]) -> str:
+    if route["duration_seconds"] is None:
+        return "unknown"
+    return ("up to " if route["tier"] == "batch" else "about ") + duration(route["duration_seconds"])
+
+
+def _eta(p: dict[str, Any]) -> str:
+    if p.get("eta_seconds_workers") is not None and p.get("workers", 1) > 1:
+        return (
+            f"about {duration(p['eta_seconds_workers'])} on {p['workers']} workers at "
+            f"{units.rate(p['worker_docs_per_second'], 'documents')} each"
+        )
+    if p.get("eta_seconds") is None:
+        return "not estimated (run `plan` without --no-calibrate to time a sample)"
+    return (
+        f"about {duration(p['eta_seconds'])} embedding on this machine "
+        f"(calibrated: {units.rate(p['calibration_docs_per_second'], 'documents')}, "
+        f"{units.rate(p['calibration_tokens_per_second'], 'tokens')})"
+    )
+
+
+def _cost(p: dict[str, Any]) -> str:
+    parts = []
+    if p.get("cost_online_usd") is not None:
+        parts.append(f"{usd(p['cost_online_usd'])} online")
+    if p.get("cost_batch_usd") is not None:
+        parts.append(
+            f"{usd(p['cost_batch_usd'])} through the batch API (within {p.get('batch_window') or '24h'})"
+        )
+    return ", ".join(parts) + " for the distinct texts"
+
+
+def _plan_target(p: dict[str, Any]) -> str:
+    if not p["target_exists"]:
+        return f"{p['target']} does not exist yet: `reindex run` creates it"
+    cov = p.get("coverage") or {}
+    state = "complete" if cov.get("complete") else f"not complete ({_problems(cov)})"
+    return f"{p['target']} exists, {integer(cov.get('target_vectors'))} vectors, {state}"
+
+
+def _plan_alias(p: dict[str, Any]) -> str:
+    if p["alias_is_physical"]:
+        return (
+            f"{p['alias']} is a plain table or collection today; the first cutover keeps it for rollback "
+            "and turns the name into an alias"
+        )
+    if not p["alias_target"]:
+        return f"{p['alias']} does not exist yet; cutover creates it"
+    if p["alias_target"] == p["target"]:
+        return f"{p['alias']} → {p['alias_target']} (this target: already live)"
+    model = f", vectors of fingerprint {p['alias_fingerprint']}" if p.get("alias_fingerprint") else ""
+    return f"{p['alias']} → {p['alias_target']}{model}; cutover moves it to {p['target']}"
+
+
+def _machine(backends: dict[str, Any] | None) -> str:
+    if not backends:
+        return units.NONE
+    cuda = backends.get("cuda") or {}
+    devices = cuda.get("devices") or []
+    gpus = (
+        f"{len(devices)} CUDA GPU{'s' if len(devices) != 1 else ''}"
+        if cuda.get("available")
+        else "no CUDA GPU"
+    )
+    return f"{backends.get('recommendation', '?')}, {backends.get('precision', '?')} ({gpus})"
