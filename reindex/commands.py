@@ -28,7 +28,7 @@ from reindex.plan import routing
 from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread
 from reindex.ports import DeferredEmbedder
 from reindex.prove import quality
-from reindex.prove.served import as_served
+from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
 from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun
@@ -155,7 +155,20 @@ def run(
         if engine is not None and not isinstance(m.embedder, DeferredEmbedder):
             engine.check(config, m.embedder, ledger)  # before the run and its target are touched
         m = attach(m, ledger, fresh=fresh, create=True)
+        if replaced(m, ledger):
+            return _after_the_flip(m, ledger)
         return _run(m, ledger, stop, on_start, on_progress, lease=lease)
+
+
+def _after_the_flip(m: Migration, ledger: Ledger) -> RunReport:
+    """A run once the alias serves its target instead of the index the source reads: nothing is read or
+    written. Reading the old index after its cursor would write back into the live target what the
+    application changed or deleted through the alias since the flip; `sync` carries those changes."""
+    summary = ledger.summary(m.plan_id)
+    assert summary is not None, "a target the alias serves was written by this migration"
+    progress = Progress()
+    progress.finish()
+    return _run_report(summary, progress, price_of(m.embedder))
 
 
 def attach(m: Migration, ledger: Ledger, *, fresh: bool = False, create: bool = False) -> Migration:

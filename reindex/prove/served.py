@@ -42,6 +42,17 @@ def as_served(m: Migration, ledger: Ledger) -> Iterator[Migration]:
         source.close()
 
 
+def replaced(m: Migration, ledger: Ledger) -> bool:
+    """Whether the alias serves this migration's target in place of the index its source reads. Then the
+    target is the truth and the backfill is over: the old index may hold what the application deleted
+    through the alias since, and what changed is `sync`'s to carry, judged against what the alias serves."""
+    source = _served(m, ledger)
+    if source is None:
+        return False
+    source.close()
+    return True
+
+
 def _served(m: Migration, ledger: Ledger) -> ServedSource | None:
     if not isinstance(m.source, IndexSource) or isinstance(m.source, ServedSource):
         return None

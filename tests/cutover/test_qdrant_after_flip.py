@@ -224,3 +224,27 @@ def test_dead_letters_keep_counting_after_the_flip_and_dlq_retry_keeps_them(
     retried = invoke("dlq", "retry", "-c", str(config))
     assert retried["vanished"] == 0 and retried["total"] == 2
     assert invoke("verify", "-c", str(config), exit_code=3)["dead_letters"] == 2
+
+
+@BOTH_SOURCES
+def test_a_run_after_the_flip_brings_back_nothing_the_application_deleted_through_the_alias(
+    tmp_path: Path, source: str
+) -> None:
+    """Found by the lifecycle checker: a document written into the old collection after the run's last shard
+    is carried over by `cutover --sync` and then deleted through the alias. The old collection still holds
+    it after the run's cursor; a `run` reading on from there wrote it back into the live target."""
+    config = migration(tmp_path, source)
+    storage = tmp_path / "qdrant"
+    assert invoke("run", "-c", str(config))["written"] == DOCS
+    with_client(storage, lambda client: upsert(client, OLD, {99: "note 99, written before the flip"}))
+    assert invoke("cutover", "-c", str(config), "--sync")["changed"]
+    with_client(storage, lambda client: client.delete(ALIAS, models.PointIdsList(points=[99, 3]), wait=True))
+    expected = {i: f"note {i}" for i in range(1, DOCS + 1) if i != 3}
+    served_exactly(storage, expected)
+
+    report = invoke("run", "-c", str(config))
+    assert report["reconciled"] and report["written"] == DOCS  # what the backfill wrote; nothing since
+    served_exactly(storage, expected)
+    invoke("sync", "-c", str(config))
+    served_exactly(storage, expected)
+    assert invoke("verify", "-c", str(config))["complete"]
