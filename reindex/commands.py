@@ -164,11 +164,15 @@ def _after_the_flip(m: Migration, ledger: Ledger) -> RunReport:
     """A run once the alias serves its target instead of the index the source reads: nothing is read or
     written. Reading the old index after its cursor would write back into the live target what the
     application changed or deleted through the alias since the flip; `sync` carries those changes."""
-    summary = ledger.summary(m.plan_id)
-    assert summary is not None, "a target the alias serves was written by this migration"
     progress = Progress()
     progress.finish()
-    return _run_report(summary, progress, price_of(m.embedder))
+    started = time.monotonic()
+    m.sink.finalize(m.spec)  # as every run ends: a target built by an earlier release gains what it lacks
+    finalized = time.monotonic() - started
+    ledger.finish(m.plan_id)
+    summary = ledger.summary(m.plan_id)
+    assert summary is not None, "a target the alias serves was written by this migration"
+    return replace(_run_report(summary, progress, price_of(m.embedder)), finalize_seconds=round(finalized, 3))
 
 
 def attach(m: Migration, ledger: Ledger, *, fresh: bool = False, create: bool = False) -> Migration:
