@@ -164,15 +164,7 @@ def _after_the_flip(m: Migration, ledger: Ledger) -> RunReport:
     """A run once the alias serves its target instead of the index the source reads: nothing is read or
     written. Reading the old index after its cursor would write back into the live target what the
     application changed or deleted through the alias since the flip; `sync` carries those changes."""
-    progress = Progress()
-    progress.finish()
-    started = time.monotonic()
-    m.sink.finalize(m.spec)  # as every run ends: a target built by an earlier release gains what it lacks
-    finalized = time.monotonic() - started
-    ledger.finish(m.plan_id)
-    summary = ledger.summary(m.plan_id)
-    assert summary is not None, "a target the alias serves was written by this migration"
-    return replace(_run_report(summary, progress, price_of(m.embedder)), finalize_seconds=round(finalized, 3))
+    return _finish(m, ledger, Progress())  # finalized as every run is: an older target gains what it lacks
 
 
 def attach(m: Migration, ledger: Ledger, *, fresh: bool = False, create: bool = False) -> Migration:
@@ -281,6 +273,11 @@ def _run(
             progress = DeferredRun(embedder=embedder, **common).run()
         else:
             progress = Pipeline(embedder=embedder, **common).run()
+    return _finish(m, ledger, progress)
+
+
+def _finish(m: Migration, ledger: Ledger, progress: Progress) -> RunReport:
+    """How every run ends, after the load or with nothing to load: finalize the target, close the run."""
     progress.finish()
     started = time.monotonic()
     m.sink.finalize(m.spec)
