@@ -30,6 +30,7 @@ from reindex.ports import DeferredEmbedder
 from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
+from reindex.run import processes
 from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun
 from reindex.run.migration import (
@@ -129,6 +130,10 @@ class RunReport:
     rate_limited: int | None = None
     requests_per_second: float | None = None
     tokens_per_minute: float | None = None
+    processes: int = 1  # worker processes of the local engine (reindex.run.processes)
+    # the device's busy fraction after its first batch (a model process's busy time over the rest of the load)
+    device_busy_fraction: float | None = None
+    note: str | None = None  # why the run used fewer processes than asked for, in one line
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -267,12 +272,27 @@ def _run(
         progress: Progress = engine.run(
             m, ledger, lease, stop=stop or threading.Event(), on_progress=on_progress, budget=budget
         )
-    else:
+    elif isinstance(embedder, DeferredEmbedder):
         _refuse_a_ray_plan(m, ledger)
-        if isinstance(embedder, DeferredEmbedder):
-            progress = DeferredRun(embedder=embedder, **common).run()
+        progress = DeferredRun(embedder=embedder, **common).run()
+    else:
+        choice = processes.workers_for(m.config, m.source, m.sink, embedder)
+        planned = any(not shard.recorded for shard in ledger.shard_plan(m.plan_id))
+        if choice.workers > 1 or planned:  # shards planned before (by either engine) are finished as planned
+            assert lease is not None, "the workers are fenced with the run's lease"
+            progress = processes.run(
+                m,
+                ledger,
+                lease,
+                workers=choice.workers,
+                stop=stop or threading.Event(),
+                on_progress=on_progress,
+                budget=budget,
+            )
         else:
             progress = Pipeline(embedder=embedder, **common).run()
+        report = _finish(m, ledger, progress)
+        return replace(report, processes=choice.workers, note=choice.note)
     return _finish(m, ledger, progress)
 
 
@@ -333,11 +353,19 @@ def _run_report(summary: RunSummary, progress: Progress, price: float | None = N
         if progress.padded_tokens
         else 0.0,
         model_busy_fraction=round(progress.model_seconds / seconds, 3),
+        device_busy_fraction=_device_busy(progress),
         reconciled=summary.reconciled,
         dead_letter_reasons=summary.dead_letter_reasons,
         billed_tokens=summary.billed_tokens,
         cost_usd=round(summary.billed_tokens * price / 1_000_000, 6) if price is not None else None,
     )
+
+
+def _device_busy(progress: Progress) -> float | None:
+    """A model process's busy time over the load's wall time after its first batch (processes engine)."""
+    if progress.device_started is None or progress.finished is None:
+        return None
+    return round(progress.model_seconds / max(progress.finished - progress.device_started, 1e-9), 3)
 
 
 # status -------------------------------------------------------------------------------------------------

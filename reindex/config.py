@@ -54,6 +54,8 @@ class RunConfig(BaseModel):
     # below 1). Beyond it the target is not complete and cutover refuses without --force.
     max_dead_letters: StrictInt | StrictFloat = Field(0.01, ge=0)
     engine: Literal["local", "ray"] = "local"  # "ray": shards spread over a Ray cluster ([ray] section)
+    # worker processes of the local engine (reindex.run.processes); None: one per core; 1: one process
+    workers: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _fraction_or_count(self) -> RunConfig:

@@ -21,6 +21,7 @@ POINTS = (
     "job_after_create",  # provider job created, its id not yet in the ledger
     "job_after_write",  # a finished job's vectors durable, job not yet marked applied
     "job_after_apply",  # job applied, provider files not yet released
+    "model_process",  # a model process (the processes engine) about to launch a batch
 )
 _hits: dict[str, int] = {}
 

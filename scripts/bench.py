@@ -819,13 +819,29 @@ def run_child(config: Path) -> int:
     from reindex.config import load
 
     warm_imports()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     report = commands.run(load(config))
     seconds = time.perf_counter() - started
+    coordinator, tool = (after - before for after, before in zip(cpu_seconds(), cpu, strict=True))
     inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; survives exec, so fork counts
     outcome = {"seconds": seconds, "peak_rss_kb": peak_rss_kb() or inherited, "ru_maxrss_kb": inherited}
+    outcome |= {"coordinator_cpu": coordinator, "tool_cpu": tool, "children_maxrss_kb": children_rss_kb()}
     print(json.dumps({**outcome, "report": report.to_json()}))
     return 0
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(this process's CPU seconds, with its ended children's): the coordinator's own (the figure `/proc`
+    gives for it) and all of the tool's processes (workers, model processes), the database server apart."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    mine = own.ru_utime + own.ru_stime
+    return mine, mine + children.ru_utime + children.ru_stime
+
+
+def children_rss_kb() -> int:
+    """The largest peak RSS of one ended child (workers and model processes; KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
 
 
 def warm_imports() -> None:

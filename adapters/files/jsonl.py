@@ -38,6 +38,8 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")  # \ud800-\udfff: the only wa
 class JsonlSource:
     """One JSON object per line. The cursor is the line's byte offset, so resume is one seek."""
 
+    shareable = True  # several processes may open it at once (reindex.run.processes)
+
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["jsonl"]

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 class ParquetSource:
     """Rows of one Parquet file, read batch by batch from the row group that holds the cursor."""
 
+    shareable = True  # several processes may open it at once (reindex.run.processes)
+
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["parquet"]

@@ -79,6 +79,8 @@ _cursor_names = itertools.count()
 class PgvectorSink:
     """Targets are tables `<alias>__<fingerprint8>`; the alias is a view `SELECT * FROM <target>`."""
 
+    shareable = True  # several processes may open it at once (reindex.run.processes)
+
     holds_writers = True  # move_alias's settle runs under an EXCLUSIVE lock on the view that writers wait on
 
     class Config(_DsnConfig):

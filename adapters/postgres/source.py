@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 class PostgresSource:
     """Reads a table or view page by page (`WHERE id > cursor ORDER BY id LIMIT n`): memory stays flat."""
 
+    shareable = True  # several processes may open it at once (reindex.run.processes)
+
     class Config(_DsnConfig):
         kind: Literal["postgres"]
         table: str

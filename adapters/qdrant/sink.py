@@ -88,12 +88,14 @@ class QdrantSink(_AliasMoves):
         self._lease: str | None = None
         self._vector_names: dict[str, str | None] = {}
         self._native: dict[str, bool] = {}
+        self.shareable = False  # several processes may open it (a server's URL): reindex.run.processes
 
     @classmethod
     def from_config(cls, config: Config) -> QdrantSink:
         client, key = _acquire(config)
         sink = cls(client, upsert_batch=config.upsert_batch)
         sink._lease = key
+        sink.shareable = config.url is not None  # local mode: one process opens the folder
         return sink
 
     def identity(self) -> str:

@@ -51,6 +51,7 @@ class QdrantSource:
         self.page_size = page_size
         self._lease: str | None = None
         self._checked = False
+        self.shareable = False  # several processes may open it (a server's URL): reindex.run.processes
 
     @classmethod
     def from_config(cls, config: Config) -> QdrantSource:
@@ -63,6 +64,7 @@ class QdrantSource:
             page_size=config.page_size,
         )
         source._lease = key
+        source.shareable = config.url is not None  # local mode: one process opens the folder
         return source
 
     def identity(self) -> str:

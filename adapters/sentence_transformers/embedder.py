@@ -28,6 +28,9 @@ from reindex_adapters.sentence_transformers.tokenizer import ColumnTokenizer, _s
 class SentenceTransformerEmbedder:
     """A sentence-transformers model on CPU or CUDA, fed with token ids the core has already batched."""
 
+    # The `processes` engine loads it once per GPU in a model process the workers feed with tokens
+    runs_on_device = True
+
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["sentence-transformers"]
@@ -90,6 +93,14 @@ class SentenceTransformerEmbedder:
             threads=config.threads,
             tokenizer_threads=config.tokenizer_threads,
         )
+
+    def device_count(self) -> int:
+        """Model processes the `processes` engine starts: one per visible GPU for device "cuda" (or "auto"
+        on a GPU machine), one for a named device ("cuda:1") or the CPU."""
+        if self.device != "cuda":
+            return 1
+        torch = _import_torch()
+        return max(1, int(torch.cuda.device_count()))
 
     @property
     def column_tokenizer(self) -> ColumnTokenizer:

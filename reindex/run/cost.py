@@ -56,3 +56,23 @@ class Budget:
             f"budget reached: ${self.spent_usd:.4f} spent of max_cost_usd ${self.max_usd}; "
             "raise [run] max_cost_usd and rerun to continue"
         )
+
+
+class BudgetBook:
+    """One spending limit for every worker of a run (a Ray actor, or the `processes` engine's coordinator
+    answering its workers): each worker reserves a shard's tokens before sending them and charges what the
+    provider billed once recorded, so the workers stop claiming work where one process would. Once a shard is refused every later one is, whatever its size: the run stops
+    (exit 75) rather than picking small shards to fill the rest. A shard retried after its actor died
+    reserves again, so the cluster may stop early, never late; a rerun starts from what the ledger holds."""
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+
+    def allows(self, tokens: int) -> bool:
+        return not self.budget.exhausted and self.budget.allows(tokens)
+
+    def charge(self, billed_tokens: int, reserved: int | None) -> None:
+        self.budget.charge(billed_tokens, reserved)
+
+    def snapshot(self) -> Budget:
+        return self.budget

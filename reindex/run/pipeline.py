@@ -87,6 +87,7 @@ class Progress:
     model_seconds: float = 0.0
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None  # set when the load ends: later work (the index build) is not counted
+    device_started: float | None = None  # a model process's first batch (the `processes` engine)
 
     @property
     def seconds(self) -> float:

@@ -36,23 +36,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callab
     """The [target] section and a reader of everything the target stores."""
     if request.param == "pgvector":
         dsn = request.getfixturevalue("pg_dsn")
-
-        def read_pg(target: str) -> Stored:
-            stored: Stored = {}
-            with psycopg.connect(dsn) as conn:
-                from pgvector.psycopg import register_vector
-
-                register_vector(conn)
-                exists = conn.execute("SELECT to_regclass(%s)", [target]).fetchone()
-                if exists is None or exists[0] is None:
-                    return stored
-                for doc_id, vector in conn.execute(
-                    sql.SQL("SELECT id, embedding FROM {}").format(sql.Identifier(target))
-                ):
-                    stored.setdefault(doc_id, []).append(_array(vector))
-            return stored
-
-        return f'kind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"', read_pg
+        return f'kind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"', pg_reader(dsn)
 
     path = tmp_path / "qdrant"
 
@@ -78,6 +62,27 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Callab
             client.close()
 
     return f'kind = "qdrant"\npath = "{path}"\nalias = "docs"', read_qdrant
+
+
+def pg_reader(dsn: str) -> Callable[[str], Stored]:
+    """A reader of everything a pgvector target stores: id -> every vector under it."""
+
+    def read_pg(target: str) -> Stored:
+        stored: Stored = {}
+        with psycopg.connect(dsn) as conn:
+            from pgvector.psycopg import register_vector
+
+            register_vector(conn)
+            exists = conn.execute("SELECT to_regclass(%s)", [target]).fetchone()
+            if exists is None or exists[0] is None:
+                return stored
+            for doc_id, vector in conn.execute(
+                sql.SQL("SELECT id, embedding FROM {}").format(sql.Identifier(target))
+            ):
+                stored.setdefault(doc_id, []).append(_array(vector))
+        return stored
+
+    return read_pg
 
 
 def _array(vector: object) -> np.ndarray:
@@ -142,7 +147,7 @@ def _marked_written(tool: Tool) -> int:
         return int(db.execute("SELECT coalesce(sum(written), 0) FROM shards").fetchone()[0])
 
 
-@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith(("cutover", "job"))])
+@pytest.mark.parametrize("point", [p for p in POINTS if not p.startswith(("cutover", "job", "model"))])
 def test_named_crash_points_in_a_run_resume_to_a_verified_end(tmp_path: Path, backend, point: str) -> None:
     target, read = backend
     tool, texts = make_tool(tmp_path, target, n=600, latency_ms=0)

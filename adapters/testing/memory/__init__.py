@@ -16,6 +16,7 @@ from reindex_adapters.testing.memory.hash_embedder import (
     Int64s,
     Words,
 )
+from reindex_adapters.testing.memory.paced import PacedEmbedder, WordTokenizer
 from reindex_adapters.testing.memory.provider import BatchProvider, Bill, ProviderJob
 from reindex_adapters.testing.memory.sink import MemorySink
 from reindex_adapters.testing.memory.source import MemorySource
@@ -33,8 +34,10 @@ __all__ = [
     "MemorySink",
     "MemorySource",
     "MemoryStore",
+    "PacedEmbedder",
     "ProviderJob",
     "Stored",
+    "WordTokenizer",
     "Words",
     "forget_store",
     "store",

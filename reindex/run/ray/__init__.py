@@ -27,9 +27,11 @@ registry.ENGINES["ray"] names this package; `reindex run` calls its `require`, `
 
 from __future__ import annotations
 
-from reindex.run.ray.budget import BudgetBook, RemoteBudget
+from reindex.run.cost import BudgetBook
+from reindex.run.planning import plan, shard_bounds
+from reindex.run.ray.budget import RemoteBudget
 from reindex.run.ray.cluster import require
-from reindex.run.ray.driver import RayProgress, WorkerStats, check, plan, run, shard_bounds
+from reindex.run.ray.driver import RayProgress, WorkerStats, check, run
 from reindex.run.ray.worker import ShardWorker
 
 __all__ = [

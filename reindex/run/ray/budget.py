@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reindex.run.cost import Budget
+from reindex.run.cost import Budget, BudgetBook
 from reindex.run.ray.cluster import _ray
 
 
@@ -18,26 +18,6 @@ def _budget_book(ray: Any, budget: Budget | None) -> Any:
         ray.get_runtime_context().get_node_id(), soft=False
     )
     return ray.remote(BudgetBook).options(num_cpus=0, scheduling_strategy=here).remote(budget)
-
-
-class BudgetBook:
-    """One spending limit for the whole cluster (a Ray actor): each worker reserves a shard's tokens before
-    sending them and charges what the provider billed once recorded, so the cluster stops claiming work
-    where one process would. Once a shard is refused every later one is, whatever its size: the run stops
-    (exit 75) rather than picking small shards to fill the rest. A shard retried after its actor died
-    reserves again, so the cluster may stop early, never late; a rerun starts from what the ledger holds."""
-
-    def __init__(self, budget: Budget) -> None:
-        self.budget = budget
-
-    def allows(self, tokens: int) -> bool:
-        return not self.budget.exhausted and self.budget.allows(tokens)
-
-    def charge(self, billed_tokens: int, reserved: int | None) -> None:
-        self.budget.charge(billed_tokens, reserved)
-
-    def snapshot(self) -> Budget:
-        return self.budget
 
 
 class RemoteBudget:

@@ -7,18 +7,17 @@ import hashlib
 import os
 import pickle
 import threading
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
 from reindex.config import Config
 from reindex.errors import ConfigError, Interrupted
-from reindex.ports import Source
 from reindex.run.cost import Budget
-from reindex.run.io import scan_documents
 from reindex.run.migration import Migration
 from reindex.run.pipeline import Progress
+from reindex.run.planning import plan
 from reindex.run.ray.budget import _budget_book
 from reindex.run.ray.cluster import _LOCAL_ADDRESSES, _cluster, _ray
 from reindex.run.ray.worker import ShardWorker, _read_shard
@@ -65,32 +64,6 @@ def check(config: Config, embedder: Any, ledger: Ledger) -> None:
             hint="set [run] state (or state_env) to a postgresql:// URL, or omit [ray] address for a local Ray",
         )
     _check_room(config)
-
-
-def plan(m: Migration, ledger: Ledger) -> list[PlannedShard]:
-    """The shards still to do: those planned before and not recorded, then new ones cut from the source
-    after the last planned (or, for a migration the local engine started, after its resume point)."""
-    planned = ledger.shard_plan(m.plan_id)
-    after, seq = (planned[-1].last_cursor, planned[-1].seq + 1) if planned else ledger.resume_point(m.plan_id)
-    new: list[PlannedShard] = []
-    for last, documents in shard_bounds(m.source, after, m.config.run.shard_size):
-        new.append(PlannedShard(seq, after, last, documents))
-        after, seq = last, seq + 1
-    if new:
-        ledger.plan_shards(m.plan_id, new)
-    return [shard for shard in planned if not shard.recorded] + new
-
-
-def shard_bounds(source: Source, after: str | None, size: int) -> Iterator[tuple[str, int]]:
-    """(last position, documents) of each shard of `size` documents after `after`. Sources that can say so
-    cheaply do (JSONL: a pass over the bytes; Parquet: arithmetic; Postgres: one query over the ids);
-    the others are read through once on the driver."""
-    bounds = getattr(source, "shard_bounds", None)
-    if bounds is not None:
-        yield from bounds(after, size)
-        return
-    for docs in scan_documents(source, after, size):
-        yield (docs.last_position if docs.last_position is not None else (after or "")), len(docs)
 
 
 def run(

@@ -10,23 +10,20 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack, suppress
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from reindex import registry
 from reindex.columns import Documents
 from reindex.config import Config
-from reindex.errors import BackendError, ConfigError, ReindexError
+from reindex.errors import ReindexError
 from reindex.ports import Source
-from reindex.run.claims import LedgerClaims
-from reindex.run.io import scan_documents
-from reindex.run.migration import migration, open_backends, open_ledger, with_nonce
+from reindex.run.lanes import Lane, open_lane
 from reindex.run.pipeline import Pipeline
+from reindex.run.planning import read_planned
 from reindex.run.ray.budget import RemoteBudget
 from reindex.run.ray.cluster import _ray
 from reindex.run.shards import Pretokenized, pretokenize
-from reindex.state.records import Lease
 
 _sources: dict[str, Source] = {}  # per worker process: one source connection per [source] section
 _tokenizers: dict[str, Callable[[list[str]], Any]] = {}  # per worker process, by the pickle's sha256
@@ -82,29 +79,7 @@ def _read(item: dict[str, Any], config: Config) -> Documents:
     source = _sources.get(key)
     if source is None:
         source = _sources[key] = registry.build("source", config.source)
-    after = item["after"]
-    docs = next(scan_documents(source, after, int(item["documents"])), None)
-    found = (len(docs), docs.last_position) if docs is not None else (0, None)
-    if docs is None or found != (int(item["documents"]), item["last"]):
-        raise BackendError(
-            f"the source changed under planned shard {item['seq']}: expected {item['documents']} documents"
-            f" ending at {item['last']!r}, read {found[0]} ending at {found[1]!r}",
-            hint="`reindex run --fresh` plans again; `reindex sync` catches up edits made after a run",
-        )
-    return docs
-
-
-@dataclass
-class _Lane:
-    """One shard at a time inside an actor: its own ledger, source and target connections and pipeline
-    (its progress counts only its shards); the actor's lanes share the model and its lock."""
-
-    pipeline: Pipeline
-    resources: ExitStack  # the lane's connections, closed with it
-
-    def close(self) -> None:
-        with suppress(Exception):
-            self.resources.close()
+    return read_planned(source, item)
 
 
 class ShardWorker:
@@ -124,8 +99,8 @@ class ShardWorker:
         self.embedder: Any = None
         self.budget = RemoteBudget(book, config.run.max_cost_usd) if book is not None else None
         self._model = threading.Lock()
-        self._free: list[_Lane] = []
-        self._lanes: list[_Lane] = []
+        self._free: list[Lane] = []
+        self._lanes: list[Lane] = []
         self._opening = threading.Lock()
         self._broken = b""
         try:
@@ -133,40 +108,22 @@ class ShardWorker:
         except ReindexError as exc:
             self._broken = pickle.dumps(exc)
 
-    def _open(self) -> _Lane:
-        config = self.config
-        with ExitStack() as resources:
-            ledger = open_ledger(config)
-            resources.callback(ledger.close)
-            ledger.fence(Lease(*self.lease))
-            source, sink = resources.enter_context(open_backends(config))
-            m = migration(config, source, sink, self.embedder)
-            if m.plan_id != self.plan_id:
-                raise ConfigError(
-                    f"this worker computes plan {m.plan_id}, the driver {self.plan_id}: its model or"
-                    " backends differ",
-                    hint="give every node the same model weights and the same config",
-                )
-            self.embedder = m.embedder
-            m = with_nonce(m, self.nonce) if self.nonce else m
-            pipeline = Pipeline(
-                source=m.source,
-                embedder=m.embedder,
-                sink=m.sink,
-                ledger=ledger,
-                spec=m.spec,
-                plan_id=self.plan_id,
-                run=config.run,
-                claims=LedgerClaims(ledger, self.plan_id),
-                worker=f"{self.node}/{self.actor}",
-                budget=self.budget,
-                model_lock=self._model,
-            )
-            lane = _Lane(pipeline, resources.pop_all())
+    def _open(self) -> Lane:
+        lane = open_lane(
+            self.config,
+            plan_id=self.plan_id,
+            nonce=self.nonce,
+            lease=self.lease,
+            worker=f"{self.node}/{self.actor}",
+            embedder=self.embedder,
+            budget=self.budget,
+            model_lock=self._model,
+        )
+        self.embedder = lane.embedder
         self._lanes.append(lane)
         return lane
 
-    def _take(self) -> _Lane:
+    def _take(self) -> Lane:
         with self._opening:  # Ray calls this from as many threads as the actor has lanes
             return self._free.pop() if self._free else self._open()
 

@@ -1,0 +1,67 @@
+"""Shards fixed in advance, for the engines that run several shards at once (`processes`, `ray`): the plan
+is cut once and kept in the ledger (`shard_plan`), so every worker and every rerun cuts the source alike,
+and a worker reads exactly its planned shard's documents, over its own connection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from reindex.columns import Documents
+from reindex.errors import BackendError
+from reindex.ports import Source
+from reindex.run.io import scan_documents
+from reindex.run.migration import Migration
+from reindex.state.ledger import Ledger
+from reindex.state.records import PlannedShard
+
+
+def plan(m: Migration, ledger: Ledger) -> list[PlannedShard]:
+    """The shards still to do: those planned before and not recorded, then new ones cut from the source
+    after the last planned (or, for a migration the one-process pipeline started, after its resume point)."""
+    planned = ledger.shard_plan(m.plan_id)
+    after, seq = (planned[-1].last_cursor, planned[-1].seq + 1) if planned else ledger.resume_point(m.plan_id)
+    new: list[PlannedShard] = []
+    for last, documents in shard_bounds(m.source, after, m.config.run.shard_size):
+        new.append(PlannedShard(seq, after, last, documents))
+        after, seq = last, seq + 1
+    if new:
+        ledger.plan_shards(m.plan_id, new)
+    return [shard for shard in planned if not shard.recorded] + new
+
+
+def shard_bounds(source: Source, after: str | None, size: int) -> Iterator[tuple[str, int]]:
+    """(last position, documents) of each shard of `size` documents after `after`. Sources that can say so
+    cheaply do (JSONL: a pass over the bytes; Parquet: arithmetic; Postgres: one query over the ids);
+    the others are read through once by the planner."""
+    bounds = getattr(source, "shard_bounds", None)
+    if bounds is not None:
+        yield from bounds(after, size)
+        return
+    for docs in scan_documents(source, after, size):
+        yield (docs.last_position if docs.last_position is not None else (after or "")), len(docs)
+
+
+def item(shard: PlannedShard) -> dict[str, Any]:
+    """A planned shard as a worker's task: plain values that travel to another process."""
+    return {
+        "seq": shard.seq,
+        "after": shard.after_cursor,
+        "last": shard.last_cursor,
+        "documents": shard.documents,
+    }
+
+
+def read_planned(source: Source, task: Mapping[str, Any]) -> Documents:
+    """Exactly the documents of a planned shard: those after its first cursor up to its last. A source that
+    no longer holds them as planned is refused (its shards would not cover it)."""
+    after = task["after"]
+    docs = next(scan_documents(source, after, int(task["documents"])), None)
+    found = (len(docs), docs.last_position) if docs is not None else (0, None)
+    if docs is None or found != (int(task["documents"]), task["last"]):
+        raise BackendError(
+            f"the source changed under planned shard {task['seq']}: expected {task['documents']} documents"
+            f" ending at {task['last']!r}, read {found[0]} ending at {found[1]!r}",
+            hint="`reindex run --fresh` plans again; `reindex sync` catches up edits made after a run",
+        )
+    return docs

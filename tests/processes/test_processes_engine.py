@@ -1,0 +1,142 @@
+"""The `processes` engine (reindex/run/processes): the local engine on every core, the model in its own
+process. Driven as users drive it, through the real `reindex` command, into a real pgvector; the workers and
+the model process are real processes, killed for real."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from tests.durability.support import Tool, config_text, write_corpus
+from tests.durability.test_crashes import _marked_written, assert_exact_coverage, pg_reader
+
+SHARD = 25
+
+
+def _tool(
+    tmp_path: Path, dsn: str, *, n: int = 600, run: str = "", embedder: str | None = None
+) -> tuple[Tool, dict[str, str]]:
+    corpus = tmp_path / "docs.jsonl"
+    texts = write_corpus(corpus, n, poison=True)
+    state = tmp_path / "state.db"
+    config = config_text(
+        corpus=corpus,
+        state=state,
+        target=f'kind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"',
+        shard_size=SHARD,
+        latency_ms=0,
+    )
+    if embedder is not None:
+        config = re.sub(r"\[embedder\]\n(.*\n)*?\n", f"[embedder]\n{embedder}\n\n", config, count=1)
+    (tmp_path / "reindex.toml").write_text(config + run)
+    return Tool(tmp_path / "reindex.toml", state), texts
+
+
+PACED = 'kind = "paced"\ndim = 16\nmax_tokens = 128\nrate = 200000\nbatch_tokens = 2048'
+
+
+def test_two_workers_write_what_one_process_writes(tmp_path: Path, pg_dsn: str) -> None:
+    tool, texts = _tool(tmp_path, pg_dsn, run="workers = 2\n")
+    report = tool.json("run")
+    assert report["processes"] == 2 and report["note"] is None
+    assert report["documents"] == len(texts) + 10  # the poison lines are documents too
+    assert_exact_coverage(tool, pg_reader(pg_dsn), texts)
+    workers = {w["worker"].split(":")[0] for w in tool.json("status")["workers"]}
+    assert workers == {"local/worker-0", "local/worker-1"}, workers
+    # every distinct text is embedded once across both processes (the ledger's claims are shared): the
+    # same tokens as the one-process pipeline's run of the same corpus
+    alone = Tool(tmp_path / "alone.toml", tmp_path / "alone.db")
+    config = (
+        tool.config.read_text()
+        .replace('alias = "docs"', 'alias = "alone"')
+        .replace("workers = 2", "workers = 1")
+    )
+    alone.config.write_text(config.replace(str(tool.state), str(alone.state)))
+    one = alone.json("run")
+    assert one["processes"] == 1
+    assert report["tokens"] == one["tokens"] and report["written"] == one["written"]
+
+
+def test_the_model_runs_in_its_own_process_fed_by_the_workers(tmp_path: Path, pg_dsn: str) -> None:
+    tool, texts = _tool(tmp_path, pg_dsn, run="workers = 2\n", embedder=PACED)
+    report = tool.json("run")
+    assert report["processes"] == 2
+    assert 0 < report["device_busy_fraction"] <= 1.0
+    assert_exact_coverage(tool, pg_reader(pg_dsn), texts)  # the paced device computes the hash vectors
+
+
+def test_a_killed_worker_ends_the_run_resumably_naming_it_and_its_shard(tmp_path: Path, pg_dsn: str) -> None:
+    tool, texts = _tool(tmp_path, pg_dsn, run="workers = 2\n")
+    once = tmp_path / "crashed-once"
+    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": "after_write:3", "REINDEX_CRASH_ONCE": str(once)})
+    assert code == 75, err
+    assert re.search(
+        r"worker \d \(pid \d+\) died \(killed by SIGKILL\) with shard\(s\) [\d, ]+ in flight", err
+    ), err
+    stored = pg_reader(pg_dsn)(tool.json("plan", "--no-calibrate")["target"])
+    assert len(stored) >= _marked_written(tool), "a shard was marked written before its vectors were durable"
+    code, _, err = tool.run("run")
+    assert code == 0, err
+    assert_exact_coverage(tool, pg_reader(pg_dsn), texts)
+
+
+def test_a_killed_model_process_ends_the_run_resumably(tmp_path: Path, pg_dsn: str) -> None:
+    tool, texts = _tool(tmp_path, pg_dsn, run="workers = 2\n", embedder=PACED)
+    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": "model_process:4"})
+    assert code == 75, err
+    assert re.search(r"model process 0 \(pid \d+\) died \(killed by SIGKILL\)", err), err
+    stored = pg_reader(pg_dsn)(tool.json("plan", "--no-calibrate")["target"])
+    assert len(stored) >= _marked_written(tool)
+    code, _, err = tool.run("run")
+    assert code == 0, err
+    assert_exact_coverage(tool, pg_reader(pg_dsn), texts)
+
+
+def test_a_killed_coordinator_takes_its_processes_along(tmp_path: Path, pg_dsn: str) -> None:
+    tool, texts = _tool(
+        tmp_path, pg_dsn, n=3000, run="workers = 2\n", embedder=PACED.replace("200000", "20000")
+    )
+    process = tool.start("run")
+    children: list[psutil.Process] = []
+    deadline = time.monotonic() + 120
+    while tool.ledger_written()[0] < 2 and process.poll() is None and time.monotonic() < deadline:
+        children = psutil.Process(process.pid).children() or children
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed; make the corpus larger"
+    children = psutil.Process(process.pid).children()
+    assert len(children) >= 3, children  # two workers, the model process (and multiprocessing's tracker)
+    process.send_signal(signal.SIGKILL)
+    process.communicate()
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert not alive, f"processes outlived their coordinator: {alive}"
+    code, _, err = tool.run("run")
+    assert code == 0, err
+    assert_exact_coverage(tool, pg_reader(pg_dsn), texts)
+
+
+def test_more_workers_than_cores_run_on_the_cores_and_say_so(tmp_path: Path, pg_dsn: str) -> None:
+    tool, _ = _tool(tmp_path, pg_dsn, n=200, run="workers = 512\n")
+    report = tool.json("run")
+    cores = len(os.sched_getaffinity(0))
+    assert report["processes"] == cores
+    assert (
+        report["note"] == f"{cores} worker processes: [run] workers = 512, but this machine has {cores} cores"
+    )
+
+
+def test_a_local_mode_target_runs_in_one_process_and_says_why(tmp_path: Path) -> None:
+    corpus = tmp_path / "docs.jsonl"
+    write_corpus(corpus, 100)
+    target = f'kind = "qdrant"\npath = "{tmp_path / "qdrant"}"\nalias = "docs"'
+    config = config_text(corpus=corpus, state=tmp_path / "state.db", target=target, latency_ms=0)
+    (tmp_path / "reindex.toml").write_text(config)
+    report = Tool(tmp_path / "reindex.toml", tmp_path / "state.db").json("run")
+    assert report["processes"] == 1
+    assert report["note"] == "one process: the [target] (qdrant) is opened by one process at a time"
+    assert np.isfinite(report["docs_per_second"])
