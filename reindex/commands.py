@@ -292,7 +292,7 @@ def _run(
         else:
             progress = Pipeline(embedder=embedder, **common).run()
         report = _finish(m, ledger, progress)
-        return replace(report, processes=choice.workers, note=choice.note)
+        return replace(report, processes=progress.processes, note=choice.note)
     return _finish(m, ledger, progress)
 
 

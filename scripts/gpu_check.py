@@ -1047,8 +1047,10 @@ def _ratio(runs: Mapping[str, Any]) -> float | None:
 
 # run mode: ratios and targets ----------------------------------------------------------------------------
 
-H200_TARGETS = {"end_to_end_docs_per_second": 40_000.0, "of_model_alone": 0.40, "gpu_utilisation_mean": 50.0,
-                "hash_docs_per_second": 100_000.0, "qdrant_sink_vs_upload": 0.9}  # fmt: skip
+# The processes engine's targets (one model process per GPU fed by a worker per core): MiniLM fp16 end to end
+# at half the model alone or better with the GPU busy half the time, and the free embedder past 80,000 docs/s.
+H200_TARGETS = {"end_to_end_docs_per_second": 40_000.0, "of_model_alone": 0.50, "gpu_utilisation_mean": 50.0,
+                "hash_docs_per_second": 80_000.0, "qdrant_sink_vs_upload": 0.9}  # fmt: skip
 
 
 def ratios(ceilings: Mapping[str, Any], runs: Mapping[str, Any]) -> dict[str, float | None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -94,23 +96,49 @@ class PostgresSource:
     def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
         """Shards of `size` rows as columns, one keyset query each: the ids and texts taken from the rows
         column-wise and each payload made by one `dict(zip(...))`, with no Record per row."""
-        names = [a.name for a in self._shape.columns]
-        key, text = names.index(self._shape.key.name), names.index(self._shape.text.name)
         while True:
             rows = self._rows(after, size)
             if not rows:
                 return
-            columns = list(zip(*rows, strict=True))
-            ids = list(map(str, columns[key]))
-            texts = columns[text]
-            plain = set(map(type, texts)) == {str}
-            listed = list(texts) if plain else ["" if t is None else str(t) for t in texts]
-            payloads: list[Mapping[str, Any]] = [dict(zip(names, row, strict=True)) for row in rows]
-            fields = (self._shape.key.name, self._shape.text.name)
-            yield Documents(ids, listed, payloads, fields, last_position=ids[-1])
+            docs = self._documents(rows)
+            yield docs
             if len(rows) < size:
                 return
-            after = ids[-1]
+            after = docs.last_position
+
+    def scan_range(self, after: str | None, last: str) -> Documents:
+        """Every row with a key after `after` up to `last` included, as columns: a planned shard's rows as
+        they are now (rows inserted into the range since it was planned included, deleted ones gone), so a
+        table the application keeps writing to is read as the one-process pipeline reads it (`sync` catches
+        up what changed behind the cursor). `last_position` is `last` whatever the range holds now."""
+        from psycopg import sql
+
+        key = self._shape.key
+        bounds = [sql.SQL("{} <= %s::{}").format(key.ident, key.cast)]
+        if after is not None:
+            bounds.insert(0, sql.SQL("{} > %s::{}").format(key.ident, key.cast))
+        query = self._select() + sql.SQL("WHERE ") + sql.SQL(" AND ").join(bounds)
+        query += sql.SQL(" ORDER BY {}").format(key.ident)
+        params = [after, last] if after is not None else [last]
+        with self._db.errors():
+            rows = self._db.connection().execute(query, params).fetchall()
+        if not rows:
+            fields = (self._shape.key.name, self._shape.text.name)
+            return Documents([], [], [], fields, last_position=last)
+        return replace(self._documents(rows), last_position=last)
+
+    def _documents(self, rows: list[tuple[Any, ...]]) -> Documents:
+        """Rows as columns: ids and texts taken column-wise, each payload one `dict(zip(...))`."""
+        names = [a.name for a in self._shape.columns]
+        key, text = names.index(self._shape.key.name), names.index(self._shape.text.name)
+        columns = list(zip(*rows, strict=True))
+        ids = list(map(str, columns[key]))
+        texts = columns[text]
+        plain = set(map(type, texts)) == {str}
+        listed = list(texts) if plain else ["" if t is None else str(t) for t in texts]
+        payloads: list[Mapping[str, Any]] = [dict(zip(names, row, strict=True)) for row in rows]
+        fields = (self._shape.key.name, self._shape.text.name)
+        return Documents(ids, listed, payloads, fields, last_position=ids[-1])
 
     def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
         """(last id, rows) of each shard of `size` rows after id `after`, in one query over the ids only:

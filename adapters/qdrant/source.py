@@ -51,7 +51,9 @@ class QdrantSource:
         self.page_size = page_size
         self._lease: str | None = None
         self._checked = False
-        self.shareable = False  # several processes may open it (a server's URL): reindex.run.processes
+        # One process reads it: a collection written to during the run would break a plan of fixed shards
+        # (a Qdrant scroll has no key range to read a planned shard by), so the processes engine is not used
+        self.shareable = False
 
     @classmethod
     def from_config(cls, config: Config) -> QdrantSource:
@@ -64,7 +66,6 @@ class QdrantSource:
             page_size=config.page_size,
         )
         source._lease = key
-        source.shareable = config.url is not None  # local mode: one process opens the folder
         return source
 
     def identity(self) -> str:

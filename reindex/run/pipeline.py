@@ -88,6 +88,7 @@ class Progress:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None  # set when the load ends: later work (the index build) is not counted
     device_started: float | None = None  # a model process's first batch (the `processes` engine)
+    processes: int = 1  # worker processes that did the load (the `processes` engine)
 
     @property
     def seconds(self) -> float:
@@ -197,6 +198,7 @@ class Pipeline:
             return None
         shard.reserved = shard.token_count
         self._embed([shard], stoppable=False)
+        crashpoints.crash_if_armed("after_embed")
         try:
             self._write(shard)
         except BudgetRefused:

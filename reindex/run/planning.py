@@ -53,9 +53,15 @@ def item(shard: PlannedShard) -> dict[str, Any]:
 
 
 def read_planned(source: Source, task: Mapping[str, Any]) -> Documents:
-    """Exactly the documents of a planned shard: those after its first cursor up to its last. A source that
-    no longer holds them as planned is refused (its shards would not cover it)."""
+    """The documents of a planned shard: those after its first cursor up to its last. A source that reads a
+    key range (`scan_range`: Postgres) reads it as it is now, so a table written to during the run is read
+    as the one-process pipeline would read it. Any other source must still hold the shard as planned: one
+    that does not is refused (its shards would no longer cover it)."""
     after = task["after"]
+    scan_range = getattr(source, "scan_range", None)
+    if scan_range is not None:
+        docs: Documents = scan_range(after, task["last"])
+        return docs
     docs = next(scan_documents(source, after, int(task["documents"])), None)
     found = (len(docs), docs.last_position) if docs is not None else (0, None)
     if docs is None or found != (int(task["documents"]), task["last"]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -153,6 +154,15 @@ class Tool:
         process.send_signal(signal.SIGKILL)
         process.communicate()
         return True
+
+
+def assert_crashed(code: int, err: str) -> None:
+    """A crash point fired: in the run's own process (SIGKILL: the one-process pipeline, or a run of a few
+    shards) or in a worker process of the processes engine, which ends the run resumably (75) naming it."""
+    if code == 75:
+        assert re.search(r"worker \d+ \(pid \d+\) died \(killed by SIGKILL\)", err), err
+    else:
+        assert code == -signal.SIGKILL, err
 
 
 def report_figure(name: str, value: object) -> None:

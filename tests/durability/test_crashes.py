@@ -21,6 +21,7 @@ from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import (
     POISON_REASONS,
     Tool,
+    assert_crashed,
     config_text,
     fresh_vector,
     report_figure,
@@ -152,10 +153,24 @@ def test_named_crash_points_in_a_run_resume_to_a_verified_end(tmp_path: Path, ba
     target, read = backend
     tool, texts = make_tool(tmp_path, target, n=600, latency_ms=0)
     code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:3"})
-    assert code == -signal.SIGKILL, err
+    assert_crashed(code, err)
     code, _, err = tool.run("run")
     assert code == 0, err
     assert_exact_coverage(tool, read, texts)
+
+
+@pytest.mark.parametrize("point", ["after_embed", "mid_write", "after_write"])
+def test_named_crash_points_in_one_process_on_pgvector(tmp_path: Path, pg_dsn: str, point: str) -> None:
+    """`[run] workers = 1`: the one-process pipeline, which a crash point kills whole."""
+    tool, texts = make_tool(
+        tmp_path, f'kind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"', n=600, latency_ms=0
+    )
+    tool.config.write_text(tool.config.read_text() + "workers = 1\n")
+    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:3"})
+    assert code == -signal.SIGKILL, err
+    code, _, err = tool.run("run")
+    assert code == 0, err
+    assert_exact_coverage(tool, pg_reader(pg_dsn), texts)
 
 
 @pytest.mark.parametrize("point", ["cutover_after_intent", "cutover_before_commit", "cutover_after_move"])

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
+import psutil  # type: ignore[import-untyped]
 
 from tests.durability.support import Tool, config_text, write_corpus
 from tests.durability.test_crashes import _marked_written, assert_exact_coverage, pg_reader

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder
-from tests.durability.support import Tool
+from tests.durability.support import Tool, assert_crashed
 from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
 
 KEY_ENV = "REINDEX_TEST_AZURE_KEY"
@@ -109,7 +108,7 @@ def test_sigkill_mid_run_then_rerun_is_verified_and_rebuys_at_most_three_calls(
 ) -> None:
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
     code, _, err = tool.run("run", env={KEY_ENV: KEY, "REINDEX_CRASH_AT": f"{point}:2"})
-    assert code == -signal.SIGKILL, err
+    assert_crashed(code, err)
     run_to_end(tool)
     assert tool.json("verify")["complete"]
     billed, unique = emulator.stats()["billed_tokens"], unique_tokens(texts)

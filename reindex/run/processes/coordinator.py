@@ -20,13 +20,17 @@ from typing import Any
 
 from reindex.errors import BackendError, Interrupted, ReindexError
 from reindex.run.cost import Budget, BudgetBook
+from reindex.run.lanes import open_lane
 from reindex.run.migration import Migration
 from reindex.run.pipeline import Progress
-from reindex.run.planning import item, plan
+from reindex.run.planning import item, plan, read_planned
 from reindex.run.processes import device, worker
 from reindex.state.ledger import Ledger
-from reindex.state.records import Lease
+from reindex.state.records import Lease, PlannedShard
 
+# A worker process costs a second or so of start-up (an interpreter, the imports, its connections): a run with
+# fewer shards than this per worker gets fewer workers, and one with fewer than twice this runs here.
+SHARDS_PER_WORKER = 4
 START_SECONDS = 600.0  # how long a process may take to load its model and open its connections
 DRAIN_SECONDS = 25.0  # how long the shards in flight get to land once the run stops
 _spawn = multiprocessing.get_context("spawn")  # no fork: the coordinator holds threads and connections
@@ -74,10 +78,12 @@ def run(
     pending = plan(m, ledger)
     ledger.release_claims(m.plan_id)  # claims of shards that died in flight
     progress = Progress()
-    if not pending:
-        return progress
+    count = min(workers, -(-len(pending) // SHARDS_PER_WORKER))
+    progress.processes = max(count, 1)
+    if count <= 1:
+        return _here(m, lease, pending, stop, on_progress, budget, progress)
     with ExitStack() as stack:
-        coordinator = _Coordinator(m, lease, min(workers, len(pending)), stop, on_progress, progress)
+        coordinator = _Coordinator(m, lease, count, stop, on_progress, progress)
         stack.callback(coordinator.close)
         book = coordinator.start_budget(stack, budget)
         coordinator.start(book)
@@ -87,6 +93,49 @@ def run(
         raise coordinator.failure
     if spent is not None and spent.exhausted:
         raise Interrupted(spent.message())
+    if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
+        raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
+    return progress
+
+
+def _here(
+    m: Migration,
+    lease: Lease,
+    pending: list[PlannedShard],
+    stop: threading.Event,
+    on_progress: Callable[[Progress], None] | None,
+    budget: Budget | None,
+    progress: Progress,
+) -> Progress:
+    """A few planned shards, one after the other in this process, through the same lane a worker runs."""
+    lane = open_lane(
+        m.config,
+        plan_id=m.plan_id,
+        nonce=m.spec.nonce or None,
+        lease=(lease.key, lease.token),
+        worker=f"local/pid-{os.getpid()}",
+        embedder=m.embedder,
+        budget=budget,
+    )
+    try:
+        for shard in pending:
+            if stop.is_set():
+                break
+            task = item(shard)
+            pipeline = lane.pipeline
+            if pipeline.run_shard(shard.seq, shard.after_cursor, read_planned(pipeline.source, task)) is None:
+                break  # the budget refused it
+            done = pipeline.progress
+            progress.documents, progress.written = done.documents, done.written
+            progress.dead_letters, progress.tokens = done.dead_letters, done.tokens
+            progress.padded_tokens, progress.reused = done.padded_tokens, done.reused
+            progress.model_seconds = done.model_seconds
+            if on_progress:
+                on_progress(progress)
+    finally:
+        lane.close()
+    if budget is not None and budget.exhausted:
+        raise Interrupted(budget.message())
     if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
         raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
     return progress
@@ -189,7 +238,7 @@ class _Coordinator:
                 proc = next(p for p in waiting if p.conn is conn)
                 try:
                     message = proc.conn.recv()
-                except EOFError:
+                except (EOFError, OSError):  # its end of the pipe closed, or reset as it died
                     raise BackendError(f"{proc.describe()} died while starting ({proc.death()})") from None
                 if message[0] == "broken":
                     raise pickle.loads(message[1])
@@ -213,7 +262,7 @@ class _Coordinator:
                     continue
                 try:
                     message = proc.conn.recv()
-                except EOFError:
+                except (EOFError, OSError):  # its end of the pipe closed, or reset as it died
                     self._lost(proc, "")
                     continue
                 self._answer(proc, message)
@@ -231,8 +280,12 @@ class _Coordinator:
 
     def _hand(self, proc: _Proc, tasks: deque[dict[str, Any]], ahead: int) -> None:
         while tasks and len(proc.held) < ahead and not proc.gone:
-            task = tasks.popleft()
-            proc.conn.send(task)
+            task = tasks[0]
+            try:
+                proc.conn.send(task)
+            except OSError:  # it died: the next wait hears it, with what it held
+                return
+            tasks.popleft()
             proc.held.add(int(task["seq"]))
 
     def _answer(self, proc: _Proc, message: tuple[Any, ...]) -> None:
@@ -297,7 +350,7 @@ class _Coordinator:
                 proc = next(p for p in live if p.conn is conn)
                 try:
                     message = proc.conn.recv()
-                except EOFError:
+                except (EOFError, OSError):  # its end of the pipe closed, or reset as it died
                     self._lost(proc, "")
                     continue
                 self._answer(proc, message)

@@ -1,0 +1,154 @@
+"""The processes engine measured by CPU accounting, which a noisy machine moves little.
+
+Each run is `reindex run` (hash embedder, JSONL -> pgvector, no ANN index) in a child process that reports
+its own CPU seconds (the coordinator: what `/proc/<pid>/stat` says of it) and those of its ended children
+(the workers and model processes; the database server is not a child). Figures per document are marginal:
+(CPU at the large size - CPU at the small size) / (the documents between), so start-up and imports, paid
+once per run, do not count.
+
+    1  coordinator CPU per document, processes engine                       target <= 5 us
+    2  all the tool's processes per document / one process per document      target <= 1.2
+    6  tool CPU per document at --large-million against --large              target <= 1.2  (--million)
+    7  a paced device at 0.75 x the free run's documents/s: busy fraction    target >= 0.9
+
+Usage: scripts/bench-engine [--repeats 3] [--small 10000] [--large 200000] [--million]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench
+
+DIM = 384
+SHARD = 5000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--small", type=int, default=10_000)
+    parser.add_argument("--large", type=int, default=200_000)
+    parser.add_argument("--million", action="store_true", help="also 1,000,000 documents (target 6)")
+    parser.add_argument(
+        "--busy-fraction", type=float, default=0.75, help="the paced device's R over the free rate"
+    )
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "reindex-bench-engine")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"runs": []}
+    with bench.postgres(args.workdir) as dsn:
+        sizes = [args.small, args.large] + ([1_000_000] if args.million else [])
+        corpora = {n: bench.synthetic_corpus(args.workdir, n) for n in sizes}
+        words = _mean_words(corpora[args.small])
+        for repeat in range(args.repeats):
+            for n in sizes:
+                for workers in (1, None):
+                    results["runs"].append(_run(args.workdir, dsn, corpora[n], n, workers, repeat))
+            free = [r for r in results["runs"] if r["documents"] == args.large and r["workers"] is None][-1]
+            rate = args.busy_fraction * free["docs_per_second"] * words
+            paced = {"kind": "paced", "dim": DIM, "rate": rate, "batch_tokens": 65536}
+            results["runs"].append(
+                _run(args.workdir, dsn, corpora[args.large], args.large, None, repeat, paced)
+            )
+    results["figures"] = _figures(results["runs"], args)
+    print(json.dumps(results["figures"], indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def _mean_words(corpus: Path) -> float:
+    lines = corpus.read_text().splitlines()
+    return statistics.fmean(len(json.loads(line)["text"].split()) for line in lines)
+
+
+def _run(
+    work: Path,
+    dsn: str,
+    corpus: Path,
+    n: int,
+    workers: int | None,
+    repeat: int,
+    embedder: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    label = f"e_{n}_{workers or 'all'}_{repeat}{'_paced' if embedder else ''}"
+    run: dict[str, Any] = {"shard_size": SHARD} | ({"workers": workers} if workers else {})
+    target = {"kind": "pgvector", "dsn": dsn, "alias": label, "index": "none"}
+    path = bench.write_config(
+        work, label, bench.source(corpus), embedder or {"kind": "hash", "dim": DIM}, target, run
+    )
+    child = subprocess.run(
+        [sys.executable, str(Path(bench.__file__).resolve()), "--child", str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    outcome = json.loads(child.stdout)
+    report = outcome["report"]
+    bench.drop_table(dsn, str(report["target"]))
+    row = {
+        "label": label,
+        "documents": report["documents"],
+        "workers": workers,
+        "processes": report["processes"],
+        "paced": embedder is not None,
+        "seconds": outcome["seconds"],
+        "docs_per_second": report["documents"] / outcome["seconds"],
+        "coordinator_cpu": outcome["coordinator_cpu"],
+        "tool_cpu": outcome["tool_cpu"],
+        "coordinator_rss_mb": outcome["peak_rss_kb"] / 1024,
+        "largest_child_rss_mb": outcome["children_maxrss_kb"] / 1024,
+        "device_busy_fraction": report["device_busy_fraction"],
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def _figures(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    def median(n: int, workers: int | None, key: str, paced: bool = False) -> float:
+        values = [
+            r[key] for r in runs if r["documents"] == n and r["workers"] == workers and r["paced"] == paced
+        ]
+        return float(statistics.median(values))
+
+    def marginal(key: str, workers: int | None, large: int) -> float:
+        return float((median(large, workers, key) - median(args.small, workers, key)) / (large - args.small) * 1e6)
+
+    one = marginal("tool_cpu", 1, args.large)
+    figures: dict[str, Any] = {
+        "1 coordinator us/doc (processes)": round(marginal("coordinator_cpu", None, args.large), 2),
+        "  one process us/doc (before)": round(one, 2),
+        "2 all processes us/doc (processes)": round(marginal("tool_cpu", None, args.large), 2),
+        "2 ratio to one process": round(marginal("tool_cpu", None, args.large) / one, 3),
+        "docs/s processes": round(median(args.large, None, "docs_per_second")),
+        "docs/s one process": round(median(args.large, 1, "docs_per_second")),
+        "7 paced device busy fraction": median(args.large, None, "device_busy_fraction", paced=True),
+        "7 paced docs/s": round(median(args.large, None, "docs_per_second", paced=True)),
+    }
+    if args.million:
+        at_large = marginal("tool_cpu", None, args.large)
+        at_million = marginal("tool_cpu", None, 1_000_000)
+        figures["6 all processes us/doc to 1M"] = round(at_million, 2)
+        figures["6 ratio 1M / large"] = round(at_million / at_large, 3)
+        figures["6 one process ratio 1M / large"] = round(marginal("tool_cpu", 1, 1_000_000) / one, 3)
+        figures["rss largest child MB large -> 1M"] = (
+            median(args.large, None, "largest_child_rss_mb"),
+            median(1_000_000, None, "largest_child_rss_mb"),
+        )
+    return figures
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
