@@ -60,8 +60,8 @@ def read_planned(source: Source, task: Mapping[str, Any]) -> Documents:
     after = task["after"]
     scan_range = getattr(source, "scan_range", None)
     if scan_range is not None:
-        docs: Documents = scan_range(after, task["last"])
-        return docs
+        ranged: Documents = scan_range(after, task["last"])
+        return ranged
     docs = next(scan_documents(source, after, int(task["documents"])), None)
     found = (len(docs), docs.last_position) if docs is not None else (0, None)
     if docs is None or found != (int(task["documents"]), task["last"]):

@@ -25,6 +25,7 @@ from reindex import commands, registry
 from reindex.commands import RunReport
 from reindex.config import Config, load
 from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
+from reindex.run import planning
 from reindex.run.io import scan_documents
 from reindex.run.migration import leased, open_migration
 from reindex.run.pipeline import Progress
@@ -346,7 +347,7 @@ def test_an_actor_holds_a_second_shard_in_its_own_lane_while_the_first_is_in_the
     cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", embedder=slow)
     with leased(cluster) as (ledger, lease), open_migration(cluster) as m:
         m = commands.attach(m, ledger, create=True)
-        first, second = ray_driver.plan(m, ledger)[:2]
+        first, second = planning.plan(m, ledger)[:2]
         items = [
             ray_worker._read_shard(
                 {"seq": s.seq, "after": s.after_cursor, "last": s.last_cursor, "documents": s.documents},
