@@ -822,6 +822,7 @@ def run_child(config: Path) -> int:
     started, cpu = time.perf_counter(), cpu_seconds()
     report = commands.run(load(config))
     seconds = time.perf_counter() - started
+    stop_fork_server()  # its workers' CPU reaches this process's account once it is reaped
     coordinator, tool = (after - before for after, before in zip(cpu_seconds(), cpu, strict=True))
     inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; survives exec, so fork counts
     outcome = {"seconds": seconds, "peak_rss_kb": peak_rss_kb() or inherited, "ru_maxrss_kb": inherited}
@@ -837,6 +838,16 @@ def cpu_seconds() -> tuple[float, float]:
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     mine = own.ru_utime + own.ru_stime
     return mine, mine + children.ru_utime + children.ru_stime
+
+
+def stop_fork_server() -> None:
+    """Stop (and reap) the fork server the processes engine starts, which reaped the workers it forked: only
+    then do their CPU seconds count among this process's children's."""
+    import multiprocessing.forkserver
+
+    server = multiprocessing.forkserver._forkserver
+    if server._forkserver_pid is not None:
+        server._stop()
 
 
 def children_rss_kb() -> int:

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--small", type=int, default=10_000)
+    parser.add_argument("--small", type=int, default=50_000)  # past 8 shards: the workers start
     parser.add_argument("--large", type=int, default=200_000)
     parser.add_argument("--million", action="store_true", help="also 1,000,000 documents (target 6)")
     parser.add_argument(

@@ -106,11 +106,11 @@ def test_a_killed_coordinator_takes_its_processes_along(tmp_path: Path, pg_dsn: 
     children: list[psutil.Process] = []
     deadline = time.monotonic() + 120
     while tool.ledger_written()[0] < 2 and process.poll() is None and time.monotonic() < deadline:
-        children = psutil.Process(process.pid).children() or children
+        children = psutil.Process(process.pid).children(recursive=True) or children
         time.sleep(0.05)
     assert process.poll() is None, "the run ended before it could be killed; make the corpus larger"
-    children = psutil.Process(process.pid).children()
-    assert len(children) >= 3, children  # two workers, the model process (and multiprocessing's tracker)
+    children = psutil.Process(process.pid).children(recursive=True)
+    assert len(children) >= 4, children  # the fork server, two workers, the model process (and a tracker)
     process.send_signal(signal.SIGKILL)
     process.communicate()
     _, alive = psutil.wait_procs(children, timeout=5)
@@ -140,3 +140,13 @@ def test_a_local_mode_target_runs_in_one_process_and_says_why(tmp_path: Path) ->
     assert report["processes"] == 1
     assert report["note"] == "one process: the [target] (qdrant) is opened by one process at a time"
     assert np.isfinite(report["docs_per_second"])
+
+
+def test_batches_bigger_than_a_pipe_buffer_flow_both_ways_at_once(tmp_path: Path, pg_dsn: str) -> None:
+    """A request of 65,536 tokens and a reply of 384-d vectors each fill a pipe many times over: a worker
+    sending its next batch while the model process sends it the last one's vectors must not stall."""
+    big = 'kind = "paced"\ndim = 384\nmax_tokens = 128\nrate = 2000000\nbatch_tokens = 65536'
+    tool, _ = _tool(tmp_path, pg_dsn, n=4000, run="workers = 2\n", embedder=big)
+    code, _, err = tool.run("run", timeout=120)
+    assert code == 0, err
+    assert tool.json("verify")["complete"]

@@ -56,14 +56,22 @@ def device_count(embedder: Any) -> int:
     return max(1, int(count())) if callable(count) else 1
 
 
-def alive(parent: int) -> bool:
-    return os.getppid() == parent
+def alive(coordinator: int) -> bool:
+    """Whether the coordinator still runs (its pid still names a process: it is not reused within a run)."""
+    try:
+        os.kill(coordinator, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
-def follow_parent(parent: int) -> None:
-    """Die with the coordinator: SIGKILL from the kernel the moment it dies (Linux), so a killed run's
-    processes write nothing more; elsewhere the idle loops' `alive` checks end them. The coordinator's
-    SIGINT and SIGTERM are its own to handle: it decides when the shards in flight stop."""
+def follow_parent(coordinator: int) -> None:
+    """Die with the coordinator. This process's parent is the fork server the coordinator started, which
+    exits when the coordinator dies; SIGKILL comes from the kernel the moment the parent is gone (Linux),
+    so a killed run's processes write nothing more; elsewhere the idle loops' `alive` checks end them. The
+    coordinator's SIGINT and SIGTERM are its own to handle: it decides when the shards in flight stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with suppress(OSError, AttributeError):
@@ -71,7 +79,7 @@ def follow_parent(parent: int) -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if not alive(parent):  # it died before the signal was asked for
+    if not alive(coordinator):  # it died before the signal was asked for
         os._exit(1)
 
 
@@ -198,7 +206,8 @@ class DeviceClient:
         if spec.max_batch is not None:
             self.max_batch = spec.max_batch
         self._conn = conn
-        self._send = threading.Lock()
+        self._send = threading.Lock()  # one request on the pipe at a time
+        self._book = threading.Lock()  # the requests waiting for their vectors
         self._waiting: dict[int, Future[tuple[Vectors, dict[int, str]]]] = {}
         self._next = 0
         self._receiver = threading.Thread(target=self._receive, name="reindex-device-replies", daemon=True)
@@ -215,14 +224,16 @@ class DeviceClient:
 
     def embed_prepared(self, tokens: TokenColumns) -> _Reply:
         future: Future[tuple[Vectors, dict[int, str]]] = Future()
-        with self._send:
+        with self._book:
             rid, self._next = self._next, self._next + 1
             self._waiting[rid] = future
-            try:
+        try:
+            with self._send:  # not the book's lock: the replies are read while a big request is sent
                 self._conn.send((rid, tokens))
-            except (BrokenPipeError, OSError):
-                del self._waiting[rid]
-                raise BackendError("the model process is gone", hint="rerun the same command") from None
+        except (BrokenPipeError, OSError):
+            with self._book:
+                self._waiting.pop(rid, None)
+            raise BackendError("the model process is gone", hint="rerun the same command") from None
         return _Reply(future)
 
     def embed_columns(self, tokens: TokenColumns) -> Vectors:
@@ -237,12 +248,12 @@ class DeviceClient:
                 rid, vectors, rejections, error = self._conn.recv()
             except (EOFError, OSError):
                 gone = BackendError("the model process is gone", hint="rerun the same command")
-                with self._send:
+                with self._book:
                     for future in self._waiting.values():
                         future.set_exception(gone)
                     self._waiting.clear()
                 return
-            with self._send:
+            with self._book:
                 future = self._waiting.pop(rid)
             if error is not None:
                 future.set_exception(pickle.loads(error))
