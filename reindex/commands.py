@@ -47,6 +47,7 @@ from reindex.run.migration import (
     with_nonce,
 )
 from reindex.run.pipeline import Pipeline, Progress
+from reindex.run.ray.sizing import slots as ray_slots
 from reindex.run.synchronous import online
 from reindex.run.validation import excused
 from reindex.state.ledger import Ledger
@@ -78,8 +79,7 @@ def plan(
         routes = routing.candidates(config, m.embedder)
         recount = routing.token_counters(routes, m.spec.fingerprint)
         report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate, recount=recount)
-        on_ray = config.run.engine == "ray" and not isinstance(m.embedder, DeferredEmbedder)
-        default = config.ray.actors if on_ray else 1  # a provider batch runs on this machine (see `_run`)
+        default = _workers(config, m)
         spread(report, config.run, workers or default, worker_docs_per_second)
         priced = routing.price(report, config.run, routes, report.tokens_by_fingerprint)
         report.routes, report.route = routing.to_json(priced), routing.choose(priced, config.run)
@@ -472,6 +472,26 @@ def _verify(
         report = replace(report, complete=False, after_flip_pending=previous)
     ledger.record_verification(m.plan_id, report.complete, report.to_json())
     return report
+
+
+def _workers(config: Config, m: Migration) -> int:
+    """The workers a run of this migration would have: `[ray] actors` (or the local machine's share of
+    them) on the ray engine, the processes engine's workers, or 1 (a provider batch runs here, see `_run`)."""
+    if isinstance(m.embedder, DeferredEmbedder):
+        return 1
+    if config.run.engine == "ray":
+        if config.ray.actors is not None:
+            return config.ray.actors
+        if config.ray.address in (None, "local"):
+            cpus = config.ray.num_cpus or processes.cores()
+            return ray_slots(config.ray, {"CPU": cpus, "GPU": float(_gpus(m.embedder))})
+        return 1  # a cluster's size is known once the run joins it: pass --workers to plan for it
+    return processes.workers_for(config, m.source, m.sink, m.embedder).workers
+
+
+def _gpus(embedder: Any) -> int:
+    count = getattr(embedder, "device_count", None)
+    return int(count()) if callable(count) and getattr(embedder, "device", "cpu") != "cpu" else 0
 
 
 def _coverage(m: Migration, dead_letters: dict[str, str | None] | None) -> Coverage:

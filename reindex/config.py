@@ -103,7 +103,9 @@ class RayConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     address: str | None = None  # "auto", "ray://head:10001", ...; omitted: a local Ray for this run only
-    actors: int = Field(1, ge=1)  # embedding actors (one model each)
+    # embedding actors (one model each); None: as many as the cluster has GPUs (CPUs on a CPU cluster) for
+    # them, growing as nodes join a cluster it was given (`address`); a number pins the pool to that size
+    actors: int | None = Field(None, ge=1)
     cpus_per_actor: float = Field(1.0, ge=0)
     gpus_per_actor: float = Field(0.0, ge=0)  # 1 on CUDA machines: one GPU per actor
     cpus_per_task: float = Field(1.0, gt=0)  # each read task

@@ -124,7 +124,9 @@ def _figures(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
         return float(statistics.median(values))
 
     def marginal(key: str, workers: int | None, large: int) -> float:
-        return float((median(large, workers, key) - median(args.small, workers, key)) / (large - args.small) * 1e6)
+        return float(
+            (median(large, workers, key) - median(args.small, workers, key)) / (large - args.small) * 1e6
+        )
 
     one = marginal("tool_cpu", 1, args.large)
     figures: dict[str, Any] = {

@@ -68,3 +68,29 @@ def test_a_worker_node_lost_mid_run_has_its_shards_run_elsewhere(
     workers = {w["worker"].split("/")[0] for w in commands.status(cluster).workers}
     assert len(workers) == 2, f"the shards did not move to another node: {workers}"
     complete_and_equal_to_local(tmp_path, pg_dsn, source, cluster)
+
+
+def test_an_unpinned_actor_pool_spreads_over_every_node(tmp_path: Path, pg_dsn: str, nodes: Any) -> None:
+    """`[ray] actors` left out: the pool is sized to the cluster (here three half-CPU actors on two
+    one-CPU nodes, a read task's half CPU set aside), so both nodes embed; a pinned pool of 1 did all the
+    shards on one node."""
+    while len(nodes.worker_nodes) < 2:
+        nodes.add_node(num_cpus=1)
+    nodes.wait_for_nodes()
+    source = corpus(tmp_path / "docs.jsonl", 300)
+    cluster = config(
+        tmp_path,
+        pg_dsn,
+        source,
+        alias="ray_spread",
+        engine="ray",
+        state=pg_dsn,
+        shard_size=10,
+        address=nodes.address,
+        cpus_per_actor=0.5,
+        cpus_per_task=0.5,
+        num_cpus=None,
+    )
+    assert commands.run(cluster).reconciled
+    hosts = {w["worker"].split("/")[0] for w in commands.status(cluster).workers}
+    assert len(hosts) == 2, f"one node did every shard: {hosts}"

@@ -29,6 +29,6 @@ in flight. SIGTERM stops the feeding, the shards in flight land, and the run exi
 from __future__ import annotations
 
 from reindex.run.processes.coordinator import run
-from reindex.run.processes.engine import Choice, workers_for
+from reindex.run.processes.engine import Choice, cores, workers_for
 
-__all__ = ["Choice", "run", "workers_for"]
+__all__ = ["Choice", "cores", "run", "workers_for"]

@@ -20,6 +20,7 @@ from reindex.run.pipeline import Progress
 from reindex.run.planning import plan
 from reindex.run.ray.budget import _budget_book
 from reindex.run.ray.cluster import _LOCAL_ADDRESSES, _cluster, _ray
+from reindex.run.ray.sizing import pool_size
 from reindex.run.ray.worker import ShardWorker, _read_shard
 from reindex.state.ledger import Ledger
 from reindex.state.records import Lease, PlannedShard
@@ -97,6 +98,8 @@ def _check_room(config: Config) -> None:
     settings = config.ray
     if settings.address not in _LOCAL_ADDRESSES:
         return
+    if settings.actors is None:
+        return  # sized to what the local Ray has left once a read task's CPUs are set aside (`slots`)
     cpus = settings.num_cpus or os.cpu_count() or 1
     wanted = settings.actors * settings.cpus_per_actor + settings.cpus_per_task
     if wanted > cpus:
@@ -181,7 +184,7 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], 
             "book": book,
         },
         compute=ray.data.ActorPoolStrategy(
-            size=settings.actors,
+            **pool_size(settings, ray.cluster_resources()),
             max_concurrent_calls_per_actor=settings.shards_per_actor,
             enable_true_multi_threading=settings.shards_per_actor > 1,  # lanes, not just batching threads
         ),
