@@ -845,7 +845,7 @@ def stop_fork_server() -> None:
     then do their CPU seconds count among this process's children's."""
     import multiprocessing.forkserver
 
-    server = multiprocessing.forkserver._forkserver
+    server: Any = multiprocessing.forkserver._forkserver  # private: `_stop` is how CPython's tests stop it
     if server._forkserver_pid is not None:
         server._stop()
 

@@ -30,6 +30,9 @@ import bench
 
 DIM = 384
 SHARD = 5000
+RAY = (
+    0  # a `workers` value that stands for engine = "ray" (a local Ray started by the run, actors sized to it)
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             for n in sizes:
                 for workers in (1, None):
                     results["runs"].append(_run(args.workdir, dsn, corpora[n], n, workers, repeat))
+                if args.ray:
+                    results["runs"].append(_run(args.workdir, dsn, corpora[n], n, RAY, repeat))
             free = [r for r in results["runs"] if r["documents"] == args.large and r["workers"] is None][-1]
             rate = args.busy_fraction * free["docs_per_second"] * words
             paced = {"kind": "paced", "dim": DIM, "rate": rate, "batch_tokens": 65536}
@@ -83,8 +88,11 @@ def _run(
     repeat: int,
     embedder: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    label = f"e_{n}_{workers or 'all'}_{repeat}{'_paced' if embedder else ''}"
+    name = "ray" if workers == RAY else workers or "all"
+    label = f"e_{n}_{name}_{repeat}{'_paced' if embedder else ''}"
     run: dict[str, Any] = {"shard_size": SHARD} | ({"workers": workers} if workers else {})
+    if workers == RAY:
+        run = {"shard_size": SHARD, "engine": "ray"}
     target = {"kind": "pgvector", "dsn": dsn, "alias": label, "index": "none"}
     path = bench.write_config(
         work, label, bench.source(corpus), embedder or {"kind": "hash", "dim": DIM}, target, run
@@ -139,6 +147,10 @@ def _figures(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
         "7 paced device busy fraction": median(args.large, None, "device_busy_fraction", paced=True),
         "7 paced docs/s": round(median(args.large, None, "docs_per_second", paced=True)),
     }
+    if args.ray:
+        figures["ray: coordinator us/doc"] = round(marginal("coordinator_cpu", RAY, args.large), 2)
+        figures["ray: all processes us/doc"] = round(marginal("tool_cpu", RAY, args.large), 2)
+        figures["ray: docs/s"] = round(median(args.large, RAY, "docs_per_second"))
     if args.million:
         at_large = marginal("tool_cpu", None, args.large)
         at_million = marginal("tool_cpu", None, 1_000_000)

@@ -5,10 +5,12 @@ Shards read blocks of lines: a block of plain lines parses as one JSON array, an
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -102,16 +104,35 @@ class JsonlSource:
             if count:
                 yield str(last), count
 
-    def scan_documents(self, after: str | None, size: int) -> Iterator[Documents]:
-        """Shards of `size` documents as columns. A block of plain lines (each a JSON object with a string-like
-        id and a string text) is parsed by one `json.loads` of the block as an array; a block with anything
-        else (a blank or defective line, a byte-order mark, text that is not valid Unicode) is read line by
-        line, each line as `scan` reads it."""
+    def scan_range(self, after: str | None, last: str) -> Documents:
+        """The documents of the lines after the line at offset `after`, up to the line at offset `last`
+        included: a planned shard's byte range as the file is now. The ranges of consecutive shards meet
+        where they met when planned, so a file rewritten between runs is read once over, as the one-process
+        pipeline's cursor reads it (and `sync` catches up what moved behind it)."""
+        bound = _position(last)
+        with _file_errors(self.path), self.path.open("rb") as stream:
+            stream.seek(bound)
+            end = bound + len(stream.readline())
+        if "." in self.id_field or "." in self.text_field:
+            records = [
+                r for r in itertools.takewhile(lambda r: _position(r.position) <= bound, self.scan(after))
+            ]
+            parts = [Documents.from_records(records)]
+        else:
+            parts = list(self.scan_documents(after, 1 << 40, until=end))
+        return replace(Documents.concat(parts) if parts else Documents.from_records([]), last_position=last)
+
+    def scan_documents(self, after: str | None, size: int, until: int | None = None) -> Iterator[Documents]:
+        """Shards of `size` documents as columns (of the lines that start before byte `until`, if given).
+        A block of plain lines (each a JSON object with a string-like id and a string text) is parsed by one
+        `json.loads` of the block as an array; a block with anything else (a blank or defective line, a
+        byte-order mark, text that is not valid Unicode) is read line by line, each line as `scan` reads
+        it."""
         if "." in self.id_field or "." in self.text_field:
             yield from _chunked(self.scan(after), size)
             return
         pending = _Pending(size, (self.id_field, self.text_field))
-        for start, block, lines in self._blocks(after):
+        for start, block, lines in self._blocks(after, until):
             starts = _line_starts(block)
             rows = _plain_rows(block, starts, self.id_field, self.text_field)
             if rows is None:
@@ -123,9 +144,11 @@ class JsonlSource:
         pending.seal_rest()
         yield from pending.rest()
 
-    def _blocks(self, after: str | None) -> Iterator[tuple[int, bytes, _LineNumbers]]:
-        """(byte offset, whole lines) of the file after the line at offset `after`, in blocks of about
-        BLOCK_BYTES; the last block may lack its final newline."""
+    def _blocks(
+        self, after: str | None, until: int | None = None
+    ) -> Iterator[tuple[int, bytes, _LineNumbers]]:
+        """(byte offset, whole lines) of the file after the line at offset `after` (and before byte `until`,
+        a line's end), in blocks of about BLOCK_BYTES; the last block may lack its final newline."""
         with _file_errors(self.path), self.path.open("rb", buffering=0) as stream:
             offset, lines = 0, _LineNumbers(self.path, known=True)
             if after is not None:
@@ -135,7 +158,9 @@ class JsonlSource:
                     offset += len(skip.readline())
                 stream.seek(offset)
             carry = b""
-            while chunk := stream.read(BLOCK_BYTES):
+            while chunk := stream.read(
+                BLOCK_BYTES if until is None else max(0, min(BLOCK_BYTES, until - offset - len(carry)))
+            ):
                 data = carry + chunk
                 end = data.rfind(b"\n") + 1
                 if end == 0:

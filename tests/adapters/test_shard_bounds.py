@@ -96,3 +96,54 @@ def test_qdrant_bounds_are_an_ids_only_scroll(ids: str, page: int, monkeypatch: 
     source = QdrantSource(client, collection="docs", page_size=2)
     same_cut(source)
     assert list(source.shard_bounds(str(keys[-1]), 5)) == []  # nothing after the last point
+
+
+# `scan_range`: a planned shard read as its range is now (the processes engine's workers) ---------------------
+
+
+def ranges_read(source: Source, planned: list[tuple[str, int]]) -> list[str]:
+    """Every id the planned shards' ranges hold now, then the documents after the last one (a rerun plans
+    those as new shards)."""
+    ids: list[str] = []
+    after: str | None = None
+    for last, _ in planned:
+        ids += source.scan_range(after, last).ids  # type: ignore[attr-defined]
+        after = last
+    return ids + [i for docs in scan_documents(source, after, 1000) for i in docs.ids]
+
+
+def test_jsonl_ranges_read_a_file_rewritten_since_it_was_planned_once_over(tmp_path: Path) -> None:
+    path = tmp_path / "docs.jsonl"
+    lines = [json.dumps({"id": f"d{i}", "text": f"text {i}"}) for i in range(40)]
+    lines[9] = "{broken"
+    path.write_text("\n".join(lines) + "\n")
+    source = JsonlSource(path)
+    planned = list(source.shard_bounds(None, 6))
+    whole = [i for docs in scan_documents(source, None, 1000) for i in docs.ids]
+    assert ranges_read(source, planned) == whole
+    lines[3] = json.dumps({"id": "d3", "text": "a much longer text than before " * 5})  # offsets shift
+    del lines[20]
+    lines.append(json.dumps({"id": "d40", "text": "appended"}))
+    path.write_text("\n".join(lines) + "\n")
+    now = [i for docs in scan_documents(source, None, 1000) for i in docs.ids]
+    assert sorted(ranges_read(source, planned)) == sorted(now), "a line read twice or never"
+
+
+def test_postgres_ranges_read_rows_inserted_and_deleted_since_the_plan(pg_dsn: str) -> None:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS ranged")
+        conn.execute("CREATE TABLE ranged (id bigint PRIMARY KEY, text text)")
+        conn.execute("INSERT INTO ranged SELECT g * 10, 'text ' || g FROM generate_series(1, 30) g")
+    source = PostgresSource.from_config(
+        PostgresSource.Config(kind="postgres", dsn=pg_dsn, table="ranged", text_column="text")
+    )
+    try:
+        planned = list(source.shard_bounds(None, 7))
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO ranged VALUES (15, 'inserted'), (1000, 'after the plan')")
+            conn.execute("DELETE FROM ranged WHERE id IN (70, 300)")
+        now = [i for docs in scan_documents(source, None, 1000) for i in docs.ids]
+        assert ranges_read(source, planned) == now  # key order: each row once, in its range
+        assert source.scan_range(planned[0][0], planned[1][0]).last_position == planned[1][0]
+    finally:
+        source.close()

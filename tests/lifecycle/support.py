@@ -96,7 +96,9 @@ class World:
 
     too_long: str = "truncate"
     reject_nul: bool = True
-    embedder_kind: str = "hash"  # or "memory-batch": the deferred path, provider state on the named store
+    # or "memory-batch": the deferred path, provider state on the named store; or "paced": the hash vectors
+    # computed in a model process the workers of the processes engine feed
+    embedder_kind: str = "hash"
     reject: str | None = None  # memory-batch: the provider refuses texts holding this (invalid_request)
     polls_to_finish: int = 2
     max_dead_letters: int | float = 1.0
@@ -130,6 +132,8 @@ class World:
         """Write `<seed>.toml` (embedder `hash` with this seed) with the current knobs, and load it."""
         knobs = {k: v for k, v in asdict(self.knobs.setdefault(seed, Knobs())).items() if v is not None}
         embedder: dict[str, Any] = {"kind": "hash", "dim": DIM, "max_tokens": MAX_TOKENS, "seed": seed}
+        if self.embedder_kind == "paced":  # the hash vectors, from a model process (reindex.run.processes)
+            embedder |= {"kind": "paced", "rate": 10_000_000.0, "batch_tokens": 64}
         if self.embedder_kind == "memory-batch":
             embedder |= {
                 "kind": "memory-batch",

@@ -11,11 +11,13 @@ Budget: CI runs a bounded number of examples; `REINDEX_SOAK=<n>` multiplies them
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+import psutil  # type: ignore[import-untyped]
 import pytest
 from hypothesis import event
 from hypothesis import strategies as st
@@ -53,6 +55,8 @@ ODD_SPACING = st.sampled_from(("alpha  beta", " alpha", "beta\tgamma"))  # same 
 STOP = st.tuples(st.just("stop"), st.integers(1, 2), st.just(False))  # stop after k shards
 FAIL = st.tuples(st.just("fail"), st.integers(1, 3), st.booleans())  # k-th write fails (after landing?)
 EXPIRE = st.tuples(st.just("expire"), st.integers(0, 2), st.booleans())  # jobs expire after k lines (billed?)
+# the processes engine's workers or its model process killed (SIGKILL) after k shards (machines with KILLS)
+KILL = st.tuples(st.just("kill"), st.integers(1, 3), st.booleans())
 HOW = st.one_of(st.none(), STOP, FAIL)
 REJECT = "omega"  # memory-batch worlds: the provider refuses texts holding this word
 REJECTED = st.sampled_from((REJECT, f"alpha {REJECT}"))
@@ -73,6 +77,7 @@ class Lifecycle(RuleBasedStateMachine):
     EMBEDDER = "hash"  # "memory-batch": the deferred path, with provider faults and invariant (d)
     BACKEND = "memory"  # "pgvector" (DSN: one database, an alias per example) or "qdrant" (local)
     DSN: str | None = None
+    KILLS = False  # runs may have a worker or the model process killed (pgvector: the processes engine)
 
     def __init__(self) -> None:
         super().__init__()
@@ -172,15 +177,28 @@ class Lifecycle(RuleBasedStateMachine):
 
     # the operator runs commands ---------------------------------------------------------------------------
 
+    @precondition(lambda self: self.KILLS)
+    @rule(seed=SEEDS, how=KILL)
+    def run_and_kill(self, seed: str, how: tuple[str, int, bool]) -> None:
+        self.run(seed, how)
+
     @rule(seed=SEEDS, how=st.one_of(HOW, EXPIRE))
     def run(self, seed: str, how: tuple[str, int, bool] | None) -> None:
         config = self.world.config(seed)
-        stop, shards = threading.Event(), [0]
+        if how and how[0] == "kill":
+            # a kill needs worker processes: shards of one document, and the application fills the source
+            # up to ten documents (fewer than eight shards run in the coordinator's own process)
+            for number, doc_id in enumerate(i for i in IDS if i not in self.world.docs.ids()):
+                self._put(doc_id, " ".join(("alpha", "beta", "gamma")[: 1 + number % 3]) + f" {doc_id}")
+            config = self.world.config(seed, shard_size=1)
+        stop, shards, killed = threading.Event(), [0], list[str]()
 
         def on_progress(progress: Progress) -> None:
             shards[0] += 1
             if how and how[0] == "stop" and shards[0] >= how[1]:
                 stop.set()
+            if how and how[0] == "kill" and shards[0] >= how[1] and not killed:
+                killed.extend(kill_a_process("reindex-model" if how[2] else "reindex-worker"))
 
         if how and how[0] == "fail":
             self.world.store.fail_write(how[1], landed=how[2])
@@ -189,7 +207,12 @@ class Lifecycle(RuleBasedStateMachine):
             self.world.store.provider.script(expire_after=how[1], bill_expired=how[2])
         try:
             report = self._run(config, stop, on_progress)
-        except Interrupted:
+        except Interrupted as exc:
+            if killed:
+                assert "died (killed by SIGKILL)" in str(exc), f"a killed process was not named: {exc}"
+                event(f"run ended resumably: {killed[0]} killed")
+                self.finished.discard(seed)
+                return
             assert stop.is_set(), "the run stopped although nobody asked it to"
             event("run stopped")
             self.finished.discard(seed)
@@ -206,7 +229,7 @@ class Lifecycle(RuleBasedStateMachine):
         assert report.reconciled, f"run report does not reconcile: {report.to_json()}"
         self.world.reconciled(config)
         self.finished.add(seed)
-        event("run finished")
+        event("run finished" + (" (the kill came after the last shard)" if killed else ""))
 
     def _run(self, config: Config, stop: threading.Event, on_progress: Any) -> commands.RunReport:
         """A run; where the target was dropped (prune), the refusal names `--fresh`, and that starts over."""
@@ -442,6 +465,26 @@ def test_on_pgvector_verify_means_a_fresh_migration_of_a_jsonl_source(embedder: 
     attributes = {"BACKEND": "pgvector", "DSN": pg_dsn, "EMBEDDER": embedder}
     machine = type("PgvectorLifecycle", (Lifecycle,), attributes)
     run_state_machine_as_test(machine, settings=machine_settings(4, 12))
+
+
+def test_on_the_processes_engine_with_workers_and_model_processes_killed(pg_dsn: str) -> None:
+    """The pgvector machine with the model in a model process (`paced`, the hash vectors) and runs whose
+    worker or model process is SIGKILLed after some shards: each ends resumably naming it, and every
+    invariant holds after."""
+    attributes = {"BACKEND": "pgvector", "DSN": pg_dsn, "EMBEDDER": "paced", "KILLS": True}
+    machine = type("ProcessesLifecycle", (Lifecycle,), attributes)
+    run_state_machine_as_test(machine, settings=machine_settings(4, 12))
+
+
+def kill_a_process(name: str) -> list[str]:
+    """SIGKILL one process of this run by the name it gives itself (`reindex-worker`, `reindex-model`);
+    [] when the run has none (a run of a few shards stays in one process)."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name() == name:
+                child.kill()
+                return [f"{name} {child.pid}"]
+    return []
 
 
 @pytest.mark.parametrize("embedder", ["hash", "memory-batch"])

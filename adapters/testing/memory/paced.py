@@ -38,20 +38,23 @@ class PacedEmbedder(HashEmbedder):
         kind: Literal["paced"]
         dim: int = 32
         max_tokens: int = 512
+        seed: str = ""
         rate: float = Field(gt=0)  # tokens per second the "device" computes
         batch_tokens: int = Field(default=16384, gt=0)  # tokens per call, as a GPU's batches
 
     def __init__(
-        self, dim: int = 32, max_tokens: int = 512, *, rate: float, batch_tokens: int = 16384
+        self, dim: int = 32, max_tokens: int = 512, seed: str = "", *, rate: float, batch_tokens: int = 16384
     ) -> None:
-        super().__init__(dim, max_tokens)
+        super().__init__(dim, max_tokens, seed)
         self.rate = rate
         self.batch_tokens = batch_tokens
         self._device = threading.Lock()  # one batch at a time
 
     @classmethod
     def from_config(cls, config: Config) -> PacedEmbedder:  # type: ignore[override]
-        return cls(config.dim, config.max_tokens, rate=config.rate, batch_tokens=config.batch_tokens)
+        return cls(
+            config.dim, config.max_tokens, config.seed, rate=config.rate, batch_tokens=config.batch_tokens
+        )
 
     @property
     def column_tokenizer(self) -> WordTokenizer:  # type: ignore[override]

@@ -187,7 +187,9 @@ class _Coordinator:
                 ends = [_spawn.Pipe() for _ in range(self.count)]
                 feeds.append([theirs for theirs, _ in ends])
                 mine, control = _spawn.Pipe()
-                env = {"CUDA_VISIBLE_DEVICES": str(gpu)} if device.device_count(embedder) > 1 else {}
+                env = dict(os.environ)  # as it is now: the fork server was started with an older one
+                if device.device_count(embedder) > 1:
+                    env["CUDA_VISIBLE_DEVICES"] = str(gpu)
                 process = _spawn.Process(
                     target=_with_env,
                     args=(
@@ -221,6 +223,7 @@ class _Coordinator:
                 parent,
                 spec,
                 book,
+                dict(os.environ),
             )
             process = _spawn.Process(
                 target=worker.main, args=(spec_w, theirs, model), name=f"reindex-worker-{index}", daemon=True
@@ -262,12 +265,12 @@ class _Coordinator:
             for conn in wait([proc.conn for proc in live], timeout=0.2):
                 proc = next(p for p in live if p.conn is conn)
                 if proc in self.models:
-                    self._lost(proc, "")
+                    self._lost(proc)
                     continue
                 try:
                     message = proc.conn.recv()
                 except (EOFError, OSError):  # its end of the pipe closed, or reset as it died
-                    self._lost(proc, "")
+                    self._lost(proc)
                     continue
                 self._answer(proc, message)
                 if self._feeding():
@@ -300,6 +303,8 @@ class _Coordinator:
             counts = message[1]
             proc.held.discard(int(counts["seq"]))
             self._count(counts)
+        elif kind == "skipped":  # handed over, not started when the run stopped: a rerun does it
+            proc.held.discard(int(message[1]))
         elif kind == "refused":
             proc.held.discard(int(message[1]))
             self.refused = True
@@ -307,7 +312,7 @@ class _Coordinator:
             proc.held.discard(int(message[1]))
             for model in self.models:  # a worker's batch failed because its model process died: say that
                 if not model.gone and not model.process.is_alive():
-                    self._lost(model, "")
+                    self._lost(model)
             if self.failure is None:
                 self.failure = pickle.loads(message[2])
 
@@ -323,10 +328,16 @@ class _Coordinator:
             progress.model_seconds += float(counts["model_seconds"])
         self.on_progress(progress)
 
-    def _lost(self, proc: _Proc, detail: str) -> None:
-        """A process that died: the run ends resumably once the others' shards landed."""
+    def _lost(self, proc: _Proc) -> None:
+        """A process that died. A worker that held no shard leaves the others to go on (the run ends
+        complete); one that held shards, or the model process, ends the run resumably once the other
+        workers' shards landed: its shards' text claims are the ledger's until a rerun releases them, so
+        no other worker could take them over here without waiting on claims nobody will fulfil."""
         proc.gone = True
         proc.process.join(timeout=5)
+        others = [worker for worker in self.workers if not worker.gone]
+        if proc in self.workers and not proc.held and others:
+            return
         held = ", ".join(str(seq) for seq in sorted(proc.held)) or "none"
         if self.failure is None:
             what = (
@@ -355,7 +366,7 @@ class _Coordinator:
                 try:
                     message = proc.conn.recv()
                 except (EOFError, OSError):  # its end of the pipe closed, or reset as it died
-                    self._lost(proc, "")
+                    self._lost(proc)
                     continue
                 self._answer(proc, message)
 
@@ -393,5 +404,6 @@ class _Coordinator:
 
 
 def _with_env(env: dict[str, str], target: Callable[..., None], *args: Any) -> None:
+    os.environ.clear()
     os.environ.update(env)
     target(*args)

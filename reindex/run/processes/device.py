@@ -67,7 +67,7 @@ def alive(coordinator: int) -> bool:
     return True
 
 
-def follow_parent(coordinator: int) -> None:
+def follow_parent(coordinator: int, name: str) -> None:
     """Die with the coordinator. This process's parent is the fork server the coordinator started, which
     exits when the coordinator dies; SIGKILL comes from the kernel the moment the parent is gone (Linux),
     so a killed run's processes write nothing more; elsewhere the idle loops' `alive` checks end them. The
@@ -79,11 +79,13 @@ def follow_parent(coordinator: int) -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(PR_SET_NAME, name.encode()[:15])  # what ps and top show: reindex-worker, reindex-model
     if not alive(coordinator):  # it died before the signal was asked for
         os._exit(1)
 
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 
 def serve(
@@ -91,7 +93,7 @@ def serve(
 ) -> None:
     """A model process's main: build the embedder, then answer every worker's batches until the
     coordinator says stop (or dies). Its stats go back on `control` at the end."""
-    follow_parent(parent)
+    follow_parent(parent, "reindex-model")
     try:
         embedder = registry.build("embedder", section)
         if embedder.info.fingerprint != fingerprint:

@@ -2,7 +2,8 @@
 to the coordinator it takes tasks from and answers on.
 
 Messages to the coordinator: ("ready",) once the lanes opened, or ("broken", error); then per task
-("took", seq), then ("done", counts), ("refused", seq) when the budget refused it, or ("error", seq, error).
+("took", seq), then ("done", counts), ("refused", seq) when the budget refused it, ("error", seq, error), or
+("skipped", seq) for a shard not started when the coordinator said stop.
 """
 
 from __future__ import annotations
@@ -36,10 +37,14 @@ class WorkerSpec:
     parent: int
     device: DeviceSpec | None = None  # feed a model process instead of building the embedder here
     budget: Any = None  # a proxy of the coordinator's `BudgetBook`, when a spending limit applies
+    env: dict[str, str] | None = None  # the coordinator's environment now (the fork server's is older)
 
 
 def main(spec: WorkerSpec, conn: Connection, model: Connection | None) -> None:
-    follow_parent(spec.parent)
+    follow_parent(spec.parent, "reindex-worker")
+    if spec.env is not None:
+        os.environ.clear()
+        os.environ.update(spec.env)
     _Worker(spec, conn, model).run()
 
 
@@ -97,6 +102,13 @@ class _Worker:
             if task is None:
                 break
             self.tasks.put(task)
+        while True:  # the run stops: shards handed over but not started go back unread
+            try:
+                waiting = self.tasks.get_nowait()
+            except queue.Empty:
+                break
+            if waiting is not None:
+                self.tell("skipped", int(waiting["seq"]))
         for _ in range(lanes):
             self.tasks.put(None)
 
