@@ -79,8 +79,8 @@ def plan(
         routes = routing.candidates(config, m.embedder)
         recount = routing.token_counters(routes, m.spec.fingerprint)
         report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate, recount=recount)
-        default = _workers(config, m)
-        spread(report, config.run, workers or default, worker_docs_per_second)
+        default = _workers(config, m, report.documents)
+        spread(report, config.run, workers or default, worker_docs_per_second, _devices(config, m))
         priced = routing.price(report, config.run, routes, report.tokens_by_fingerprint)
         report.routes, report.route = routing.to_json(priced), routing.choose(priced, config.run)
         report.ledger_advice = ledger_advice(config.run, report.documents)
@@ -474,7 +474,7 @@ def _verify(
     return report
 
 
-def _workers(config: Config, m: Migration) -> int:
+def _workers(config: Config, m: Migration, documents: int) -> int:
     """The workers a run of this migration would have: `[ray] actors` (or the local machine's share of
     them) on the ray engine, the processes engine's workers, or 1 (a provider batch runs here, see `_run`)."""
     if isinstance(m.embedder, DeferredEmbedder):
@@ -486,7 +486,17 @@ def _workers(config: Config, m: Migration) -> int:
             cpus = config.ray.num_cpus or processes.cores()
             return ray_slots(config.ray, {"CPU": cpus, "GPU": float(_gpus(m.embedder))})
         return 1  # a cluster's size is known once the run joins it: pass --workers to plan for it
-    return processes.workers_for(config, m.source, m.sink, m.embedder).workers
+    shards = -(-documents // config.run.shard_size)
+    return processes.workers_at(processes.workers_for(config, m.source, m.sink, m.embedder).workers, shards)
+
+
+def _devices(config: Config, m: Migration) -> int:
+    """Model processes a local run feeds: one per GPU for a model on a device, else none (the model runs in
+    each worker)."""
+    if config.run.engine == "ray" or not getattr(m.embedder, "runs_on_device", False):
+        return 0
+    count = getattr(m.embedder, "device_count", None)
+    return int(count()) if callable(count) else 1
 
 
 def _gpus(embedder: Any) -> int:

@@ -97,6 +97,12 @@ def _run(
     path = bench.write_config(
         work, label, bench.source(corpus), embedder or {"kind": "hash", "dim": DIM}, target, run
     )
+    eta = None
+    if workers is None and n >= 100_000:  # plan's ETA for the default engine, against the run that follows
+        from reindex import commands
+        from reindex.config import load
+
+        eta = commands.plan(load(path)).eta_seconds_workers
     child = subprocess.run(
         [sys.executable, str(Path(bench.__file__).resolve()), "--child", str(path)],
         stdout=subprocess.PIPE,
@@ -119,6 +125,8 @@ def _run(
         "coordinator_rss_mb": outcome["peak_rss_kb"] / 1024,
         "largest_child_rss_mb": outcome["children_maxrss_kb"] / 1024,
         "device_busy_fraction": report["device_busy_fraction"],
+        "plan_eta_seconds": eta,
+        "run_load_seconds": report["seconds"],
     }
     print(json.dumps(row), flush=True)
     return row
@@ -146,6 +154,14 @@ def _figures(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, 
         "docs/s one process": round(median(args.large, 1, "docs_per_second")),
         "7 paced device busy fraction": median(args.large, None, "device_busy_fraction", paced=True),
         "7 paced docs/s": round(median(args.large, None, "docs_per_second", paced=True)),
+        "plan ETA / run (free)": round(
+            median(args.large, None, "plan_eta_seconds") / median(args.large, None, "run_load_seconds"), 2
+        ),
+        "plan ETA / run (paced)": round(
+            median(args.large, None, "plan_eta_seconds", paced=True)
+            / median(args.large, None, "run_load_seconds", paced=True),
+            2,
+        ),
     }
     if args.ray:
         figures["ray: coordinator us/doc"] = round(marginal("coordinator_cpu", RAY, args.large), 2)

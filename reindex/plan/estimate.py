@@ -10,14 +10,18 @@ from itertools import islice
 from typing import Any
 
 from reindex.batching import batch_budget, batch_texts, token_batches
+from reindex.columns import embed
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
 from reindex.ports import Embedder, Record, Source
+from reindex.run.io import scan_documents
+from reindex.run.shards import prepare_shard
 from reindex.run.validation import screen
 
 CHUNK = 1000
 SAMPLE = 10_000
 CALIBRATION_DOCS = 256
+STAGE_DOCS = 2000  # documents the real stages are timed on (reindex.plan.estimate._calibrate_stages)
 HNSW_M = 16
 
 
@@ -36,8 +40,13 @@ class PlanReport:
     fingerprint: str = ""
     dim: int = 0
     max_tokens: int = 0
-    calibration_docs_per_second: float | None = None
-    calibration_tokens_per_second: float | None = None
+    calibration_docs_per_second: float | None = None  # the real stages one after another, in one process
+    calibration_tokens_per_second: float | None = None  # the model alone
+    # the real stages timed on a sample: reading, screening, hashing and tokenizing (a worker's CPU, once per
+    # document), and the model; a dry run writes nothing, so the target's own ingest is not in them
+    calibration_stage_seconds_per_document: float | None = None
+    calibration_model_seconds_per_document: float | None = None
+    devices: int = 0  # model processes a run would feed (GPUs; 1 for a model on the CPU in its own process)
     eta_seconds: float | None = None
     vector_bytes: int = 0
     index_bytes_estimate: int = 0
@@ -117,10 +126,12 @@ def estimate(
     lengths: list[int] = []
     rng = random.Random(0)
     calibration: list[Any] = []
+    sample: list[Record] = []
     others = dict(recount or {})
     report.tokens_by_fingerprint = dict.fromkeys(others, 0)
     scan = source.scan()
     while chunk := list(islice(scan, CHUNK)):
+        sample += chunk[: STAGE_DOCS - len(sample)]
         texts = _new_texts(report, chunk, seen)
         for fingerprint, other in others.items():
             report.tokens_by_fingerprint[fingerprint] += sum(tokens.count for tokens in other.tokenize(texts))
@@ -136,22 +147,34 @@ def estimate(
     paid = bool(getattr(embedder, "prices", None))
     if calibrate and calibration and not paid and hasattr(embedder, "embed"):  # a dry run never spends money
         _calibrate(report, embedder, calibration, run)
+        _calibrate_stages(report, embedder, source, len(sample), run)
     return report
 
 
-def spread(report: PlanReport, run: RunConfig, workers: int, docs_per_second: float | None) -> None:
-    """The ETA and ledger load of this plan on `workers` workers, each at `docs_per_second` (default: the
-    calibrated rate). Ideal scaling of the embedding stage: the source reads and the ledger must keep up,
-    which `scripts/bench-ray` measures."""
-    report.workers = workers
+def spread(
+    report: PlanReport, run: RunConfig, workers: int, docs_per_second: float | None, devices: int = 0
+) -> None:
+    """The ETA and ledger load of this plan on `workers` workers, each at `docs_per_second` (default: what
+    the calibration of the real stages says). Calibrated, the workers' stages scale with the workers and a
+    model on a device with the `devices` model processes (`reindex.run.processes`), whichever is slower;
+    a model without one runs in each worker. Given a rate, ideal scaling: the source reads and the ledger
+    must keep up, which `scripts/bench-ray` and `scripts/bench-engine` measure."""
+    report.workers, report.devices = workers, devices
     report.shards = -(-report.documents // run.shard_size)
     report.redone_documents_per_reclaim = min(run.shard_size, report.documents)
-    rate = docs_per_second or report.calibration_docs_per_second
-    if not rate:
+    stage, model = (
+        report.calibration_stage_seconds_per_document,
+        report.calibration_model_seconds_per_document,
+    )
+    if docs_per_second:
+        rate = docs_per_second * workers
+    elif stage is not None and model is not None:
+        rate = min(workers / stage, devices / model) if devices else workers / (stage + model)
+    else:
         return
-    report.worker_docs_per_second = round(rate, 1)
-    report.eta_seconds_workers = round(report.documents / (rate * workers), 1)
-    report.ledger_shards_per_second = round(rate * workers / run.shard_size, 3)
+    report.worker_docs_per_second = round(rate / workers, 1)
+    report.eta_seconds_workers = round(report.documents / rate, 1)
+    report.ledger_shards_per_second = round(rate / run.shard_size, 3)
 
 
 def _new_texts(report: PlanReport, chunk: list[Record], seen: set[str]) -> list[str]:
@@ -191,6 +214,35 @@ def _price(report: PlanReport, prices: dict[str, float | None] | None) -> None:
         if price is not None:
             setattr(report, f"cost_{tier}_usd", round(report.tokens * price / 1_000_000, 6))
     report.batch_window = "24h" if prices.get("batch") is not None else None
+
+
+def _calibrate_stages(
+    report: PlanReport, embedder: Embedder, source: Source, count: int, run: RunConfig
+) -> None:
+    """The run's own stage functions on the first `count` documents, each timed: the source's read, then
+    screening, hashing, tokenizing and the length policy (`prepare_shard`), then the model through the run's
+    batcher (its first batch twice: the first call pays for lazy initialisation)."""
+    if not count:
+        return
+    started = time.perf_counter()
+    docs = next(scan_documents(source, None, count), None)
+    read = time.perf_counter() - started
+    if docs is None or not len(docs):
+        return
+    started = time.perf_counter()
+    shard = prepare_shard(embedder, run, 0, None, docs)
+    prepared = time.perf_counter() - started
+    tokens = shard.tokens
+    batches = token_batches(tokens.counts, batch_budget(run, embedder), batch_texts(run, embedder))
+    if batches:
+        embed(embedder, tokens.take(batches[0]))
+    started = time.perf_counter()
+    for batch in batches:
+        embed(embedder, tokens.take(batch))
+    model = time.perf_counter() - started
+    report.calibration_stage_seconds_per_document = (read + prepared) / len(docs)
+    report.calibration_model_seconds_per_document = model / len(docs)
+    report.calibration_docs_per_second = round(len(docs) / max(read + prepared + model, 1e-9), 1)
 
 
 def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: RunConfig) -> None:

@@ -44,5 +44,5 @@ def test_gpu_check_cpu_smoke_measures_the_ceilings_and_prints_every_ratio_and_ta
         assert f"ratio {name}: " in done.stderr
     verdicts = {name: target["verdict"] for name, target in report["targets"].items()}
     assert verdicts["fp16 end to end >= 40,000 docs/s"] == "not measured"  # fp32 on CPU
-    assert verdicts["hash pipeline >= 100,000 docs/s"] in ("met", "NOT MET")
+    assert verdicts["hash pipeline >= 80,000 docs/s"] in ("met", "NOT MET")
     assert all(f"target {name}: {verdict}" in done.stderr for name, verdict in verdicts.items())

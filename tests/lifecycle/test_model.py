@@ -187,7 +187,7 @@ class Lifecycle(RuleBasedStateMachine):
         config = self.world.config(seed)
         if how and how[0] == "kill":
             # a kill needs worker processes: shards of one document, and the application fills the source
-            # up to ten documents (fewer than eight shards run in the coordinator's own process)
+            # up to ten documents (four shards or fewer run in the coordinator's own process)
             for number, doc_id in enumerate(i for i in IDS if i not in self.world.docs.ids()):
                 self._put(doc_id, " ".join(("alpha", "beta", "gamma")[: 1 + number % 3]) + f" {doc_id}")
             config = self.world.config(seed, shard_size=1)

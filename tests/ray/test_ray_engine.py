@@ -24,7 +24,7 @@ from psycopg import sql
 from reindex import commands, registry
 from reindex.commands import RunReport
 from reindex.config import Config, load
-from reindex.errors import BackendError, ConfigError, Interrupted, MissingDependency
+from reindex.errors import ConfigError, Interrupted, MissingDependency
 from reindex.run import planning
 from reindex.run.io import scan_documents
 from reindex.run.migration import leased, open_migration
@@ -223,11 +223,12 @@ def test_engine_ray_without_ray_installed_exits_2_naming_the_extra(
     assert not Path(cluster.run.state).exists(), "the refusal came after the ledger was opened"
 
 
-def test_a_source_changed_under_the_plan_fails_with_the_shard_and_the_fix(
+def test_a_source_rewritten_under_the_plan_is_read_as_it_is_now_and_sync_catches_up(
     tmp_path: Path, pg_dsn: str
 ) -> None:
-    """The plan fixed byte offsets; lines inserted before them move every later shard. The worker's
-    BackendError reaches the driver as itself (exit 1, naming --fresh), not wrapped by Ray."""
+    """The plan fixed byte ranges; a line inserted at the top moves every later line. The planned shards
+    still to do read their ranges as the file is now (each line once over, as the local engine's cursor
+    reads), and `sync` catches up what moved behind them."""
     source = corpus(tmp_path / "docs.jsonl")
     cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", shard_size=16)
     stop = threading.Event()
@@ -235,10 +236,8 @@ def test_a_source_changed_under_the_plan_fails_with_the_shard_and_the_fix(
         commands.run(cluster, stop=stop, on_progress=lambda progress: stop.set())
     lines = source.read_text().splitlines()
     source.write_text("\n".join([json.dumps({"id": "new", "text": "inserted at the top"}), *lines]) + "\n")
-    with pytest.raises(BackendError, match="changed under planned shard") as failed:
-        commands.run(cluster)
-    assert failed.value.exit_code == 1 and "--fresh" in str(failed.value.hint)
-    assert commands.run(cluster, fresh=True).reconciled
+    assert commands.run(cluster).reconciled
+    commands.sync(cluster)
     assert commands.verify(cluster).complete
 
 

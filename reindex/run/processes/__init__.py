@@ -28,7 +28,7 @@ in flight. SIGTERM stops the feeding, the shards in flight land, and the run exi
 
 from __future__ import annotations
 
-from reindex.run.processes.coordinator import run
+from reindex.run.processes.coordinator import run, workers_at
 from reindex.run.processes.engine import Choice, cores, workers_for
 
-__all__ = ["Choice", "cores", "run", "workers_for"]
+__all__ = ["Choice", "cores", "run", "workers_at", "workers_for"]

@@ -29,7 +29,7 @@ from reindex.state.ledger import Ledger
 from reindex.state.records import Lease, PlannedShard
 
 # A worker process costs a second or so of start-up (an interpreter, the imports, its connections): a run with
-# fewer shards than this per worker gets fewer workers, and one with fewer than twice this runs here.
+# fewer shards than this per worker gets fewer workers, and one of this many shards or fewer runs here.
 SHARDS_PER_WORKER = 4
 START_SECONDS = 600.0  # how long a process may take to load its model and open its connections
 DRAIN_SECONDS = 25.0  # how long the shards in flight get to land once the run stops
@@ -82,9 +82,9 @@ def run(
     pending = plan(m, ledger)
     ledger.release_claims(m.plan_id)  # claims of shards that died in flight
     progress = Progress()
-    count = min(workers, -(-len(pending) // SHARDS_PER_WORKER))
-    progress.processes = max(count, 1)
-    if count <= 1:
+    count = workers_at(workers, len(pending))
+    progress.processes = count
+    if count == 1:
         return _here(m, lease, pending, stop, on_progress, budget, progress)
     with ExitStack() as stack:
         coordinator = _Coordinator(m, lease, count, stop, on_progress, progress)
@@ -100,6 +100,11 @@ def run(
     if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
         raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
     return progress
+
+
+def workers_at(workers: int, shards: int) -> int:
+    """The worker processes a run of `shards` shards starts (1: it runs them in the coordinator)."""
+    return max(1, min(workers, -(-shards // SHARDS_PER_WORKER)))
 
 
 def _here(

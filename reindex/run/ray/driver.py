@@ -98,13 +98,12 @@ def _check_room(config: Config) -> None:
     settings = config.ray
     if settings.address not in _LOCAL_ADDRESSES:
         return
-    if settings.actors is None:
-        return  # sized to what the local Ray has left once a read task's CPUs are set aside (`slots`)
+    actors = 1 if settings.actors is None else settings.actors  # an unpinned pool has at least one
     cpus = settings.num_cpus or os.cpu_count() or 1
-    wanted = settings.actors * settings.cpus_per_actor + settings.cpus_per_task
+    wanted = actors * settings.cpus_per_actor + settings.cpus_per_task
     if wanted > cpus:
         raise ConfigError(
-            f"[ray] {settings.actors} actor(s) x {settings.cpus_per_actor:g} CPU plus a read task's"
+            f"[ray] {actors} actor(s) x {settings.cpus_per_actor:g} CPU plus a read task's"
             f" {settings.cpus_per_task:g} need {wanted:g} CPUs; the local Ray has {cpus:g}",
             hint="lower [ray] actors, cpus_per_actor or cpus_per_task (fractions are fine), or raise num_cpus",
         )
