@@ -278,7 +278,7 @@ def _run(
     else:
         choice = processes.workers_for(m.config, m.source, m.sink, embedder)
         planned = any(not shard.recorded for shard in ledger.shard_plan(m.plan_id))
-        if choice.workers > 1 or planned:  # shards planned before (by either engine) are finished as planned
+        if processes.uses_processes(choice, embedder) or planned:  # planned shards are finished as planned
             assert lease is not None, "the workers are fenced with the run's lease"
             progress = processes.run(
                 m,

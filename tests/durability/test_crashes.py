@@ -173,6 +173,23 @@ def test_named_crash_points_in_one_process_on_pgvector(tmp_path: Path, pg_dsn: s
     assert_exact_coverage(tool, pg_reader(pg_dsn), texts)
 
 
+@pytest.mark.parametrize("point", ["after_embed", "mid_write", "after_write"])
+def test_named_crash_points_in_worker_processes_on_pgvector(tmp_path: Path, pg_dsn: str, point: str) -> None:
+    """`[run] workers = 2`: the processes engine, where a crash point kills a worker and the run ends (75)
+    naming it and the shards it held."""
+    tool, texts = make_tool(
+        tmp_path, f'kind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"', n=600, latency_ms=0
+    )
+    tool.config.write_text(tool.config.read_text() + "workers = 2\n")
+    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:3"})
+    assert code == 75 and "died (killed by SIGKILL) with shard(s)" in err, err
+    stored = pg_reader(pg_dsn)(tool.json("plan", "--no-calibrate")["target"])
+    assert sum(1 for i in stored if i in texts) >= _marked_written(tool), "marked before it was written"
+    code, _, err = tool.run("run")
+    assert code == 0, err
+    assert_exact_coverage(tool, pg_reader(pg_dsn), texts)
+
+
 @pytest.mark.parametrize("point", ["cutover_after_intent", "cutover_before_commit", "cutover_after_move"])
 def test_crash_during_cutover_is_resolved_by_rerunning_it(tmp_path: Path, backend, point: str) -> None:
     target, _ = backend

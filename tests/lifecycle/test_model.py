@@ -190,7 +190,7 @@ class Lifecycle(RuleBasedStateMachine):
             # up to ten documents (four shards or fewer run in the coordinator's own process)
             for number, doc_id in enumerate(i for i in IDS if i not in self.world.docs.ids()):
                 self._put(doc_id, " ".join(("alpha", "beta", "gamma")[: 1 + number % 3]) + f" {doc_id}")
-            config = self.world.config(seed, shard_size=1)
+            config = self.world.config(seed, shard_size=1, workers=2)
         stop, shards, killed = threading.Event(), [0], list[str]()
 
         def on_progress(progress: Progress) -> None:

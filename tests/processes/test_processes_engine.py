@@ -4,17 +4,31 @@ the model process are real processes, killed for real."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import psutil  # type: ignore[import-untyped]
+import pytest
 
+from reindex import commands
+from reindex.config import load
+from reindex.errors import Interrupted
+from reindex.run import processes
+from reindex.run.cost import Budget
+from reindex.run.migration import leased, open_migration
+from reindex.run.pipeline import Progress
+from reindex_adapters.remote.tokens import cl100k
+from reindex_adapters.testing.emulators.openai import Emulator
+from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool, config_text, write_corpus
 from tests.durability.test_crashes import _marked_written, assert_exact_coverage, pg_reader
+from tests.lifecycle.support import toml
 
 SHARD = 25
 
@@ -150,3 +164,50 @@ def test_batches_bigger_than_a_pipe_buffer_flow_both_ways_at_once(tmp_path: Path
     code, _, err = tool.run("run", timeout=120)
     assert code == 0, err
     assert tool.json("verify")["complete"]
+
+
+def test_workers_spend_from_one_budget_and_stop_within_it(
+    tmp_path: Path, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`max_cost_usd` is one budget for every worker (a manager process the coordinator holds): each
+    reserves a shard's tokens before sending them, so the run stops (75) within the limit, and a raised
+    limit finishes without billing a text twice. `reindex run` keeps an online provider in one process (its
+    pacing is one budget too), so the priced model is put on two workers here by calling the engine."""
+    key = "REINDEX_TEST_OPENAI_KEY"
+    monkeypatch.setenv(key, "sk-test-0123456789abcdef")  # after the fork server started: workers see it
+    texts = [f"document {i} about topic {i % 11} and nothing else" for i in range(320)]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"id": f"d{i:04d}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    tokens = sum(len(cl100k().encode(text)) for text in texts)
+    with Emulator(HashEmbedder(dim=1536)) as emulator:
+        sections = {
+            "source": {"kind": "jsonl", "path": str(source)},
+            "embedder": {
+                "kind": "openai",
+                "model": "text-embedding-3-small",  # $0.02 per 1M tokens online
+                "dimensions": 64,
+                "base_url": emulator.base_url,
+                "api_key_env": key,
+            },
+            "target": {"kind": "pgvector", "dsn": pg_dsn, "alias": "budget_docs", "index": "none"},
+            "run": {"state": str(tmp_path / "state.db"), "shard_size": 16},
+        }
+        (tmp_path / "reindex.toml").write_text(toml(sections))
+        config = load(tmp_path / "reindex.toml")
+
+        def on_two_workers(limit: float) -> Progress:
+            with leased(config) as (ledger, lease), open_migration(config) as m:
+                m = commands.attach(m, ledger, create=True)
+                budget = Budget(limit, commands.price_of(m.embedder))
+                return processes.run(m, ledger, lease, workers=2, stop=threading.Event(), budget=budget)
+
+        limit = tokens / 4 * 0.02 / 1e6  # a quarter of the corpus
+        with pytest.raises(Interrupted, match="budget reached") as stopped:
+            on_two_workers(limit)
+        assert stopped.value.exit_code == 75
+        assert 0 < emulator.stats()["billed_tokens"] * 0.02 / 1e6 <= limit
+        assert on_two_workers(1.0).processes == 2
+        assert emulator.stats()["billed_tokens"] == tokens  # nothing billed twice across the stop
+        assert commands.verify(config).complete
+        report = commands.run(config)  # what `reindex run` does with it: one process, and it says why
+        assert report.processes == 1 and report.note is not None and "one budget" in report.note

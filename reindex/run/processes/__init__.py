@@ -29,6 +29,6 @@ in flight. SIGTERM stops the feeding, the shards in flight land, and the run exi
 from __future__ import annotations
 
 from reindex.run.processes.coordinator import run, workers_at
-from reindex.run.processes.engine import Choice, cores, workers_for
+from reindex.run.processes.engine import Choice, cores, default_workers, uses_processes, workers_for
 
-__all__ = ["Choice", "cores", "run", "workers_at", "workers_for"]
+__all__ = ["Choice", "cores", "default_workers", "run", "uses_processes", "workers_at", "workers_for"]

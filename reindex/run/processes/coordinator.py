@@ -25,11 +25,12 @@ from reindex.run.migration import Migration
 from reindex.run.pipeline import Progress
 from reindex.run.planning import item, plan, read_planned
 from reindex.run.processes import device, worker
+from reindex.run.processes.engine import cores
 from reindex.state.ledger import Ledger
 from reindex.state.records import Lease, PlannedShard
 
-# A worker process costs a second or so of start-up (an interpreter, the imports, its connections): a run with
-# fewer shards than this per worker gets fewer workers, and one of this many shards or fewer runs here.
+# A worker process costs its start-up (a fork, its connections, its embedder): a run with fewer shards than
+# this per worker gets fewer workers, and one of this many shards or fewer runs here.
 SHARDS_PER_WORKER = 4
 START_SECONDS = 600.0  # how long a process may take to load its model and open its connections
 DRAIN_SECONDS = 25.0  # how long the shards in flight get to land once the run stops
@@ -84,7 +85,8 @@ def run(
     progress = Progress()
     count = workers_at(workers, len(pending))
     progress.processes = count
-    if count == 1:
+    if len(pending) <= SHARDS_PER_WORKER or (count == 1 and not getattr(m.embedder, "runs_on_device", False)):
+        progress.processes = 1
         return _here(m, lease, pending, stop, on_progress, budget, progress)
     with ExitStack() as stack:
         coordinator = _Coordinator(m, lease, count, stop, on_progress, progress)
@@ -97,7 +99,7 @@ def run(
         raise coordinator.failure
     if spent is not None and spent.exhausted:
         raise Interrupted(spent.message())
-    if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
+    if stop.is_set() and coordinator.done < len(pending):
         raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
     return progress
 
@@ -126,6 +128,7 @@ def _here(
         embedder=m.embedder,
         budget=budget,
     )
+    shards = 0
     try:
         for shard in pending:
             if stop.is_set():
@@ -134,18 +137,19 @@ def _here(
             pipeline = lane.pipeline
             if pipeline.run_shard(shard.seq, shard.after_cursor, read_planned(pipeline.source, task)) is None:
                 break  # the budget refused it
-            done = pipeline.progress
-            progress.documents, progress.written = done.documents, done.written
-            progress.dead_letters, progress.tokens = done.dead_letters, done.tokens
-            progress.padded_tokens, progress.reused = done.padded_tokens, done.reused
-            progress.model_seconds = done.model_seconds
+            now = pipeline.progress
+            progress.documents, progress.written = now.documents, now.written
+            progress.dead_letters, progress.tokens = now.dead_letters, now.tokens
+            progress.padded_tokens, progress.reused = now.padded_tokens, now.reused
+            progress.model_seconds = now.model_seconds
+            shards += 1
             if on_progress:
                 on_progress(progress)
     finally:
         lane.close()
     if budget is not None and budget.exhausted:
         raise Interrupted(budget.message())
-    if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
+    if stop.is_set() and shards < len(pending):
         raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
     return progress
 
@@ -167,6 +171,7 @@ class _Coordinator:
         self.models: list[_Proc] = []
         self.failure: ReindexError | None = None
         self.refused = False
+        self.done = 0  # shards answered as done
         self.model_stats: list[dict[str, float]] = []
         self.lanes = 1
 
@@ -229,6 +234,7 @@ class _Coordinator:
                 spec,
                 book,
                 dict(os.environ),
+                max(1, cores() // self.count),
             )
             process = _spawn.Process(
                 target=worker.main, args=(spec_w, theirs, model), name=f"reindex-worker-{index}", daemon=True
@@ -307,6 +313,7 @@ class _Coordinator:
         if kind == "done":
             counts = message[1]
             proc.held.discard(int(counts["seq"]))
+            self.done += 1
             self._count(counts)
         elif kind == "skipped":  # handed over, not started when the run stopped: a rerun does it
             proc.held.discard(int(message[1]))

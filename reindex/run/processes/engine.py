@@ -12,7 +12,7 @@ from reindex.config import Config
 
 @dataclass(frozen=True)
 class Choice:
-    workers: int  # worker processes; 1 runs the one-process pipeline
+    workers: int  # worker processes (1 and no model on a device: the one-process pipeline)
     note: str | None = None  # why fewer than asked for, in one line
 
 
@@ -25,23 +25,39 @@ def cores() -> int:
 
 
 def workers_for(config: Config, source: Any, sink: Any, embedder: Any) -> Choice:
-    """`[run] workers` (default: every core), or 1 where the run cannot be shared between processes: a
-    source or target one process opens at a time (Qdrant local mode, the in-memory test stores), or a model
-    on a device whose tokenizer does not travel to the workers (vLLM tokenizes inside its engine)."""
+    """`[run] workers`, by default one per core but one (`default_workers`); 1 runs the one-process
+    pipeline unless the model runs on a device (it then has a model process of its own, fed by the
+    worker). One process too where the run cannot be shared between processes: a source or target one
+    process opens at a time (Qdrant local mode, the in-memory test stores), an online provider (its pacing
+    and concurrency are one budget, which processes would each spend in full), or a model on a device
+    whose tokenizer does not travel to the workers (vLLM tokenizes inside its engine)."""
     asked = config.run.workers
     have = cores()
-    if asked == 1:
-        return Choice(1)
     for role, adapter in (("source", source), ("target", sink)):
         if not getattr(adapter, "shareable", False):
             kind = (config.source if role == "source" else config.target).get("kind")
             return Choice(1, f"one process: the [{role}] ({kind}) is opened by one process at a time")
+    if getattr(embedder, "is_remote", False):
+        return Choice(1, f"one process: {embedder.info.kind}'s rate limits and concurrency are one budget")
     if getattr(embedder, "runs_on_device", False) and getattr(embedder, "column_tokenizer", None) is None:
         return Choice(1, f"one process: {embedder.info.kind} tokenizes inside its own engine")
     if asked is None:
-        return Choice(have)
+        return Choice(default_workers(have))
     if asked > have:
         return Choice(
             have, f"{have} worker processes: [run] workers = {asked}, but this machine has {have} cores"
         )
     return Choice(asked)
+
+
+def default_workers(cores: int) -> int:
+    """One worker per core but one: that core is left to the coordinator, the model processes' host work
+    and what the run talks to on this machine (a database, a model server). Measured on 2 cores with the
+    database on them, one process beat two workers on every free-model case (docs/performance.md)."""
+    return max(1, cores - 1)
+
+
+def uses_processes(choice: Choice, embedder: Any) -> bool:
+    """Whether the run goes to the processes engine: several workers, or a model on a device (its own
+    process, even beside one worker)."""
+    return choice.workers > 1 or (choice.note is None and bool(getattr(embedder, "runs_on_device", False)))

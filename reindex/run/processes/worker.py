@@ -38,6 +38,7 @@ class WorkerSpec:
     device: DeviceSpec | None = None  # feed a model process instead of building the embedder here
     budget: Any = None  # a proxy of the coordinator's `BudgetBook`, when a spending limit applies
     env: dict[str, str] | None = None  # the coordinator's environment now (the fork server's is older)
+    threads: int = 1  # a tokenizer's threads here: the machine's cores shared between the workers
 
 
 def main(spec: WorkerSpec, conn: Connection, model: Connection | None) -> None:
@@ -88,6 +89,9 @@ class _Worker:
             budget=self.budget,
         )
         self.embedder = lane.embedder  # built once, shared by the lanes (each call holds its own lock)
+        tokenizer = getattr(self.embedder, "column_tokenizer", None)
+        if tokenizer is not None and hasattr(tokenizer, "threads"):  # every core each, they would contend
+            tokenizer.threads = self.spec.threads
         return lane
 
     def _dispatch(self, lanes: int) -> None:

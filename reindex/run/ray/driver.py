@@ -87,7 +87,7 @@ def run(
         spent: Budget | None = ray.get(book.snapshot.remote()) if book is not None else None
     if spent is not None and spent.exhausted:
         raise Interrupted(spent.message())
-    if stop.is_set() and progress.documents < sum(shard.documents for shard in pending):
+    if stop.is_set() and sum(stats.shards for stats in progress.workers.values()) < len(pending):
         raise Interrupted(f"stopped after {progress.documents} documents; rerun the same command to continue")
     return progress
 
