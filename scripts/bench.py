@@ -177,7 +177,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=_setting,
         default=[],
         metavar="KEY=VALUE",
-        help="a [run] option for case 3 (e.g. batch_tokens=1024), to try other defaults",
+        help="a [run] option for cases 3, 4 and 5 (e.g. batch_tokens=1024, workers=2), to try other defaults",
     )
     parser.add_argument(
         "--cases",
@@ -723,7 +723,9 @@ def zero_cost(bench: Bench, repeat: int | str, documents: int | None = None) -> 
     corpus = bench.zero_corpus if documents is None else synthetic_corpus(bench.args.workdir, size)
     embedder = {"kind": "hash", "dim": ZERO_DIM}
     # A free embedder makes per-shard bookkeeping the cost: shards of 5,000 (default 1,000) amortise it.
-    return child_run(bench, f"zero_{repeat}", corpus, embedder, {"shard_size": ZERO_SHARD})
+    return child_run(
+        bench, f"zero_{repeat}", corpus, embedder, {"shard_size": ZERO_SHARD, **bench.args.run_set}
+    )
 
 
 def batch_local(bench: Bench, repeat: int) -> Sample:
@@ -785,7 +787,8 @@ def tokenizer_case(bench: Bench, repeat: int) -> Sample:
 
     embedder = {"kind": "hash", "dim": ZERO_DIM, "tokenizer": str(minilm_path())}
     target = {"kind": "pgvector", "dsn": bench.dsn, "alias": f"tok_{repeat}", "index": "none"}
-    run = {"shard_size": ZERO_SHARD}  # free vectors: the zero-cost corpus and shards (fixed costs amortised)
+    # free vectors: the zero-cost corpus and shards (fixed costs amortised)
+    run = {"shard_size": ZERO_SHARD, **bench.args.run_set}
     path = write_config(bench.work, f"tok-{repeat}", source(bench.zero_corpus), embedder, target, run)
     started = time.perf_counter()
     report = commands.run(load(path))
@@ -884,14 +887,15 @@ def write_config(
     target: dict[str, Any],
     run: dict[str, Any] | None = None,
 ) -> Path:
-    """A migration TOML with a fresh ledger, so nothing is skipped as already done."""
+    """A migration TOML with a fresh ledger, so nothing is skipped as already done (a SQLite file of its
+    own, unless `run` names a Postgres ledger: its migrations differ by alias)."""
     state = work / f"state-{label}.db"
     state.unlink(missing_ok=True)
     sections = {
         "source": source,
         "embedder": embedder,
         "target": target,
-        "run": {**(run or {}), "state": str(state)},
+        "run": {"state": str(state), **(run or {})},
     }
     lines = []
     for name, values in sections.items():

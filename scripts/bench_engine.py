@@ -42,9 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--small", type=int, default=50_000)  # past 8 shards: the workers start
+    parser.add_argument("--small", type=int, default=50_000)  # 10 shards: the workers start
     parser.add_argument("--large", type=int, default=200_000)
     parser.add_argument("--million", action="store_true", help="also 1,000,000 documents (target 6)")
+    parser.add_argument("--ledger", choices=("sqlite", "postgres"), default="sqlite", help="the run's ledger")
+    parser.add_argument(
+        "--ray", action="store_true", help='also engine = "ray" on a local Ray (the alternative)'
+    )
     parser.add_argument(
         "--busy-fraction", type=float, default=0.75, help="the paced device's R over the free rate"
     )
@@ -60,15 +64,28 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for n in sizes:
                 for workers in (1, PROCESSES):
-                    results["runs"].append(_run(args.workdir, dsn, corpora[n], n, workers, repeat))
+                    results["runs"].append(
+                        _run(args.workdir, dsn, corpora[n], n, workers, repeat, ledger=args.ledger)
+                    )
                 if args.ray:
-                    results["runs"].append(_run(args.workdir, dsn, corpora[n], n, RAY, repeat))
+                    results["runs"].append(
+                        _run(args.workdir, dsn, corpora[n], n, RAY, repeat, ledger=args.ledger)
+                    )
             # case 4's rate in this repetition: the faster of one process and the processes engine
             free = max(r["docs_per_second"] for r in results["runs"][-4:] if r["documents"] == args.large)
             rate = args.busy_fraction * free * words
             paced = {"kind": "paced", "dim": DIM, "rate": rate, "batch_tokens": 65536}
             results["runs"].append(
-                _run(args.workdir, dsn, corpora[args.large], args.large, None, repeat, paced)
+                _run(
+                    args.workdir,
+                    dsn,
+                    corpora[args.large],
+                    args.large,
+                    None,
+                    repeat,
+                    paced,
+                    ledger=args.ledger,
+                )
             )
     results["figures"] = _figures(results["runs"], args)
     print(json.dumps(results["figures"], indent=2))
@@ -90,6 +107,8 @@ def _run(
     workers: int | None,
     repeat: int,
     embedder: dict[str, Any] | None = None,
+    *,
+    ledger: str = "sqlite",
 ) -> dict[str, Any]:
     name = "ray" if workers == RAY else workers or "all"
     label = f"e_{n}_{name}_{repeat}{'_paced' if embedder else ''}"
@@ -97,6 +116,8 @@ def _run(
     if workers == RAY:
         run = {"shard_size": SHARD, "engine": "ray"}
     target = {"kind": "pgvector", "dsn": dsn, "alias": label, "index": "none"}
+    if ledger == "postgres":  # the ledger on the same (embedded) server: its work is the server's CPU
+        run["state"] = dsn
     path = bench.write_config(
         work, label, bench.source(corpus), embedder or {"kind": "hash", "dim": DIM}, target, run
     )

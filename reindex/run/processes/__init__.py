@@ -12,13 +12,15 @@ planned shard to a worker over that worker's pipe and counts what comes back: O(
 Workers are the pipeline's own stage functions (`Pipeline.run_shard`), each lane with its own connections,
 claims in the ledger (dedupe across processes), the shard recorded only after its rows were written, every
 ledger write fenced with the coordinator's lease. A model that runs on a device (`runs_on_device`) is loaded
-once per GPU in a model process the workers feed; other embedders (the free hash kind, online providers)
-run inside each worker.
+once per GPU in a model process the workers feed; other embedders (the free hash kind) run inside each
+worker. Workers are forked from a fork server that imported this package once. An online provider, Qdrant
+local mode and vLLM keep the one-process pipeline (`engine.workers_for` says why).
 
 Faults: a worker or model process that dies ends the run resumably (exit 75) naming the process and the
-shards it held, after the other workers finished theirs; nothing is marked done that was not written. A
-killed coordinator takes its processes along (each watches its parent), and the rerun redoes the shards
-in flight. SIGTERM stops the feeding, the shards in flight land, and the run exits 75.
+shards it held, after the other workers finished theirs (a worker that held none leaves the others to
+finish); nothing is marked done that was not written. A killed coordinator takes its processes along (the
+kernel's parent-death signal), and the rerun redoes the shards in flight. SIGTERM stops the feeding, shards
+not yet started go back unread, the ones in flight land, and the run exits 75.
 
     engine.py   which engine a run gets, and how many workers (`workers_for`)
     coordinator.py   the processes, the feeding, the counting, the faults

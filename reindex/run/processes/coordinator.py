@@ -219,7 +219,7 @@ class _Coordinator:
                 for _, ours in ends:
                     ours.close()
                 self.models.append(_Proc(f"model process {gpu}", process, mine))
-        lanes = self.lanes = 2  # one lane prepares and writes while the other embeds or waits on the target
+        lanes = self.lanes = 2 if on_device else 1  # one lane prepares and writes while the device embeds
         for index in range(self.count):
             mine, theirs = _spawn.Pipe()
             model = feeds[index % len(feeds)][index] if feeds else None
