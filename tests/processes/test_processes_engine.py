@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil  # type: ignore[import-untyped]
@@ -180,7 +181,7 @@ def test_workers_spend_from_one_budget_and_stop_within_it(
     source.write_text("".join(json.dumps({"id": f"d{i:04d}", "text": t}) + "\n" for i, t in enumerate(texts)))
     tokens = sum(len(cl100k().encode(text)) for text in texts)
     with Emulator(HashEmbedder(dim=1536)) as emulator:
-        sections = {
+        sections: dict[str, dict[str, Any]] = {
             "source": {"kind": "jsonl", "path": str(source)},
             "embedder": {
                 "kind": "openai",
