@@ -58,6 +58,12 @@ def default_workers(cores: int) -> int:
 
 
 def uses_processes(choice: Choice, embedder: Any) -> bool:
-    """Whether the run goes to the processes engine: several workers, or a model on a device (its own
-    process, even beside one worker)."""
-    return choice.workers > 1 or (choice.note is None and bool(getattr(embedder, "runs_on_device", False)))
+    """Whether the run goes to the processes engine: several workers, or a model on an accelerator (its own
+    process, even beside one worker). A model on the CPU beside a single worker stays in one process: on 2
+    cores MiniLM into pgvector ran 1.07 x the raw encode in a model process of its own, against 1.36
+    in one process (`scripts/bench --cases raw,reindex_pgvector`), the model's threads and the worker's
+    contending for the same cores."""
+    if choice.workers > 1:
+        return True
+    on_device = bool(getattr(embedder, "runs_on_device", False))
+    return choice.note is None and on_device and getattr(embedder, "device", None) != "cpu"
