@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -273,17 +273,7 @@ class _Coordinator:
             self._hand(proc, tasks, ahead)
         while any(proc.held for proc in self.workers) or (tasks and self._feeding()):
             live = [proc for proc in self.workers if not proc.gone] + [m for m in self.models if not m.gone]
-            for conn in wait([proc.conn for proc in live], timeout=0.2):
-                proc = next(p for p in live if p.conn is conn)
-                if proc in self.models:
-                    self._lost(proc)
-                    continue
-                try:
-                    message = proc.conn.recv()
-                except (EOFError, OSError):  # its end of the pipe closed, or reset as it died
-                    self._lost(proc)
-                    continue
-                self._answer(proc, message)
+            for proc in self._receive(live):
                 if self._feeding():
                     self._hand(proc, tasks, ahead)
             if not any(proc.held for proc in self.workers if not proc.gone) and not self._feeding():
@@ -292,6 +282,22 @@ class _Coordinator:
                 self._drain()
                 return
         self._drain()
+
+    def _receive(self, live: list[_Proc]) -> Iterator[_Proc]:
+        """Wait up to 0.2 s on `live` processes' pipes; answer each message and yield the worker that sent
+        it. A pipe that closes (or a model process's, which only closes) is a process lost."""
+        for conn in wait([proc.conn for proc in live], timeout=0.2):
+            proc = next(p for p in live if p.conn is conn)
+            if proc in self.models:
+                self._lost(proc)
+                continue
+            try:
+                message = proc.conn.recv()
+            except (EOFError, OSError):  # its end of the pipe closed, or reset as it died
+                self._lost(proc)
+                continue
+            self._answer(proc, message)
+            yield proc
 
     def _feeding(self) -> bool:
         return not self.stop.is_set() and self.failure is None and not self.refused
@@ -372,15 +378,8 @@ class _Coordinator:
                     proc.conn.send(None)
         deadline = time.monotonic() + DRAIN_SECONDS
         while any(proc.held for proc in self.workers if not proc.gone) and time.monotonic() < deadline:
-            live = [proc for proc in self.workers if not proc.gone and proc.held]
-            for conn in wait([proc.conn for proc in live], timeout=0.2):
-                proc = next(p for p in live if p.conn is conn)
-                try:
-                    message = proc.conn.recv()
-                except (EOFError, OSError):  # its end of the pipe closed, or reset as it died
-                    self._lost(proc)
-                    continue
-                self._answer(proc, message)
+            for _ in self._receive([proc for proc in self.workers if not proc.gone and proc.held]):
+                pass
 
     # ending -----------------------------------------------------------------------------------------
 
