@@ -25,8 +25,8 @@ from reindex.flip.sync import (
     settled_path,
 )
 from reindex.plan import routing
-from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread
-from reindex.ports import DeferredEmbedder
+from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread, stored
+from reindex.ports import DeferredEmbedder, DescribingSink, PlansStorage
 from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
@@ -79,6 +79,10 @@ def plan(
         routes = routing.candidates(config, m.embedder)
         recount = routing.token_counters(routes, m.spec.fingerprint)
         report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate, recount=recount)
+        if m.storage is not None:
+            stored(report, m.storage)
+        if isinstance(m.sink, DescribingSink):
+            report.target_layout = m.sink.layout(m.spec)
         default = _workers(config, m, report.documents)
         spread(report, config.run, workers or default, worker_docs_per_second, _devices(config, m))
         priced = routing.price(report, config.run, routes, report.tokens_by_fingerprint)
@@ -866,6 +870,8 @@ class ResolveReport:
     fingerprint: str | None
     model: dict[str, Any] | None  # kind, model, dim, options: what queries must be embedded with
     is_physical: bool
+    # what the served vectors are stored as (pgvector: float16 in halfvec, bit): what queries are cast to
+    precision: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -877,12 +883,14 @@ def resolve(config: Config, alias: str | None = None) -> ResolveReport:
         info = sink.alias(alias or config.alias)
         if info.target is None and not info.is_physical:
             raise ConfigError(f"alias {info.alias!r} does not exist", hint="run `reindex cutover` first")
+        precision = sink.precision(info.target) if isinstance(sink, PlansStorage) and info.target else None
         return ResolveReport(
             info.alias,
             info.target,
             info.fingerprint,
             dict(info.model) if info.model else None,
             info.is_physical,
+            precision,
         )
 
 

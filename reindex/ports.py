@@ -15,6 +15,9 @@ from numpy.typing import NDArray
 Vectors = NDArray[np.float32]  # shape (n, dim)
 Distance = Literal["cosine", "dot", "euclid"]
 VectorProblem = Literal["non_finite", "zero", "dimension"]
+# What a stored vector reads back as: as computed, rounded to half precision, or its signs (1 bit per
+# dimension, read back as ±1/√dim so cosine, dot and Euclidean order agree with Hamming distance)
+Precision = Literal["float32", "float16", "bit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +29,10 @@ class Record:
     payload: Mapping[str, Any] = field(default_factory=dict)
     cursor: str | None = None  # the source position to resume after; None means `id`
     defect: str | None = None  # set by a source that could not read this document (a dead-letter reason)
+    # digests of what the target must hold of this document beside its text, payload and new vector, by
+    # part (Qdrant: the point's other named vectors, carried unchanged); None: nothing. Verify and sync
+    # compare them with `IndexEntry.carried`, so an edit of a carried part alone is seen and carried.
+    carried: Mapping[str, str] | None = None
 
     @property
     def position(self) -> str:
@@ -59,6 +66,11 @@ class SourceSchema:
     columns: tuple[Column, ...] = ()  # the relational schema (Postgres sources); () = schemaless
     distance: Distance = "cosine"
     checks: tuple[Check, ...] = ()  # the relational schema's CHECK constraints on those columns
+    # what a target of the same backend reproduces besides the vector, as that backend's own JSON (Qdrant:
+    # the other named vectors' params, carried unchanged, and the collection's index settings); {}: none
+    layout: Mapping[str, Any] = field(default_factory=dict)
+    # the parts each record carries (`Record.carried`): only a `CarryingSink` can hold them
+    carried: tuple[str, ...] = ()
 
 
 class Source(Protocol):
@@ -193,6 +205,31 @@ class TargetSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class StoragePlan:
+    """How a target will store its vectors, as `plan` states it and the target's identity records."""
+
+    type: str  # what the target stores: 'vector', 'halfvec', 'bit', 'bit + vector'
+    precision: Precision  # what a stored vector reads back as (verify quantizes fresh vectors alike)
+    index: str  # the ANN index it gets, in words: 'hnsw (halfvec_cosine_ops, m=16, ef_construction=64)'
+    bytes_per_vector: int  # on disk, per row, the index not included
+    default: bool  # the backend's plain storage: left out of the target's name and plan id
+    note: str | None = None  # why this type, in one line, where the sink chose it
+
+
+@runtime_checkable
+class PlansStorage(Protocol):
+    """A sink that chooses how vectors are stored (pgvector: vector, halfvec, bit)."""
+
+    def plan_storage(self, dim: int, distance: Distance) -> StoragePlan:
+        """The storage a target of `dim` gets; ConfigError for one the backend cannot store or index."""
+        ...
+
+    def precision(self, target: str) -> Precision:
+        """What the target's stored vectors read back as."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class Rows:
     """A batch to upsert. Replaying it is harmless: writes are keyed by `Record.id`."""
 
@@ -217,6 +254,7 @@ class IndexEntry:
     # True: nothing is stored on the vector yet, hash and fingerprint were derived as it was read (a Qdrant
     # point the application upserted since the tool last wrote or adopted it)
     derived: bool = False
+    carried: Mapping[str, str] | None = None  # digests of the parts carried beside it, as `Record.carried`
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,4 +406,30 @@ class AdoptingSink(Protocol):
     def adopt(self, target: str, hashes: Mapping[str, str], fingerprint: str) -> int:
         """Record the content hash (values) and `fingerprint` on these ids (keys) where they still carry
         none; return how many were asked for. Never touches a vector."""
+        ...
+
+
+@runtime_checkable
+class CarryingSink(Protocol):
+    """A sink whose targets hold parts of each document carried from the source unchanged (Qdrant: a point's
+    other named vectors), digested by part in `Record.carried` and `IndexEntry.carried`. Two digests that
+    differ may still hold the same value: Qdrant renormalises a cosine vector as it stores it, and local
+    mode does so in float64 at every write and load, so a copy can differ from its original in the last bit."""
+
+    def carried_differences(
+        self, target: str, source: Source, parts: Mapping[str, Sequence[str]]
+    ) -> dict[str, list[str]]:
+        """Of `parts` (document id -> the parts whose digests differ), those that differ by value too, read
+        from both sides now; a part only one side holds always differs."""
+        ...
+
+
+@runtime_checkable
+class DescribingSink(Protocol):
+    """A sink that creates a target with more than its vector (Qdrant: carried vectors, index, quantization
+    and on-disk settings), which `plan` states before anything is built."""
+
+    def layout(self, spec: TargetSpec) -> dict[str, Any]:
+        """What `prepare` would create for `spec` besides the vector, as JSON, with where each setting
+        comes from; ConfigError for settings the target cannot take."""
         ...

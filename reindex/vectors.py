@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from reindex.ports import Distance, VectorProblem, Vectors
+from reindex.ports import Distance, Precision, VectorProblem, Vectors
 
 Neighbours = list[tuple[list[str], list[float]]]  # per query: ids and scores, best first
 
@@ -23,6 +23,28 @@ def vector_problem(vector: Vectors, dim: int) -> VectorProblem | None:
     if not vector.any():
         return "zero"
     return None
+
+
+# Re-embedded vectors agree with stored ones when their cosine is at least this: float32 and float16 differ
+# by rounding only (cosine 1 - 1e-7 measured at 3,072-d); 1-bit signs may flip where a component is near zero
+# (a GPU's batch-dependent last bits), so up to 1 % of the bits may differ (cosine 1 - 2 x 0.01), while
+# another model's vector agrees on about half of them (cosine near 0).
+AGREEMENT: dict[Precision, float] = {"float32": 0.999, "float16": 0.999, "bit": 0.98}
+
+
+def as_stored(vectors: Vectors, precision: Precision) -> Vectors:
+    """Fresh vectors as a target storing `precision` would read them back (what verify compares)."""
+    if precision == "float16":
+        return vectors.astype(np.float16).astype(np.float32)
+    if precision == "bit":
+        return signs(vectors > 0)
+    return vectors
+
+
+def signs(bits: NDArray[np.bool_]) -> Vectors:
+    """Stored bits as vectors: +1/√dim for a set bit, -1/√dim for a clear one (unit length)."""
+    scale = np.float32(1.0 / np.sqrt(max(bits.shape[-1], 1)))
+    return np.where(bits, scale, -scale).astype(np.float32)
 
 
 # exact neighbours ---------------------------------------------------------------------------------------

@@ -5,12 +5,13 @@ index; the names of the bookkeeping columns the sink adds to every target.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from reindex.errors import ConfigError
 from reindex.ports import Distance
 from reindex_adapters.postgres.connection import _identifier, _one, _psycopg
+from reindex_adapters.postgres.storage import Storage, recorded
 
 if TYPE_CHECKING:
     from psycopg import sql
@@ -24,6 +25,9 @@ _RESERVED = ("reindex_fingerprint", "reindex_content_hash")  # bookkeeping the s
 # NULL on the tool's own rows. Nullable and added by finalize where missing: targets older than it lack it.
 _ORIGIN = "reindex_origin"
 _BOOKKEEPING = (*_RESERVED, _ORIGIN)  # never a document field
+# Column types that hold embeddings wherever they appear. A `bit` column is one only where a target's
+# comment names it (`vector_column`): bit strings are ordinary data elsewhere.
+_VECTOR_TYPES = ("vector", "halfvec")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,7 @@ class _Attribute:
     type_name: tuple[str, str]  # (schema, name) of the type, for casts
     oid: int
     typmod: int
+    named_vector: bool = False  # a bit column a target's comment names as its vectors
 
     @property
     def ident(self) -> sql.Identifier:
@@ -50,7 +55,7 @@ class _Attribute:
 
     @property
     def is_vector(self) -> bool:
-        return self.type_name[1] == "vector"
+        return self.type_name[1] in _VECTOR_TYPES or self.named_vector
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,10 @@ class _Layout:
     @property
     def ident(self) -> sql.Identifier:
         return _identifier(self.name)
+
+    @property
+    def storage(self) -> Storage:
+        return recorded(self.meta, self.vector.type_name[1] if self.vector is not None else "vector")
 
 
 _COLUMNS_SQL = """
@@ -166,7 +175,11 @@ def _read_source_shape(
         raise ConfigError(
             f"table or view {table!r} not found", hint="check [source] table and dsn (schema.table)"
         )
-    attributes = {a.name: a for a in _attributes(conn, oid)}
+    named = _stored_vector_columns(conn, oid)
+    attributes = {
+        a.name: replace(a, named_vector=True) if a.name in named and a.type_name[1] == "bit" else a
+        for a in _attributes(conn, oid)
+    }
     for option, column in (
         ("id_column", id_column),
         ("text_column", text_column),
@@ -187,6 +200,17 @@ def _read_source_shape(
     # are not the application's data, and the next target adds its own.
     columns = tuple(a for a in attributes.values() if not a.is_vector and a.name not in _BOOKKEEPING)
     return _SourceShape(oid, columns, attributes[id_column], attributes[text_column], vector, distance)
+
+
+def _stored_vector_columns(conn: Connection, oid: int) -> set[str]:
+    """The vector columns that the comments of the relation and its base tables name (a view over a
+    target whose vectors are stored as bits: the source of the next migration)."""
+    names = set()
+    for relation in (oid, *_base_tables(conn, oid)):
+        name = _comment(conn, relation).get("vector_column")
+        if isinstance(name, str):
+            names.add(name)
+    return names
 
 
 def _pick_vector(table: str, attributes: dict[str, _Attribute], name: str | None) -> _Attribute | None:
@@ -225,5 +249,8 @@ def _read_layout(conn: Connection, name: str) -> _Layout | None:
     by_name = {a.name: a for a in columns}
     primary = [row[0] for row in conn.execute(_PRIMARY_KEY_SQL, [oid]).fetchall()]
     key = by_name[primary[0]] if len(primary) == 1 else by_name.get("id", columns[0])
+    meta = _comment(conn, oid)
+    named = meta.get("vector_column")
+    columns = tuple(replace(a, named_vector=a.name == named and a.type_name[1] == "bit") for a in columns)
     vector = next((a for a in columns if a.is_vector), None)
-    return _Layout(name, oid, columns, key, vector, _comment(conn, oid))
+    return _Layout(name, oid, columns, key, vector, meta)

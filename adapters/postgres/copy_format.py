@@ -1,6 +1,7 @@
 """A whole batch as one binary COPY payload for a pgvector target, built per batch, not per row.
 
-Each row is a fixed-width head (field count, the vector with pgvector's 4-byte header, the fingerprint,
+Each row is a fixed-width head (field count, the vector in its column's binary format (adapters/postgres/
+storage.py: vector, halfvec or bit), the fingerprint,
 the content hash, a constant '{}' payload, the next field's length), built as one (n, width) byte
 matrix, followed by its variable fields (id, text, per-document payload) and their lengths. The pieces
 are interleaved by list slicing and joined once: no per-row Python beyond one `str.encode` per text.
@@ -25,6 +26,7 @@ from numpy.typing import NDArray
 
 from reindex.columns import Documents
 from reindex.ports import Vectors
+from reindex_adapters.postgres.storage import VECTOR, Storage
 
 SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # flags 0, no header extension
 TRAILER = b"\xff\xff"
@@ -46,6 +48,7 @@ class Schemaless:
     payload: str
     vector: str
     carried: frozenset[str]
+    storage: Storage = VECTOR
     fingerprint: str = "reindex_fingerprint"
     content_hash: str = "reindex_content_hash"
 
@@ -59,6 +62,7 @@ class Schema:
     key: str
     text: str
     vector: str
+    storage: Storage = VECTOR
     fingerprint: str = "reindex_fingerprint"
     content_hash: str = "reindex_content_hash"
 
@@ -75,10 +79,7 @@ def encode(
     """The COPY payload of `docs` with their vectors; UnicodeEncodeError for a text that is not UTF-8."""
     dim = vectors.shape[1]
     fixed: list[tuple[str, list[Chunk]]] = [
-        (
-            target.vector,
-            [_int32(4 + 4 * dim) + _int16(dim) + _int16(0), vectors.astype(np.float32, copy=False)],
-        ),
+        (target.vector, [target.storage.copy_head(dim), target.storage.copy_body(vectors)]),
         (target.fingerprint, [_constant(fingerprint.encode())]),
     ]
     variable: list[tuple[str, list[bytes], bytes]] = []  # (column, values, constant prefix of each value)
@@ -110,8 +111,8 @@ def encode_schema(
     n, dim = vectors.shape
     head: list[Chunk] = [
         _int16(3 + len(target.columns)),
-        _int32(4 + 4 * dim) + _int16(dim) + _int16(0),
-        vectors.astype(np.float32, copy=False),
+        target.storage.copy_head(dim),
+        target.storage.copy_body(vectors),
         _constant(fingerprint.encode()),
     ]
     columns = [target.vector, target.fingerprint, target.content_hash]

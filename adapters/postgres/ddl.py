@@ -9,10 +9,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from reindex.errors import ConfigError
-from reindex.ports import Distance, TargetSpec
+from reindex.ports import TargetSpec
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.catalog import _BOOKKEEPING, _ORIGIN, _RESERVED, _Layout
 from reindex_adapters.postgres.connection import _first_line, _identifier, _one, _psycopg
+from reindex_adapters.postgres.storage import Storage
 
 if TYPE_CHECKING:
     from psycopg import sql
@@ -20,11 +21,6 @@ if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
 
 
-_OPCLASSES: dict[Distance, str] = {
-    "cosine": "vector_cosine_ops",
-    "dot": "vector_ip_ops",
-    "euclid": "vector_l2_ops",
-}
 _HNSW_SQL = """
 SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
 WHERE i.indrelid = %s::oid AND am.amname = 'hnsw'"""
@@ -34,20 +30,28 @@ SELECT set_config('maintenance_work_mem', %s, true),
              greatest(current_setting('max_parallel_maintenance_workers')::int, %s::int)::text, true)"""
 
 
-def _check_same_target(spec: TargetSpec, layout: _Layout) -> None:
+def _check_same_target(spec: TargetSpec, layout: _Layout, storage: Storage) -> None:
     found = (layout.meta.get("fingerprint"), layout.meta.get("dim"))
     if found != (spec.fingerprint, spec.dim):
         raise ConfigError(
             f"target {spec.name!r} exists with fingerprint {found[0]} and dim {found[1]}",
             hint="choose another [target] name",
         )
+    if layout.storage != storage:
+        raise ConfigError(
+            f"target {spec.name!r} exists storing {layout.storage.label}, not {storage.label}",
+            hint="choose another [target] name, or the storage it was built with",
+        )
 
 
-def _create_target(conn: Connection, spec: TargetSpec) -> None:
+def _create_target(conn: Connection, spec: TargetSpec, storage: Storage) -> None:
     from psycopg import sql
 
     ident = _identifier(spec.name)
-    definitions = _schema_columns(conn, spec) if spec.source.columns else _schemaless_columns(spec)
+    vector = (spec.source.vector_field or "embedding") if spec.source.columns else "embedding"
+    definitions = (
+        _schema_columns(conn, spec, storage) if spec.source.columns else _schemaless_columns(spec, storage)
+    )
     errors = _psycopg().errors
     try:
         conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, sql.SQL(", ").join(definitions)))
@@ -69,11 +73,14 @@ def _create_target(conn: Connection, spec: TargetSpec) -> None:
         "text_field": spec.source.text_field,
         "plan_id": spec.plan_id,  # the migration that built it; never re-stamped (prepare only creates)
         "nonce": spec.nonce,
+        "storage": storage.kind,  # the stored precision (adapters/postgres/storage.py)
+        "full_vector": storage.full_vector,
+        "vector_column": vector,
     }
     conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(ident, sql.Literal(json.dumps(meta))))
 
 
-def _schema_columns(conn: Connection, spec: TargetSpec) -> list[sql.Composable]:
+def _schema_columns(conn: Connection, spec: TargetSpec, storage: Storage) -> list[sql.Composable]:
     """The source's columns with the same names and types, so the alias stays a drop-in replacement."""
     from psycopg import sql
 
@@ -96,13 +103,13 @@ def _schema_columns(conn: Connection, spec: TargetSpec) -> list[sql.Composable]:
         )
     return [
         *definitions,
-        _vector_column(vector, spec.dim),
+        storage.column_sql(vector, spec.dim),
         *_reindex_columns(),
         *postgres_rules.checks(spec.source.checks),
     ]
 
 
-def _schemaless_columns(spec: TargetSpec) -> list[sql.Composable]:
+def _schemaless_columns(spec: TargetSpec, storage: Storage) -> list[sql.Composable]:
     from psycopg import sql
 
     text = sql.SQL("{} text").format(sql.Identifier(spec.source.text_field))
@@ -110,7 +117,7 @@ def _schemaless_columns(spec: TargetSpec) -> list[sql.Composable]:
         sql.SQL("id text PRIMARY KEY"),
         text,
         sql.SQL("payload jsonb"),
-        _vector_column("embedding", spec.dim),
+        storage.column_sql("embedding", spec.dim),
         *_reindex_columns(),
     ]
 
@@ -191,12 +198,6 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
             " EXECUTE FUNCTION {}({}, {})"
         ).format(layout.ident, function, sql.Literal(spec.source.text_field), sql.Literal(layout.vector.name))
     )
-
-
-def _vector_column(name: str, dim: int) -> sql.Composable:
-    from psycopg import sql
-
-    return sql.SQL("{} vector({})").format(sql.Identifier(name), sql.Literal(int(dim)))
 
 
 def _reindex_columns() -> list[sql.Composable]:

@@ -6,21 +6,27 @@ under `SET LOCAL lock_timeout`, retried with backoff (the view statements are in
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
 from pydantic import Field
 
 from reindex import crashpoints
 from reindex.columns import documents
 from reindex.errors import BackendError, CutoverRefused
-from reindex.ports import AliasInfo, Distance, IndexEntry, Rows, TargetInfo, TargetSpec, Vectors
+from reindex.ports import (
+    AliasInfo,
+    Distance,
+    Precision,
+    Rows,
+    StoragePlan,
+    TargetInfo,
+    TargetSpec,
+)
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.alias import (
     _DEPENDENT_VIEWS_SQL,
@@ -34,9 +40,6 @@ from reindex_adapters.postgres.alias import (
     _serves,
 )
 from reindex_adapters.postgres.catalog import (
-    _ORIGIN,
-    _RESERVED,
-    _detect_distance,
     _json_object,
     _Layout,
     _one_oid,
@@ -48,11 +51,13 @@ from reindex_adapters.postgres.connection import _Database, _DsnConfig, _identif
 from reindex_adapters.postgres.ddl import (
     _HNSW_SQL,
     _INDEX_SETTINGS_SQL,
-    _OPCLASSES,
     _accept_application_writes,
     _check_same_target,
     _create_target,
 )
+from reindex_adapters.postgres.reads import _Reads
+from reindex_adapters.postgres.storage import Kind, check_server, choose
+from reindex_adapters.postgres.storage import plan as plan_storage
 from reindex_adapters.postgres.write import (
     _BulkColumns,
     _default_writers,
@@ -67,16 +72,10 @@ from reindex_adapters.postgres.write import (
 )
 
 if TYPE_CHECKING:
-    from psycopg import sql
-
     from reindex_adapters.postgres.connection import Connection
 
 
-_OPERATORS: dict[Distance, str] = {"cosine": "<=>", "dot": "<#>", "euclid": "<->"}
-_cursor_names = itertools.count()
-
-
-class PgvectorSink:
+class PgvectorSink(_Reads):
     """Targets are tables `<alias>__<fingerprint8>`; the alias is a view `SELECT * FROM <target>`."""
 
     shareable = True  # several processes may open it at once (reindex.run.processes)
@@ -94,6 +93,10 @@ class PgvectorSink:
         hnsw_m: int = Field(default=16, ge=2)
         hnsw_ef_construction: int = Field(default=64, ge=4)
         writers: int = Field(default_factory=lambda: _default_writers(), ge=1)
+        # the vector column's type (adapters/postgres/storage.py); None: vector up to 2,000 dimensions,
+        # halfvec above when an index is built
+        storage: Kind | None = None
+        full_vector: bool = False  # with storage "bit": keep the full vector too, re-rank searches on it
 
     def __init__(
         self,
@@ -106,6 +109,8 @@ class PgvectorSink:
         hnsw_m: int = 16,
         hnsw_ef_construction: int = 64,
         writers: int | None = None,
+        storage: Kind | None = None,
+        full_vector: bool = False,
     ) -> None:
         self._db = _Database(dsn, "target", vectors=True)
         self.lock_timeout_ms = lock_timeout_ms
@@ -114,6 +119,8 @@ class PgvectorSink:
         self.maintenance_work_mem = maintenance_work_mem
         self.hnsw = (hnsw_m, hnsw_ef_construction)
         self.writers = writers or _default_writers()
+        self.storage = storage
+        self.full_vector = full_vector
         self.index_seconds: float | None = None  # the last finalize's CREATE INDEX; None: none built
         self._layouts: dict[str, _Layout] = {}
         self._identity: str | None = None
@@ -131,6 +138,8 @@ class PgvectorSink:
             hnsw_m=config.hnsw_m,
             hnsw_ef_construction=config.hnsw_ef_construction,
             writers=config.writers,
+            storage=config.storage,
+            full_vector=config.full_vector,
         )
 
     def identity(self) -> str:
@@ -142,15 +151,28 @@ class PgvectorSink:
                 self._identity = f"pgvector:{_server_identity(conn)}/{schema}"
         return self._identity
 
+    def plan_storage(self, dim: int, distance: Distance) -> StoragePlan:
+        """The column type and index a target of `dim` gets; ConfigError where pgvector (this server's
+        version of it) cannot store or index it."""
+        storage = choose(self.storage, self.full_vector, dim, index=self.build_index)
+        with self._db.errors():
+            check_server(self._db.connection(), storage)
+        return plan_storage(storage, dim, distance, self.build_index, self.hnsw)
+
+    def precision(self, target: str) -> Precision:
+        return self._layout(target).storage.precision
+
     def prepare(self, spec: TargetSpec) -> None:
         _identifier(spec.name)
         self._layouts.pop(spec.name, None)
+        storage = choose(self.storage, self.full_vector, spec.dim, index=self.build_index)
         with self._db.transaction() as conn:
             layout = _read_layout(conn, spec.name)
             if layout is None:
-                _create_target(conn, spec)
+                check_server(conn, storage)
+                _create_target(conn, spec, storage)
             else:
-                _check_same_target(spec, layout)
+                _check_same_target(spec, layout, storage)
 
     def write(self, target: str, rows: Rows) -> None:
         """Upsert by id. The batch goes as one binary COPY built per batch, straight into the table; keys
@@ -210,7 +232,7 @@ class PgvectorSink:
         layout = self._layout(spec.name)
         self.index_seconds = None
         if self.build_index and layout.vector is not None:
-            self.index_seconds = self._build_index(layout, spec.source.distance)
+            self.index_seconds = self._build_index(layout, spec.dim, spec.source.distance)
         with self._db.errors():
             conn = self._db.connection()
             conn.execute(sql.SQL("ANALYZE {}").format(layout.ident))
@@ -245,90 +267,6 @@ class PgvectorSink:
             plan_id=meta.get("plan_id") or None,
             nonce=meta.get("nonce") or None,
         )
-
-    def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
-        layout = self._layout(target)
-        name = f"reindex_scan_{next(_cursor_names)}"
-        with self._db.transaction() as conn, conn.cursor(name=name) as cursor:
-            cursor.itersize = 5000
-            cursor.execute(*_index_query(layout, dim))
-            for key, digest, fingerprint, problem, application in cursor:
-                yield IndexEntry(key, digest, fingerprint, problem, application)
-
-    def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
-        from psycopg import sql
-
-        layout = self._layout(target)
-        if layout.vector is None:
-            return {}
-        query = sql.SQL("SELECT {}::text, {} FROM {} WHERE {} = ANY(%s::{}[])").format(
-            layout.key.ident, layout.vector.ident, layout.ident, layout.key.ident, layout.key.cast
-        )
-        with self._db.errors():
-            rows = self._db.connection().execute(query, [list(ids)], binary=True).fetchall()
-        return {key: _as_vector(value) for key, value in rows if value is not None}
-
-    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
-        """One query: the vectors of the ids whose stored content hash is still the expected one."""
-        from psycopg import sql
-
-        layout = self._layout(target)
-        has_hash = any(a.name == "reindex_content_hash" for a in layout.columns)
-        if layout.vector is None or not has_hash or not expected:
-            return {}
-        query = sql.SQL(
-            "SELECT t.{k}::text, t.{v} FROM {t} AS t"
-            " JOIN unnest(%s::{cast}[], %s::text[]) AS e(id, content_hash)"
-            " ON t.{k} = e.id AND t.reindex_content_hash = e.content_hash"
-        ).format(k=layout.key.ident, v=layout.vector.ident, t=layout.ident, cast=layout.key.cast)
-        with self._db.errors():
-            conn = self._db.connection()
-            rows = conn.execute(query, [list(expected), list(expected.values())], binary=True).fetchall()
-        return {key: _as_vector(value) for key, value in rows if value is not None}
-
-    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
-        from psycopg import sql
-
-        layout = self._layout(target)
-        if layout.vector is None:
-            return
-        query = sql.SQL("SELECT {k}::text, {v} FROM {t} WHERE {v} IS NOT NULL").format(
-            k=layout.key.ident, v=layout.vector.ident, t=layout.ident
-        )
-        name = f"reindex_vectors_{next(_cursor_names)}"
-        with self._db.transaction() as conn, conn.cursor(name=name, binary=True) as cursor:
-            cursor.itersize = batch
-            cursor.execute(query)
-            while rows := cursor.fetchmany(batch):
-                yield [row[0] for row in rows], np.stack([_as_vector(row[1]) for row in rows])
-
-    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
-        """One `ORDER BY vector <op> query LIMIT k` per vector, through the ANN index (ef_search >= k): its
-        recall is what `reindex compare` measures, so the planner is not let fall back to an exact scan."""
-        from psycopg import sql
-
-        layout = self._layout(target)
-        if layout.vector is None:
-            return [[] for _ in vectors]
-        operator = _OPERATORS[self.distance(target)]
-        query = sql.SQL("SELECT {k}::text FROM {t} ORDER BY {v} {op} %s::vector LIMIT %s").format(
-            k=layout.key.ident, t=layout.ident, v=layout.vector.ident, op=sql.SQL(operator)
-        )
-        found: list[list[str]] = []
-        with self._db.transaction() as conn:
-            conn.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(sql.Literal(max(40, min(k, 1000)))))
-            conn.execute("SET LOCAL enable_seqscan = off")  # the index's answer, even where a scan is cheaper
-            for vector in vectors:
-                rows = conn.execute(query, [np.asarray(vector, dtype=np.float32), k]).fetchall()
-                found.append([row[0] for row in rows])
-        return found
-
-    def distance(self, target: str) -> Distance:
-        layout = self._layout(target)
-        if layout.vector is None:
-            return "cosine"
-        with self._db.errors():
-            return _detect_distance(self._db.connection(), layout.oid, layout.vector.name)
 
     def alias(self, alias: str) -> AliasInfo:
         _identifier(alias)
@@ -407,18 +345,15 @@ class PgvectorSink:
             self._layouts[target] = layout
         return self._layouts[target]
 
-    def _build_index(self, layout: _Layout, distance: Distance) -> float | None:
+    def _build_index(self, layout: _Layout, dim: int, distance: Distance) -> float | None:
         """CREATE INDEX with `maintenance_work_mem` and parallel workers for the cores; its wall seconds,
         commit included, or None when the index was already there (a resumed finalize)."""
         from psycopg import sql
 
         assert layout.vector is not None
-        statement = sql.SQL(
-            "CREATE INDEX ON {} USING hnsw ({} {}) WITH (m = {}, ef_construction = {})"
-        ).format(
+        statement = sql.SQL("CREATE INDEX ON {} USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
             layout.ident,
-            layout.vector.ident,
-            sql.SQL(_OPCLASSES[distance]),
+            layout.storage.index_target(layout.vector.ident, dim, distance),
             sql.Literal(self.hnsw[0]),
             sql.Literal(self.hnsw[1]),
         )
@@ -473,31 +408,3 @@ class PgvectorSink:
         conn = self._db.connection()
         if _resolve_alias(conn, alias).target_oid != _regclass(conn, target):
             raise BackendError(f"alias {alias!r} does not serve {target!r} after the swap")
-
-
-def _index_query(layout: _Layout, dim: int) -> tuple[sql.Composed, list[int]]:
-    """Vector sanity computed by the server: pgvector stores no NaN, so wrong dims and zeros remain."""
-    from psycopg import sql
-
-    present = {a.name for a in layout.columns}
-    digest, fingerprint = (sql.Identifier(n) if n in present else sql.NULL for n in _RESERVED[::-1])
-    origin: sql.Composable = sql.NULL  # a target older than the column cannot tell: no count, not 0
-    if _ORIGIN in present:
-        origin = sql.SQL("{} IS NOT DISTINCT FROM 'application'").format(sql.Identifier(_ORIGIN))
-    problem: sql.Composable = sql.SQL("'dimension'")
-    if layout.vector is not None:
-        problem = sql.SQL(
-            "CASE WHEN {v} IS NULL OR vector_dims({v}) <> %s THEN 'dimension'"
-            " WHEN vector_norm({v}) = 0 THEN 'zero' END"
-        ).format(v=layout.vector.ident)
-    query = sql.SQL("SELECT {}::text, {}, {}, {}, {} FROM {}").format(
-        layout.key.ident, digest, fingerprint, problem, origin, layout.ident
-    )
-    return query, [dim] if layout.vector is not None else []
-
-
-def _as_vector(value: Any) -> Vectors:
-    """A stored vector as float32. Vectors are read in binary: pgvector's binary loader is one `frombuffer`,
-    its text loader parses every number in Python (0.7 ms per 1,536-d vector, measured)."""
-    array = value.to_numpy() if hasattr(value, "to_numpy") else value
-    return np.asarray(array, dtype=np.float32).copy()

@@ -152,12 +152,12 @@ def _schemaless_copy(layout: _Layout) -> pg_copy.Schemaless | None:
     if not meta.get("schemaless") or layout.vector is None or layout.key.name != "id":
         return None
     found = {a.name: a.type_name[1] for a in layout.columns}
-    expected = {"id": "text", text: "text", "payload": "jsonb", layout.vector.name: "vector"}
+    expected = {"id": "text", text: "text", "payload": "jsonb", layout.vector.name: layout.storage.column}
     bookkeeping = _BOOKKEEPING if _ORIGIN in found else _RESERVED  # older targets lack the origin
     if found != expected | dict.fromkeys(bookkeeping, "text"):
         return None
     carried = frozenset({str(meta.get("id_field", "")), text})
-    return pg_copy.Schemaless("id", text, "payload", layout.vector.name, carried)
+    return pg_copy.Schemaless("id", text, "payload", layout.vector.name, carried, layout.storage)
 
 
 def _schema_copy(conn: Connection, layout: _Layout) -> pg_copy.Schema | None:
@@ -178,7 +178,12 @@ def _schema_copy(conn: Connection, layout: _Layout) -> pg_copy.Schema | None:
     if not all(_has_dumper(conn, a.oid, binary=True) for a in source):
         return None
     return pg_copy.Schema(
-        tuple(a.name for a in source), tuple(a.oid for a in source), layout.key.name, text, layout.vector.name
+        tuple(a.name for a in source),
+        tuple(a.oid for a in source),
+        layout.key.name,
+        text,
+        layout.vector.name,
+        layout.storage,
     )
 
 
@@ -246,12 +251,13 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
     carried = {str(layout.meta.get("id_field", "")), text_field}  # already columns: not again in payload
     vector_name = layout.vector.name if layout.vector else ""
     vectors = np.ascontiguousarray(rows.vectors, dtype=np.float32)
+    storage = layout.storage
     for i, record in enumerate(rows.records):
         fixed = {
             "reindex_fingerprint": rows.fingerprint,
             "reindex_content_hash": rows.content_hashes[i],
             _ORIGIN: None,  # the tool's own row, also when it rewrites one the application wrote
-            vector_name: vectors[i],
+            vector_name: storage.row_value(vectors[i]),
         }
         if is_schemaless:
             fixed |= {

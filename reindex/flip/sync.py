@@ -58,6 +58,9 @@ class SyncReport:
     adopted: int = 0  # application-written vectors given their bookkeeping (Qdrant), nothing re-embedded
     # a catch-up after a flip that a killed cutover left, finished first
     after_flip: dict[str, Any] | None = None
+    # documents whose text was current but a part carried from the source (a Qdrant point's other named
+    # vectors) was missing or changed: written again with the source's parts, their vector kept
+    carried: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,13 +87,21 @@ def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None) -> SyncReport:
     with compare(
         m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused(letters), embedder=checking
     ) as comparison:
-        kinds: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "orphaned", "conflicting")
+        kinds: tuple[Category, ...] = (
+            "missing",
+            "stale",
+            "invalid_vectors",
+            "orphaned",
+            "conflicting",
+            "carried",
+        )
         counts = {c: comparison.count(c) for c in kinds}
         if keep is not None:
             keep.read(comparison)
         adopted = _adopt(m, comparison)
         pipeline = _refuting(m, comparison).pipeline(ledger)
-        stale = chain(*(comparison.ids(c) for c in ("missing", "stale", "invalid_vectors", "conflicting")))
+        redo: tuple[Category, ...] = ("missing", "stale", "invalid_vectors", "conflicting", "carried")
+        stale = chain(*(comparison.ids(c) for c in redo))
         for chunk in chunks(stale, m.config.run.shard_size):
             shard = pipeline.process(fetch_records(m.source, chunk))
             written += shard.written_ids
@@ -114,6 +125,7 @@ def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None) -> SyncReport:
         seconds=round(time.monotonic() - started, 3),
         dead_letter_reasons=reasons,
         adopted=adopted,
+        carried=counts["carried"],
     )
 
 

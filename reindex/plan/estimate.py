@@ -13,7 +13,7 @@ from reindex.batching import batch_budget, batch_texts, token_batches
 from reindex.columns import embed
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
-from reindex.ports import Embedder, Record, Source
+from reindex.ports import Embedder, Record, Source, StoragePlan
 from reindex.run.io import scan_documents
 from reindex.run.shards import prepare_shard
 from reindex.run.validation import screen
@@ -49,7 +49,12 @@ class PlanReport:
     devices: int = 0  # model processes a run would feed (GPUs; 1 for a model on the CPU in its own process)
     eta_seconds: float | None = None
     vector_bytes: int = 0
-    index_bytes_estimate: int = 0
+    index_bytes_estimate: int = 0  # vectors and their ANN index together (vectors alone: no index is built)
+    # how the target stores its vectors (reindex.ports.StoragePlan): type, precision, index, bytes per vector
+    storage: dict[str, Any] | None = None
+    # what the target is created with besides its vector, where the sink says (reindex.ports.DescribingSink:
+    # Qdrant's carried vectors and index settings), with a `summary` of lines for the terminal
+    target_layout: dict[str, Any] | None = None
     plan_id: str = ""
     target: str = ""
     target_exists: bool = False
@@ -143,7 +148,7 @@ def estimate(
             if len(calibration) < CALIBRATION_DOCS:
                 calibration.append(tokens)
     _summarise(report, lengths)
-    _price(report, getattr(embedder, "prices", None))
+    _price(report, getattr(embedder, "prices", None), getattr(embedder, "completion_window_hours", 24.0))
     paid = bool(getattr(embedder, "prices", None))
     if calibrate and calibration and not paid and hasattr(embedder, "embed"):  # a dry run never spends money
         _calibrate(report, embedder, calibration, run)
@@ -205,7 +210,19 @@ def _summarise(report: PlanReport, lengths: list[int]) -> None:
     report.index_bytes_estimate = report.vector_bytes + report.embeddable * HNSW_M * 2 * 8
 
 
-def _price(report: PlanReport, prices: dict[str, float | None] | None) -> None:
+def stored(report: PlanReport, storage: StoragePlan) -> None:
+    """Storage as the target will hold it: its own bytes per vector, and the index over what it indexes
+    (an HNSW element holds the indexed value and about 2 x m neighbour ids of 8 bytes)."""
+    report.storage = asdict(storage)
+    report.vector_bytes = report.embeddable * storage.bytes_per_vector
+    report.index_bytes_estimate = report.vector_bytes
+    if not storage.index.startswith("none"):
+        indexed = {"float32": 4 * report.dim, "float16": 2 * report.dim, "bit": (report.dim + 7) // 8}
+        element = (report.dim + 7) // 8 if "binary_quantize" in storage.index else indexed[storage.precision]
+        report.index_bytes_estimate += report.embeddable * (8 + element + HNSW_M * 2 * 8)
+
+
+def _price(report: PlanReport, prices: dict[str, float | None] | None, window_hours: float = 24.0) -> None:
     """Exact cost from exact tokens: what each tier would bill for the unique texts."""
     if not prices:
         return
@@ -213,7 +230,7 @@ def _price(report: PlanReport, prices: dict[str, float | None] | None) -> None:
         price = prices.get(tier)
         if price is not None:
             setattr(report, f"cost_{tier}_usd", round(report.tokens * price / 1_000_000, 6))
-    report.batch_window = "24h" if prices.get("batch") is not None else None
+    report.batch_window = f"{window_hours:g}h" if prices.get("batch") is not None else None  # Voyage: 12h
 
 
 def _calibrate_stages(

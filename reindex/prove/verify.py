@@ -7,6 +7,7 @@ scroll is in point-id order, a Postgres scan in key order).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import tempfile
 import time
@@ -21,15 +22,25 @@ from numpy.typing import NDArray
 
 from reindex.batching import chunks
 from reindex.fingerprint import text_hash
-from reindex.ports import Embedder, IndexEntry, Record, Sink, Source
+from reindex.ports import (
+    CarryingSink,
+    Embedder,
+    IndexEntry,
+    PlansStorage,
+    Precision,
+    Record,
+    Sink,
+    Source,
+)
 from reindex.run.validation import screen
+from reindex.vectors import AGREEMENT, as_stored
 
 CHUNK = 20_000
 EXAMPLES = 5
-SAMPLE_COSINE = 0.999
 APPLICATION_CHUNK = 256  # application rows re-embedded per model call
+CARRIED_CHUNK = 256  # documents whose carried parts the sink compares by value at once
 Category = Literal[
-    "missing", "stale", "orphaned", "invalid_vectors", "dead_letters", "unhashed", "conflicting"
+    "missing", "stale", "orphaned", "invalid_vectors", "dead_letters", "unhashed", "conflicting", "carried"
 ]
 
 
@@ -63,6 +74,10 @@ class Coverage:
     # the application's rows re-embedded and compared with what they store (`refute_application_rows`):
     # checked, stale (counted in `stale` too), min_cosine, threshold; None when no embedder was at hand
     application_check: dict[str, Any] | None = None
+    # documents whose text is current but a part carried from the source (a Qdrant point's other named
+    # vectors) is missing, extra or changed; and how many documents each part is wrong in
+    carried: int = 0
+    carried_vectors: dict[str, int] = field(default_factory=dict)
 
     @property
     def over_ceiling(self) -> bool:
@@ -79,6 +94,10 @@ class Coverage:
             "of ids the source holds with two texts": self.conflicting,
         }
         parts = [f"{v:,} {k}" for k, v in counts.items() if v]
+        parts += [
+            f"{n:,} documents whose carried vector {name!r} is missing or differs from the source"
+            for name, n in sorted(self.carried_vectors.items())
+        ]
         if not self.target_exists:
             parts.insert(0, f"target {self.target!r} does not exist")
         if self.over_ceiling:
@@ -119,6 +138,7 @@ _WHERE: dict[Category, tuple[str, str]] = {  # category -> (id column, FROM ... 
     "invalid_vectors": ("t.id", "FROM tgt t WHERE t.problem IS NOT NULL"),
     "unhashed": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE t.hash IS NULL AND NOT s.conflict"),
     "conflicting": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE s.conflict"),
+    "carried": ("c.id", "FROM (SELECT DISTINCT id FROM carried) c"),
 }
 
 # What verify holds against a complete target, besides dead letters past the ceiling: the ids of these
@@ -130,12 +150,13 @@ PROBLEMS: tuple[Category, ...] = (
     "invalid_vectors",
     "unhashed",
     "conflicting",
+    "carried",
 )
 _FOREIGN = "SELECT t.id FROM tgt t WHERE coalesce(t.fp, 'none') IS NOT ?"
 
 # A source may hold one id twice (a JSONL file): with two texts, a fresh migration dead-letters the id.
 _INSERT_SOURCE = (
-    "INSERT INTO src (id, hash) VALUES (?,?) ON CONFLICT (id) DO UPDATE"
+    "INSERT INTO src (id, hash, carried) VALUES (?,?,?) ON CONFLICT (id) DO UPDATE"
     " SET conflict = conflict OR (hash IS NOT excluded.hash)"
 )
 
@@ -239,6 +260,7 @@ class Comparison:
             target_exists=self.exists,
             application_rows=self.application_rows(),
             application_check=self.application_check,
+            carried_vectors=dict(self.db.execute("SELECT part, count(*) FROM carried GROUP BY 1 ORDER BY 1")),
             **counts,
         )
 
@@ -266,10 +288,12 @@ def compare(
             load_rows(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
             if exists:  # a target not built yet is an empty one: every source document is missing
                 entries = _target_rows(sink.scan_index(target, dim))
-                load_rows(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?,?)", entries)
+                load_rows(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?,?,?)", entries)
             comparison = Comparison(db, target, time.monotonic() - started, exists=exists)
             if exists and embedder is not None:
                 refute_application_rows(comparison, source, sink, embedder)
+            if exists:
+                find_carried(comparison, source, sink)
             yield comparison
         finally:
             db.close()
@@ -308,9 +332,11 @@ def sample_check(
     embedder: Embedder,
     target: str,
     ids: Sequence[str],
-    threshold: float = SAMPLE_COSINE,
+    threshold: float | None = None,
 ) -> dict[str, Any]:
-    """Re-embed documents and require cosine >= `threshold` with what the target stores."""
+    """Re-embed documents and require cosine >= `threshold` (default: the agreement the target's stored
+    precision allows, `reindex.vectors.AGREEMENT`) with what the target stores."""
+    threshold = AGREEMENT[stored_precision(sink, target)] if threshold is None else threshold
     records, cosines = fresh_cosines(source, sink, embedder, target, ids)
     if not records:
         return {"checked": 0, "min_cosine": None, "failures": 0, "threshold": threshold, "passed": True}
@@ -322,6 +348,11 @@ def sample_check(
         "threshold": threshold,
         "passed": failures == 0,
     }
+
+
+def stored_precision(sink: Sink, target: str) -> Precision:
+    """What the target's vectors read back as (float32 where the sink has one way to store them)."""
+    return sink.precision(target) if isinstance(sink, PlansStorage) else "float32"
 
 
 def fresh_cosines(
@@ -336,7 +367,9 @@ def fresh_cosines(
     records = [r for r in records if r.id in embeddable]
     if not records:
         return [], np.empty(0)
-    fresh = embedder.embed(embedder.tokenize([r.text for r in records]))
+    fresh = as_stored(
+        embedder.embed(embedder.tokenize([r.text for r in records])), stored_precision(sink, target)
+    )
     kept = np.stack([stored[r.id] for r in records])
     with np.errstate(divide="ignore", invalid="ignore"):
         norms = np.linalg.norm(fresh, axis=1) * np.linalg.norm(kept, axis=1)
@@ -349,7 +382,7 @@ def refute_application_rows(
     source: Source,
     sink: Sink,
     embedder: Embedder,
-    threshold: float = SAMPLE_COSINE,
+    threshold: float | None = None,
 ) -> dict[str, Any]:
     """Re-embed the texts of the rows the application wrote that look sound by their bookkeeping (the hash
     of their text is the source's: `Comparison.adoptable`), and refute those whose stored vector has a
@@ -360,6 +393,7 @@ def refute_application_rows(
     The cost is one embedding per application row at each verify and sync (`verify --sample` does the same
     for its sample): tokens billed by a provider, for those rows only."""
     ids = [doc_id for doc_id, _ in comparison.adoptable()]
+    threshold = AGREEMENT[stored_precision(sink, comparison.target)] if threshold is None else threshold
     refuted: list[str] = []
     lowest: float | None = None
     checked = 0
@@ -382,28 +416,75 @@ def refute_application_rows(
     return found
 
 
+# Documents present on both sides, their text current, whose carried digests differ: candidates, which the
+# sink then compares by value (`CarryingSink.carried_differences`).
+_CARRIED_CANDIDATES = (
+    "SELECT t.id, s.carried, t.carried FROM src s JOIN tgt t ON t.id = s.id"
+    " WHERE s.carried IS NOT t.carried AND t.hash IS s.hash AND t.problem IS NULL AND NOT s.conflict"
+    " AND t.id NOT IN (SELECT id FROM refuted) ORDER BY 1"
+)
+
+
+def find_carried(comparison: Comparison, source: Source, sink: Sink) -> None:
+    """Record, by part, the documents whose carried parts (a Qdrant point's other named vectors) the target
+    lacks, holds extra or holds otherwise than the source: by digest, then by value where the sink can
+    compare values (a cosine vector renormalised on storage differs from its original in the last bit)."""
+    candidates = {
+        doc_id: _differing_parts(source_parts, target_parts)
+        for doc_id, source_parts, target_parts in comparison.db.execute(_CARRIED_CANDIDATES).fetchall()
+    }
+    for chunk in chunks(list(candidates.items()), CARRIED_CHUNK):
+        parts = dict(chunk)
+        if isinstance(sink, CarryingSink):
+            parts = sink.carried_differences(comparison.target, source, parts)
+        rows = ((doc_id, part) for doc_id, names in parts.items() for part in names)
+        load_rows(comparison.db, "INSERT OR IGNORE INTO carried VALUES (?,?)", rows)
+
+
+def _differing_parts(source_parts: str | None, target_parts: str | None) -> list[str]:
+    theirs: dict[str, str] = json.loads(source_parts) if source_parts else {}
+    ours: dict[str, str] = json.loads(target_parts) if target_parts else {}
+    return sorted(name for name in {*theirs, *ours} if theirs.get(name) != ours.get(name))
+
+
+def _carried(parts: Mapping[str, str] | None) -> str | None:
+    return None if parts is None else json.dumps(dict(parts), sort_keys=True)
+
+
 def _scratch_db(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None)
     db.executescript("""
         PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;
-        CREATE TABLE src (id TEXT PRIMARY KEY, hash TEXT, conflict INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID;
+        CREATE TABLE src (
+            id TEXT PRIMARY KEY, hash TEXT, conflict INTEGER NOT NULL DEFAULT 0, carried TEXT
+        ) WITHOUT ROWID;
         CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
-        CREATE TABLE tgt (id TEXT PRIMARY KEY, hash TEXT, fp TEXT, problem TEXT, app INTEGER) WITHOUT ROWID;
+        CREATE TABLE tgt (
+            id TEXT PRIMARY KEY, hash TEXT, fp TEXT, problem TEXT, app INTEGER, carried TEXT
+        ) WITHOUT ROWID;
         CREATE TABLE refuted (id TEXT PRIMARY KEY) WITHOUT ROWID;
+        CREATE TABLE carried (id TEXT NOT NULL, part TEXT NOT NULL, PRIMARY KEY (id, part)) WITHOUT ROWID;
     """)
     return db
 
 
-def _source_rows(records: Iterable[Record]) -> Iterator[tuple[str, str | None]]:
+def _source_rows(records: Iterable[Record]) -> Iterator[tuple[str, str | None, str | None]]:
     for record in records:
-        yield record.id, text_hash(record)
+        yield record.id, text_hash(record), _carried(record.carried)
 
 
 def _target_rows(
     entries: Iterable[IndexEntry],
-) -> Iterator[tuple[str, str | None, str | None, str | None, bool | None]]:
+) -> Iterator[tuple[str, str | None, str | None, str | None, bool | None, str | None]]:
     for entry in entries:
-        yield entry.id, entry.content_hash, entry.fingerprint, entry.problem, entry.application
+        yield (
+            entry.id,
+            entry.content_hash,
+            entry.fingerprint,
+            entry.problem,
+            entry.application,
+            _carried(entry.carried),
+        )
 
 
 def load_rows(db: sqlite3.Connection, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:

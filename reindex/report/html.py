@@ -103,7 +103,7 @@ def _verification(check: dict[str, Any] | None) -> str:
     if check is None:
         return '<p class="callout">Not verified yet: run <code>reindex verify</code>.</p>'
     c = check["report"]
-    counts = ("missing", "stale", "orphaned", "invalid_vectors", "unhashed", "conflicting")
+    counts = ("missing", "stale", "orphaned", "invalid_vectors", "unhashed", "conflicting", "carried")
     rows = [
         (
             "Last verify",

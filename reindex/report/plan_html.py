@@ -100,14 +100,20 @@ def _time_and_cost(p: PlanReport) -> str:
 
 
 def _storage(p: PlanReport) -> str:
+    stored = p.storage or {}
     rows = [
         ("Vector size", h.metric("dim", p.dim, h.integer(p.dim, "dimensions"))),
-        ("Vectors (float32)", h.metric("vector_bytes", p.vector_bytes, h.size(p.vector_bytes))),
         (
-            "With an HNSW index, about",
+            f"Vectors ({stored.get('type', 'float32')})",
+            h.metric("vector_bytes", p.vector_bytes, h.size(p.vector_bytes)),
+        ),
+        (
+            "With the index, about" if stored else "With an HNSW index, about",
             h.metric("index_bytes_estimate", p.index_bytes_estimate, h.size(p.index_bytes_estimate)),
         ),
     ]
+    if stored:
+        rows.append(("Index", h.metric("storage", stored, stored["index"])))
     return h.section("storage", "Storage", h.facts(rows))
 
 

@@ -2,8 +2,12 @@
 
 Identity is what changes the vectors and where they go, never how a backend is reached:
 
-    plan id    = hash(source identity, target identity, alias, target name, embedder fingerprint)
+    plan id    = hash(source identity, target identity, alias, target name, embedder fingerprint[, storage])
     config key = hash(source identity, target identity, alias, target name, [embedder] section)
+
+A sink that chooses how vectors are stored (pgvector: halfvec, bit) adds the storage to the target's name
+and the plan id unless it is the plain one, so the same model stored another way is another target. The
+rows keep the model's fingerprint: the vectors are the same model's, only their stored precision differs.
 
 The plan id names the migration in the ledger. The config key finds it again without loading the model
 (status, dlq list, dlq retry with nothing to retry), because the fingerprint needs the weights' digest.
@@ -23,7 +27,18 @@ from reindex import registry
 from reindex.config import Config
 from reindex.errors import ConfigError, LeaseLost, ReindexError
 from reindex.fingerprint import target_name
-from reindex.ports import DeferredEmbedder, Embedder, Sink, Source, TargetSpec
+from reindex.ports import (
+    CarryingSink,
+    DeferredEmbedder,
+    Distance,
+    Embedder,
+    PlansStorage,
+    Sink,
+    Source,
+    SourceSchema,
+    StoragePlan,
+    TargetSpec,
+)
 from reindex.run.pipeline import Pipeline
 from reindex.run.synchronous import SynchronousBatches
 from reindex.state.ledger import Ledger
@@ -41,6 +56,7 @@ class Migration:
     sink: Sink
     spec: TargetSpec
     plan_id: str
+    storage: StoragePlan | None = None  # how the sink stores the target (None: it has one way)
 
     def pipeline(self, ledger: Ledger) -> Pipeline:
         """A pipeline over this migration's adapters, for work outside the backfill (retries, sync)."""
@@ -84,20 +100,43 @@ def migration(config: Config, source: Source, sink: Sink, embedder: Embedder | N
     """Load the model (unless given one already loaded) and name the target and the plan."""
     embedder = embedder or registry.build("embedder", config.embedder)
     info = embedder.info
-    name = str(config.target.get("name") or target_name(config.alias, info.fingerprint))
+    schema = source.schema()
+    refuse_uncarried(schema, sink)
+    storage = planned_storage(sink, info.dim, schema.distance)
+    identity = info.fingerprint
+    if storage is not None and not storage.default:
+        identity = _digest(info.fingerprint, storage.type)
+    name = str(config.target.get("name") or target_name(config.alias, identity))
     if name == config.alias:
         raise ConfigError(f"[target] name {name!r} equals the alias", hint="targets are never live names")
-    plan_id = _digest(source.identity(), sink.identity(), config.alias, name, info.fingerprint)
+    stored = [] if identity == info.fingerprint else [storage.type if storage else None]
+    plan_id = _digest(source.identity(), sink.identity(), config.alias, name, info.fingerprint, *stored)
     spec = TargetSpec(
         name=name,
         alias=config.alias,
         dim=info.dim,
         fingerprint=info.fingerprint,
         model=info.describe(),
-        source=source.schema(),
+        source=schema,
         plan_id=plan_id,
     )
-    return Migration(config, source, embedder, sink, spec, plan_id)
+    return Migration(config, source, embedder, sink, spec, plan_id, storage)
+
+
+def planned_storage(sink: Sink, dim: int, distance: Distance) -> StoragePlan | None:
+    """How the sink will store a target of `dim` (None: it has one way); ConfigError where it cannot."""
+    return sink.plan_storage(dim, distance) if isinstance(sink, PlansStorage) else None
+
+
+def refuse_uncarried(schema: SourceSchema, sink: Sink) -> None:
+    """A source whose documents carry parts beside the vector (a Qdrant point's other named vectors) needs a
+    target that holds them: else verify could never find it complete."""
+    if schema.carried and not isinstance(sink, CarryingSink):
+        raise ConfigError(
+            f"the source holds {', '.join(map(repr, schema.carried))} beside the vector re-embedded, which"
+            " this [target] cannot carry",
+            hint="use a qdrant [target], or set [source] carry_vectors = false to leave them behind",
+        )
 
 
 def config_key(config: Config, source: Source, sink: Sink) -> str:

@@ -29,16 +29,14 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
     if p.get("cost_online_usd") is not None or p.get("cost_batch_usd") is not None:
         rows.append(("cost", _cost(p)))
     rows += [
-        (
-            "storage",
-            f"{size(p['vector_bytes'])} of vectors, about {size(p['index_bytes_estimate'])} with the HNSW index",
-        ),
+        ("storage", _storage(p)),
         (
             "shards",
             f"{integer(p['shards'])}; a reclaimed worker redoes at most "
             f"{count(p['redone_documents_per_reclaim'], 'document')}",
         ),
         ("target", _plan_target(p)),
+        *(("", line) for line in (p.get("target_layout") or {}).get("summary", [])),
         ("alias", _plan_alias(p)),
         ("machine", _machine(p.get("backends"))),
     ]
@@ -64,6 +62,18 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
         s.line("Next: raise [run] deadline or max_cost_usd, or declare another [[routes]] table")
         return
     s.next("reindex run")
+
+
+def _storage(p: dict[str, Any]) -> str:
+    """What the target stores and the index it gets, then the bytes of each."""
+    stored = p.get("storage")
+    if not stored:
+        return f"{size(p['vector_bytes'])} of vectors, about {size(p['index_bytes_estimate'])} with the HNSW index"
+    line = f"{stored['type']} ({size(stored['bytes_per_vector'])} per vector), index {stored['index']}: "
+    line += f"{size(p['vector_bytes'])} of vectors"
+    if p["index_bytes_estimate"] > p["vector_bytes"]:
+        line += f", about {size(p['index_bytes_estimate'])} with the index"
+    return line + (f" — {stored['note']}" if stored.get("note") else "")
 
 
 def _routes(s: Screen, routes: list[dict[str, Any]], pick: dict[str, Any]) -> bool:
