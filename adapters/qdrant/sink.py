@@ -31,6 +31,7 @@ from reindex_adapters.qdrant.bookkeeping import (
     _reindex_meta,
     _unhashed,
 )
+from reindex_adapters.qdrant.carried import carried_vectors, digests, of_payload
 from reindex_adapters.qdrant.connection import (
     _NAME_MAX,
     _acquire,
@@ -41,6 +42,7 @@ from reindex_adapters.qdrant.connection import (
     _release,
     _translated,
 )
+from reindex_adapters.qdrant.layout import TargetOptions
 from reindex_adapters.qdrant.points import (
     NATIVE_IDS,
     _distance,
@@ -48,23 +50,24 @@ from reindex_adapters.qdrant.points import (
     _json_safe,
     _point_ids,
     _point_payloads,
-    _qdrant_distance,
     _stored_vector,
     _uuid_point_ids,
     _vector_params,
     _with_vector,
 )
+from reindex_adapters.qdrant.targets import _carried_layout, _Layouts
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
 
 
-class QdrantSink(_AliasMoves):
-    """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata."""
+class QdrantSink(_Layouts, _AliasMoves):
+    """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata; a source's
+    other named vectors (sparse ones, a second dense one) are carried to the target unchanged."""
 
     holds_writers = False  # nothing holds a collection's writers: cutover --sync carries the window after
 
-    class Config(_Connection):
+    class Config(_Connection, TargetOptions):
         kind: Literal["qdrant"]
         alias: str
         name: str | None = None
@@ -82,18 +85,23 @@ class QdrantSink(_AliasMoves):
         def _name_qdrant_accepts(cls, name: str | None) -> str | None:
             return _creatable(name, _NAME_MAX, "Qdrant's limit") if name else name
 
-    def __init__(self, client: QdrantClient, *, upsert_batch: int = 256) -> None:
+    def __init__(
+        self, client: QdrantClient, *, upsert_batch: int = 256, options: TargetOptions | None = None
+    ) -> None:
         self._client = client
         self.upsert_batch = upsert_batch
+        self.options = options or TargetOptions()
         self._lease: str | None = None
         self._vector_names: dict[str, str | None] = {}
         self._native: dict[str, bool] = {}
+        self._carried: dict[str, tuple[list[str], set[str]]] = {}  # target -> (carried names, cosine ones)
         self.shareable = False  # several processes may open it (a server's URL): reindex.run.processes
 
     @classmethod
     def from_config(cls, config: Config) -> QdrantSink:
         client, key = _acquire(config)
-        sink = cls(client, upsert_batch=config.upsert_batch)
+        options = TargetOptions.model_validate(config.model_dump(include=set(TargetOptions.model_fields)))
+        sink = cls(client, upsert_batch=config.upsert_batch, options=options)
         sink._lease = key
         sink.shareable = config.url is not None  # local mode: one process opens the folder
         return sink
@@ -103,14 +111,16 @@ class QdrantSink(_AliasMoves):
         return f"qdrant:{_location(self._client)}"
 
     def prepare(self, spec: TargetSpec) -> None:
-        """Create the collection with its identity in the metadata; an existing one is never re-stamped."""
+        """Create the collection with its identity in the metadata; an existing one is never re-stamped.
+
+        It gets the source's other named vectors, carried unchanged, and the settings `[target]` sets or
+        the source has (`layout.creation`); those `[target]` set are recorded, and an existing target built
+        with other ones, or without a vector the source carries, is refused rather than mixed."""
         existing = self.describe(spec.name)
         if existing is not None:
             _check_existing(existing, spec)
+            self._check_layout(spec)
             return
-        from qdrant_client import models
-
-        params = models.VectorParams(size=spec.dim, distance=_qdrant_distance(spec.source.distance))
         name = spec.source.vector_field
         meta = {
             "fingerprint": spec.fingerprint,
@@ -123,13 +133,10 @@ class QdrantSink(_AliasMoves):
             "nonce": spec.nonce,
             "created_at": datetime.now(UTC).isoformat(),
             "point_ids": NATIVE_IDS,
+            "options": self.options.chosen(),
         }
         with _translated():
-            self._client.create_collection(
-                spec.name,
-                vectors_config=params if name is None else {name: params},
-                metadata={META_KEY: meta},
-            )
+            self._client.create_collection(spec.name, **self._creation(spec), metadata={META_KEY: meta})
 
     def write(self, target: str, rows: Rows) -> None:
         """Upsert by point id, `upsert_batch` points per request, each a columnar `models.Batch`.
@@ -190,17 +197,25 @@ class QdrantSink(_AliasMoves):
         name = self._vector_name(target)
         ids: list[Any] = self._point_ids(target)(docs.ids)
         payloads = _point_payloads(docs, rows.content_hashes, rows.fingerprint)
+        carried, _ = self._carried_of(target)
+        others = [of_payload(docs.payload(i)) or {} for i in range(len(docs))] if carried else []
         guards: dict[str, Any] = {} if mode is None else {"update_mode": mode, "update_filter": only}
         for start in range(0, len(ids), self.upsert_batch):
             stop = start + self.upsert_batch
             chunk = vectors[start:stop].tolist()
             # built without validation: ids and payloads are ours, and local mode and the server both
             # check every vector again, so validating each float here too would only repeat that work
-            batch = models.Batch.model_construct(
+            batch: Any = models.Batch.model_construct(
                 ids=ids[start:stop],
                 vectors=chunk if name is None else {name: chunk},
                 payloads=payloads[start:stop],
             )
+            if carried:  # a point at a time: a carried vector may be absent from some points
+                rows_of = zip(ids[start:stop], chunk, others[start:stop], payloads[start:stop], strict=True)
+                batch = [
+                    models.PointStruct.model_construct(id=i, vector={name or "": v, **more}, payload=p)
+                    for i, v, more, p in rows_of
+                ]
             with _translated():
                 self._client.upsert(target, batch, wait=True, **guards)
 
@@ -244,9 +259,10 @@ class QdrantSink(_AliasMoves):
         whole payload): their hash and fingerprint are derived (`_Bookkeeping`), and they are marked. Only
         their texts are read, one extra request per page that holds any: the tool's points cost no text."""
         name = self._vector_name(target)
+        carried, _ = self._carried_of(target)
         with _translated():
             bookkeeping = _Bookkeeping.of(_reindex_meta(self._client.get_collection(target).config))
-        for points in self._pages(target, name, self.upsert_batch):
+        for points in self._pages(target, name, self.upsert_batch, carried):
             texts = self._texts_of_unhashed(target, points, bookkeeping)
             for point in points:
                 payload = texts.get(str(point.id), point.payload or {})
@@ -254,7 +270,10 @@ class QdrantSink(_AliasMoves):
                 vector = _stored_vector(point, name)
                 derived = "reindex_content_hash" not in payload
                 problem = vector_problem(vector, dim)
-                yield IndexEntry(_document_id(point), digest, fingerprint, problem, application, derived)
+                parts = digests(carried_vectors(point, carried)) if carried else None
+                yield IndexEntry(
+                    _document_id(point), digest, fingerprint, problem, application, derived, parts
+                )
 
     def _texts_of_unhashed(
         self, target: str, points: Sequence[models.Record], bookkeeping: _Bookkeeping
@@ -295,9 +314,12 @@ class QdrantSink(_AliasMoves):
                 self._client.batch_update_points(target, operations, wait=True)
         return len(items)
 
-    def _pages(self, target: str, name: str | None, limit: int) -> Iterator[list[models.Record]]:
-        """Every point with the index keys and its vector, a scroll page at a time."""
+    def _pages(
+        self, target: str, name: str | None, limit: int, carried: Sequence[str] = ()
+    ) -> Iterator[list[models.Record]]:
+        """Every point with the index keys and its vector (and the carried ones), a scroll page at a time."""
         offset: Any = None
+        wanted = [name or "", *carried] if carried else _with_vector(name)
         while True:
             with _translated():
                 points, offset = self._client.scroll(
@@ -305,7 +327,7 @@ class QdrantSink(_AliasMoves):
                     limit=limit,
                     offset=offset,
                     with_payload=INDEX_KEYS,
-                    with_vectors=_with_vector(name),
+                    with_vectors=wanted,
                 )
             yield points
             if offset is None:
@@ -385,6 +407,7 @@ class QdrantSink(_AliasMoves):
                 self._client.delete_collection(target)
         self._vector_names.pop(target, None)
         self._native.pop(target, None)
+        self._carried.pop(target, None)
 
     def close(self) -> None:
         _release(self._lease)
@@ -411,6 +434,7 @@ class QdrantSink(_AliasMoves):
         recorded = meta.get("vector")
         self._vector_names[target] = recorded if recorded in names else next(iter(names), None)
         self._native[target] = meta.get("point_ids") == NATIVE_IDS
+        self._carried[target] = _carried_layout(config, self._vector_names[target])
 
     def _created_at(self, name: str) -> str:
         with _translated():

@@ -1,4 +1,5 @@
-"""QdrantSource: a collection (or an alias) read in point-id order, each point named by its document id."""
+"""QdrantSource: a collection (or an alias) read in point-id order, each point named by its document id, with
+its named vectors other than the one re-embedded (carried.py) beside its payload."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pydantic import Field
 
 from reindex.errors import ConfigError
 from reindex.ports import Record, Sink, SourceSchema
+from reindex_adapters.qdrant.carried import PointPayload, carried_vectors, digests
 from reindex_adapters.qdrant.connection import _acquire, _Connection, _location, _release, _translated
+from reindex_adapters.qdrant.layout import carried_names, source_layout
 from reindex_adapters.qdrant.points import (
     _candidate_points,
     _distance,
@@ -34,6 +37,9 @@ class QdrantSource:
         text_field: str = "page_content"  # dotted path into the payload, e.g. "metadata.text"
         vector_name: str | None = None
         page_size: int = Field(default=256, ge=1)
+        # the other named vectors (sparse ones, other dense ones) go to the target unchanged with every
+        # point; false leaves them behind (a target that cannot hold them: pgvector)
+        carry_vectors: bool = True
 
     def __init__(
         self,
@@ -43,14 +49,17 @@ class QdrantSource:
         text_field: str = "page_content",
         vector_name: str | None = None,
         page_size: int = 256,
+        carry_vectors: bool = True,
     ) -> None:
         self._client = client
         self.collection = collection
         self.text_field = text_field
         self.vector_name = vector_name
         self.page_size = page_size
+        self.carry_vectors = carry_vectors
         self._lease: str | None = None
         self._checked = False
+        self._carried: list[str] | None = None  # the named vectors other than the one re-embedded
         # One process reads it: a collection written to during the run would break a plan of fixed shards
         # (a Qdrant scroll has no key range to read a planned shard by), so the processes engine is not used
         self.shareable = False
@@ -64,6 +73,7 @@ class QdrantSource:
             text_field=config.text_field,
             vector_name=config.vector_name,
             page_size=config.page_size,
+            carry_vectors=config.carry_vectors,
         )
         source._lease = key
         return source
@@ -74,13 +84,19 @@ class QdrantSource:
 
     def schema(self) -> SourceSchema:
         with _translated():
-            vectors = self._client.get_collection(self._require()).config.params.vectors
-        name, params = self._pick_vector(vectors)
+            config = self._client.get_collection(self._require()).config
+        name, params = self._pick_vector(config.params.vectors)
+        layout = source_layout(config, name)
+        if not self.carry_vectors:
+            layout |= {"dense": {}, "sparse": {}}
+        self._carried = carried_names(layout)
         return SourceSchema(
             id_field="id",
             text_field=self.text_field,
             vector_field=name,
             distance=_distance(params, self.collection),
+            layout=layout,
+            carried=tuple(self._carried),
         )
 
     def count(self) -> int | None:
@@ -96,7 +112,7 @@ class QdrantSource:
                     limit=self.page_size,
                     offset=offset,
                     with_payload=True,
-                    with_vectors=False,
+                    with_vectors=self._carried_names() or False,
                 )
             for point in points:
                 if str(point.id) != after:  # scroll's offset is inclusive
@@ -140,7 +156,10 @@ class QdrantSource:
         candidates = {str(p): p for i in wanted for p in _candidate_points(i)}
         with _translated():
             points = self._client.retrieve(
-                self._require(), list(candidates.values()), with_payload=True, with_vectors=False
+                self._require(),
+                list(candidates.values()),
+                with_payload=True,
+                with_vectors=self._carried_names() or False,
             )
         records = (self._record(point) for point in points)
         return (record for record in records if record.id in wanted)
@@ -162,6 +181,7 @@ class QdrantSource:
             text_field=self.text_field,
             vector_name=self.vector_name,
             page_size=self.page_size,
+            carry_vectors=self.carry_vectors,
         )
 
     def close(self) -> None:
@@ -180,16 +200,26 @@ class QdrantSource:
             self._checked = True
         return self.collection
 
+    def _carried_names(self) -> list[str]:
+        if self._carried is None:
+            self.schema()
+        assert self._carried is not None
+        return self._carried
+
     def _record(self, point: models.Record) -> Record:
-        payload = point.payload or {}
+        payload: Mapping[str, Any] = point.payload or {}
+        carried = None
+        if self._carried_names():
+            vectors = carried_vectors(point, self._carried_names())
+            payload, carried = PointPayload(payload, vectors), digests(vectors)
         text = _dotted(payload, self.text_field)
         doc_id = _document_id(point)
         cursor = None if doc_id == str(point.id) else str(point.id)  # scans resume after a point id
         if text is None:
-            return Record(doc_id, "", payload, cursor, defect="missing_text")
+            return Record(doc_id, "", payload, cursor, defect="missing_text", carried=carried)
         if not isinstance(text, str):
-            return Record(doc_id, "", payload, cursor, defect="invalid_text_type")
-        return Record(doc_id, text, payload, cursor)
+            return Record(doc_id, "", payload, cursor, defect="invalid_text_type", carried=carried)
+        return Record(doc_id, text, payload, cursor, carried=carried)
 
     def _pick_vector(self, vectors: Any) -> tuple[str | None, Any]:
         if not isinstance(vectors, Mapping):

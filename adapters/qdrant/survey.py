@@ -1,6 +1,8 @@
 """What `reindex init` sees in a Qdrant collection or alias: payload text fields, vectors, points, alias state.
 
-Documents are keyed by their point id, so only the text field (and a named vector) are chosen here.
+Documents are keyed by their point id, so only the text field (and a named vector) are chosen here. The
+vector to re-embed is the one named on the command line, else the one an earlier migration re-embedded, else
+the only dense one; the others (sparse ones, other dense ones) are carried to the target unchanged.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from reindex.survey import (
     text_lengths,
 )
 from reindex_adapters.qdrant.alias import GUARD_MARK
-from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS
+from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS, _reindex_meta
 from reindex_adapters.qdrant.connection import _acquire, _release, _translated
+from reindex_adapters.qdrant.layout import in_words, source_layout
 from reindex_adapters.qdrant.points import _distance, _vector_params
 from reindex_adapters.qdrant.sink import QdrantSink
 from reindex_adapters.qdrant.source import QdrantSource
@@ -49,8 +52,9 @@ def _survey(client: QdrantClient, name: str, given: Overrides) -> Survey:
     if not alias.is_physical and alias.target is None:
         raise ConfigError(f"Qdrant collection or alias {name!r} not found", hint=_known(client))
     collection = alias.target or name
-    vectors = client.get_collection(collection).config.params.vectors
-    vector, params = _pick_vector(name, vectors, given.vector_field)
+    config = client.get_collection(collection).config
+    recorded = _reindex_meta(config).get("vector") if alias.fingerprint else None
+    vector, params = _pick_vector(name, config.params.vectors, given.vector_field, recorded)
     points, _ = client.scroll(name, limit=SAMPLE_ROWS, with_payload=True, with_vectors=False)
     lengths = text_lengths([_documents_fields(p.payload or {}) for p in points], into_json_strings=True)
     return Survey(
@@ -66,22 +70,44 @@ def _survey(client: QdrantClient, name: str, given: Overrides) -> Survey:
         distance=_distance(params, name),
         alias=None if alias.is_physical else alias,
         text_lengths=lengths,
-        notes=(_alias_note(name, alias.is_physical, alias.target, alias.fingerprint),),
+        notes=(
+            _alias_note(name, alias.is_physical, alias.target, alias.fingerprint),
+            *_carried_note(source_layout(config, vector.field)),
+        ),
     )
 
 
-def _pick_vector(name: str, vectors: Any, given: str | None) -> tuple[Choice, Any]:
+def _pick_vector(name: str, vectors: Any, given: str | None, recorded: Any = None) -> tuple[Choice, Any]:
     """The vector the old embeddings live in (a named one among several) and its size and distance."""
     names = list(vectors) if isinstance(vectors, Mapping) else []
     if not names and given is not None:
         raise ConfigError(f"{name!r} has one unnamed vector", hint="leave out --vector-name")
-    vector = choose_by_name(names, VECTOR_NAMES, given) if names else Choice(None, "unnamed")
+    if not names:
+        vector = Choice(None, "unnamed")
+    elif given is None and recorded in names:
+        others = tuple(n for n in names if n != recorded)
+        vector = Choice(recorded, "the one the alias's model wrote, an earlier migration's", others)
+    else:
+        vector = choose_by_name(names, VECTOR_NAMES, given)
+        if vector.reason == "the first of several":
+            reason = (
+                "the first of several dense vectors; nothing tells which one the new model replaces: check"
+            )
+            vector = Choice(vector.field, reason, vector.others)
     params = _vector_params(vectors, vector.field)
     if params is None:
         raise ConfigError(
             f"{name!r} has no vector named {vector.field!r}", hint=f"vectors: {', '.join(names)}"
         )
     return vector, params
+
+
+def _carried_note(layout: Mapping[str, Any]) -> tuple[str, ...]:
+    carried = {**layout["dense"], **layout["sparse"]}
+    if not carried:
+        return ()
+    listed = ", ".join(f"{n!r} ({in_words(p)})" for n, p in sorted(carried.items()))
+    return (f"carried to the target unchanged with every point, as the source holds them: {listed}",)
 
 
 def _documents_fields(payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -130,9 +131,11 @@ def test_llamaindex_collection_keeps_its_named_vector_and_node_payload() -> None
     client = QdrantClient(":memory:")
     ids = llamaindex_collection(client, "li_v1")
     source = QdrantSource(client, collection="li_v1", text_field="_node_content.text")
-    assert source.schema() == SourceSchema(
+    schema = source.schema()
+    assert replace(schema, layout={}) == SourceSchema(
         "id", "_node_content.text", vector_field="text-dense", distance="dot"
     )
+    assert schema.layout["vector"] == {"size": 4, "distance": "Dot"} and not schema.layout["sparse"]
     spec = migrate(source, QdrantSink(client), "nodes", dim=6)
 
     vectors = client.get_collection(spec.name).config.params.vectors

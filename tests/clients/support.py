@@ -24,6 +24,22 @@ class Hashed(Embeddings):
         return self.embed_documents([text])[0]
 
 
+class Tiny(Embeddings):
+    """The new model as the application loads it: sentence-transformers, normalised, as init configures."""
+
+    def __init__(self, path: Path) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(str(path))
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        vectors: list[list[float]] = self.model.encode(texts, normalize_embeddings=True).tolist()
+        return vectors
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
 def aliased_collection(storage: Path, collection: str, alias: str, dim: int) -> None:
     """An empty collection in local storage with `alias` over it (Qdrant puts none there by itself)."""
     client = QdrantClient(path=str(storage))

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from reindex.config import load
 from reindex.ui.cli import app
-from tests.clients.support import Hashed, aliased_collection
+from tests.clients.support import Hashed, Tiny, aliased_collection
 
 runner = CliRunner()
 OLD_DIM = 16
@@ -45,22 +45,6 @@ def uid(n: int) -> str:
 
 def text(n: int) -> str:
     return f"note {n} about topic {n % 7}"
-
-
-class Tiny(Embeddings):
-    """The new model as the application loads it: sentence-transformers, normalised, as init configures."""
-
-    def __init__(self, path: Path) -> None:
-        from sentence_transformers import SentenceTransformer
-
-        self.model = SentenceTransformer(str(path))
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        vectors: list[list[float]] = self.model.encode(texts, normalize_embeddings=True).tolist()
-        return vectors
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
 
 
 class LlamaTiny(BaseEmbedding):
