@@ -31,8 +31,12 @@ EMBEDDERS: dict[str, str] = {
     "openai-batch": "reindex_adapters.openai:OpenAIBatchEmbedder",
     "azure-openai": "reindex_adapters.openai.azure:AzureOpenAIEmbedder",
     "bedrock-batch": "reindex_adapters.bedrock:BedrockBatchEmbedder",
+    "cohere": "reindex_adapters.cohere:CohereEmbedder",
+    "cohere-batch": "reindex_adapters.cohere:CohereBatchEmbedder",
     "gemini-batch": "reindex_adapters.gemini:GeminiBatchEmbedder",
     "mistral-batch": "reindex_adapters.mistral:MistralBatchEmbedder",
+    "voyage": "reindex_adapters.voyage:VoyageEmbedder",
+    "voyage-batch": "reindex_adapters.voyage:VoyageBatchEmbedder",
     "vllm": "reindex_adapters.vllm:VllmEmbedder",
 }
 SINKS: dict[str, str] = {
@@ -46,9 +50,17 @@ SURVEYS: dict[str, str] = {
     "jsonl": "reindex_adapters.files.survey:survey_jsonl",
     "parquet": "reindex_adapters.files.survey:survey_parquet",
 }
-PROVIDER_PRICES = (
-    "reindex_adapters.openai:PRICES"  # models with a list price: `reindex init` gives them the openai kind
-)
+# embedder kind -> the models it takes (a provider's price table, or its list of models): a model `reindex init`
+# is given without --embedder gets the first kind whose table names it (reindex/init/embedders.py)
+PROVIDER_PRICES: dict[str, str] = {
+    "openai": "reindex_adapters.openai:PRICES",
+    "gemini-batch": "reindex_adapters.gemini.batch:PRICES",
+    "mistral-batch": "reindex_adapters.mistral:PRICES",
+    "bedrock-batch": "reindex_adapters.bedrock.embedder:PRICES",
+    "voyage-batch": "reindex_adapters.voyage.models:PRICES",
+    "cohere-batch": "reindex_adapters.cohere.client:BATCH_MODELS",  # Embed Jobs take only the v3.0 models
+    "cohere": "reindex_adapters.cohere.client:MODELS",
+}
 LEDGERS: dict[str, str] = {
     "postgres": "reindex_adapters.postgres.ledger:PostgresLedger",
 }
@@ -144,10 +156,13 @@ def resolve_survey(kind: str) -> Any:
     return getattr(importlib.import_module(module_name), name)
 
 
-def provider_models() -> list[str]:
-    """Model names a provider sells (configs/pricing.toml, mirrored in the openai adapter)."""
-    module_name, _, name = PROVIDER_PRICES.partition(":")
-    return sorted(getattr(importlib.import_module(module_name), name))
+def provider_kind(model: str) -> str | None:
+    """The embedder kind whose provider sells `model` (configs/pricing.toml, mirrored in each adapter)."""
+    for kind, table in PROVIDER_PRICES.items():
+        module_name, _, name = table.partition(":")
+        if model in getattr(importlib.import_module(module_name), name):
+            return kind
+    return None
 
 
 def resolve_ledger(kind: str) -> Any:

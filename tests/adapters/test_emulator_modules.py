@@ -62,3 +62,17 @@ def test_the_bedrock_emulator_runs_as_a_module_with_its_s3(stop: list[subprocess
         "bedrock", endpoint_url=url, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
     )
     assert bedrock.list_model_invocation_jobs()["invocationJobSummaries"] == []
+
+
+def test_the_cohere_emulator_runs_as_a_module(stop: list[subprocess.Popen[str]]) -> None:
+    import cohere
+
+    process, url = serve("cohere", "--dim", "8")
+    stop.append(process)
+    client = cohere.ClientV2(api_key="test", base_url=url, max_retries=0)
+    assert client.embed_jobs.list().embed_jobs == []
+    assert (
+        client.embed(texts=["a"], model="embed-v4.0", input_type="search_document").embeddings.float_
+        is not None
+    )
+    client._client_wrapper.httpx_client.httpx_client.close()

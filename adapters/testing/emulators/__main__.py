@@ -1,4 +1,4 @@
-"""`python -m reindex_adapters.testing.emulators mistral|gemini|bedrock [--port N] [--model hash] [--dim D]`:
+"""`python -m reindex_adapters.testing.emulators mistral|gemini|bedrock|voyage|cohere [--port N] [--model hash] [--dim D]`:
 serve one provider's emulator for a dry run until interrupted; the first line printed names its URL.
 (The OpenAI emulator has its own: `python -m reindex_adapters.testing.emulators.openai`.)"""
 
@@ -11,7 +11,8 @@ from typing import Any
 
 from reindex.ports import Embedder
 
-DIMS = {"mistral": 1024, "gemini": 3072, "bedrock": 1024}  # each provider's default embedding width
+# each provider's default embedding width
+DIMS = {"mistral": 1024, "gemini": 3072, "bedrock": 1024, "voyage": 1024, "cohere": 1024}
 
 
 def _embedder(model: str, dim: int) -> Embedder:
@@ -35,6 +36,14 @@ def _emulator(provider: str, embedder: Embedder, port: int, buckets: tuple[str, 
         from reindex_adapters.testing.emulators.gemini.app import GeminiEmulator
 
         return GeminiEmulator(embedder, port=port), "base_url"
+    if provider == "cohere":
+        from reindex_adapters.testing.emulators.cohere import CohereEmulator
+
+        return CohereEmulator(embedder, port=port), "base_url"
+    if provider == "voyage":
+        from reindex_adapters.testing.emulators.voyage import VoyageEmulator
+
+        return VoyageEmulator(embedder, port=port), "base_url"
     from reindex_adapters.testing.emulators.bedrock import BedrockEmulator
 
     return BedrockEmulator(embedder, buckets=buckets), "url"
@@ -43,7 +52,9 @@ def _emulator(provider: str, embedder: Embedder, port: int, buckets: tuple[str, 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m reindex_adapters.testing.emulators", description=__doc__)
     parser.add_argument("provider", choices=sorted(DIMS))
-    parser.add_argument("--port", type=int, default=0, help="0: a free port (mistral, gemini)")
+    parser.add_argument(
+        "--port", type=int, default=0, help="0: a free port (mistral, gemini, voyage, cohere)"
+    )
     parser.add_argument("--model", default="hash", help='a sentence-transformers model path, or "hash"')
     parser.add_argument("--dim", type=int, default=None, help="vector size of the hash model")
     parser.add_argument("--bucket", action="append", default=[], help="bedrock: an S3 bucket to create")
