@@ -17,6 +17,10 @@ import pytest
 
 from reindex import registry
 
+# One worker builds the wheel and its virtual environment once for the module (under -n, each worker that
+# runs a test of it would build its own: 30 s each).
+pytestmark = pytest.mark.xdist_group("wheel")
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"reindex": "reindex", "reindex_adapters": "adapters"}  # import name -> folder in the tree
 
@@ -39,7 +43,7 @@ def registered_modules() -> set[str]:
     """Every module the registry names: kinds (built-in and entry points), surveys, ledgers, engines, probes."""
     values = [value for role in ("source", "embedder", "target") for value in registry.kinds(role).values()]
     values += [*registry.SURVEYS.values(), *registry.LEDGERS.values(), *registry.ENGINES.values()]
-    values += [registry.BACKENDS_PROBE, registry.PROVIDER_PRICES]
+    values += [registry.BACKENDS_PROBE, *registry.PROVIDER_PRICES.values()]
     return {value.partition(":")[0] for value in values}
 
 
@@ -109,7 +113,7 @@ def test_the_installed_wheel_resolves_every_kind_whose_extra_it_has(installed: P
         "from reindex import registry\n"
         "values = [v for r in ('source', 'embedder', 'target') for v in registry.kinds(r).values()]\n"
         "values += [*registry.SURVEYS.values(), *registry.LEDGERS.values(), *registry.ENGINES.values()]\n"
-        "values += [registry.BACKENDS_PROBE, registry.PROVIDER_PRICES]\n"
+        "values += [registry.BACKENDS_PROBE, *registry.PROVIDER_PRICES.values()]\n"
         "failed = {}\n"
         "for value in values:\n"
         "    module, _, name = value.partition(':')\n"

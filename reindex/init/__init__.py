@@ -2,6 +2,7 @@
 
     options ──► [source] ──survey (adapters/*_survey.py)──► id, text, old vectors, size, alias state
             ──► proposal: alias, [target] (the source's backend and connection by default), [embedder]
+                (every kind the tool runs: embedders.py)
             ──► config_text: commented TOML, validated as `load` reads it, written only where no file is
 
 Secrets go in as environment-variable names: a value is read to look at the source, never written.
@@ -18,7 +19,7 @@ from typing import Any
 from reindex import config as config_module
 from reindex import registry
 from reindex.errors import ConfigError
-from reindex.init import proposal
+from reindex.init import embedders, proposal
 from reindex.init.request import InitRequest as InitRequest
 from reindex.init.text import render, values
 from reindex.survey import Survey
@@ -73,7 +74,7 @@ def init(path: Path, request: InitRequest) -> InitReport:
     alias = request.alias or proposal.default_alias(survey)
     sections = {
         "source": proposal.source_entries(source, survey),
-        "embedder": proposal.embedder_entries(request),
+        "embedder": embedders.entries(request),
         "target": proposal.target_entries(request, source, alias),
         "run": proposal.run_entries(alias),
     }
@@ -81,7 +82,12 @@ def init(path: Path, request: InitRequest) -> InitReport:
     config_module.parse(text, path)  # exactly what `reindex plan -c` will load: never write anything else
     _write_new(path, text)
     written = {name: values(entries) for name, entries in sections.items()}
-    return InitReport(path, survey, alias, written, (*survey.notes, *_unset_variables(written)))
+    placeholders = [
+        f"[embedder] {key} is a placeholder: set it before `reindex run`"
+        for key in embedders.placeholders(sections["embedder"])
+    ]
+    notes = (*survey.notes, *placeholders, *_unset_variables(written))
+    return InitReport(path, survey, alias, written, notes)
 
 
 def _unset_variables(sections: dict[str, dict[str, Any]]) -> list[str]:

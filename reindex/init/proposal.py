@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from reindex import registry
 from reindex.errors import ConfigError
 from reindex.init.text import Entry
 from reindex.survey import UNITS, Choice, Survey, quoted
@@ -20,7 +19,6 @@ from reindex.survey import UNITS, Choice, Survey, quoted
 if TYPE_CHECKING:
     from reindex.init.request import InitRequest
 
-EMBEDDER_KINDS = ("sentence-transformers", "vllm", "openai", "openai-batch")
 TARGET_KINDS = ("pgvector", "qdrant")
 _SAME_BACKEND = {"postgres": "pgvector", "qdrant": "qdrant"}  # the default target of a source kind
 _FILE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
@@ -133,53 +131,7 @@ def _file_kind(path: Path) -> str:
     return kind
 
 
-# [embedder], [target], [run] ----------------------------------------------------------------------------
-
-
-def embedder_entries(request: InitRequest) -> list[Entry]:
-    """The model's kind: a provider's model name means its OpenAI-compatible API; anything else is local."""
-    is_provider = request.model in registry.provider_models()
-    kind = request.embedder or ("openai" if is_provider else "sentence-transformers")
-    if kind not in EMBEDDER_KINDS:
-        raise ConfigError(
-            f"--embedder {kind!r} is not a kind init writes", hint=f"one of: {', '.join(EMBEDDER_KINDS)}"
-        )
-    if kind.startswith("openai"):
-        return _provider_entries(kind, request.model, request.api_key_env or "OPENAI_API_KEY")
-    if request.api_key_env is not None:
-        raise ConfigError(f"--api-key-env is for the openai kinds, not {kind}", hint="leave it out")
-    local = [
-        Entry("kind", kind, "or vllm on GPUs" if kind == "sentence-transformers" else ""),
-        Entry("model", request.model, "a model name or a local path"),
-        Entry("normalize", True),
-        Entry(
-            "prompt",
-            "passage: ",
-            "a prefix some models expect (e5, bge); part of the fingerprint",
-            is_example=True,
-        ),
-        Entry("max_tokens", 256, "default: the model's limit", is_example=True),
-    ]
-    if kind == "sentence-transformers":
-        local.append(
-            Entry(
-                "precision", "fp32", "bf16 / fp16 change the vectors, and so the fingerprint", is_example=True
-            )
-        )
-    return local
-
-
-def _provider_entries(kind: str, model: str, api_key_env: str) -> list[Entry]:
-    other = (
-        "or openai-batch: the Batch API at about half the price" if kind == "openai" else "or openai: online"
-    )
-    return [
-        Entry("kind", kind, other),
-        Entry("model", model),
-        Entry("api_key_env", api_key_env, "the key is read from this variable, never written here"),
-        Entry("base_url", "http://127.0.0.1:8089/v1", "any OpenAI-compatible endpoint", is_example=True),
-        Entry("dimensions", 512, "text-embedding-3 shortening (part of the fingerprint)", is_example=True),
-    ]
+# [target], [run] ([embedder]: embedders.py) ----------------------------------------------------------------------------
 
 
 def target_entries(request: InitRequest, source: dict[str, Any], alias: str) -> list[Entry]:

@@ -22,6 +22,7 @@ class Entry:
     comment: str = ""
     above: tuple[str, ...] = ()  # whole comment lines before the key: alternatives, caveats
     is_example: bool = False  # written commented out: an option worth knowing, not set
+    fill_in: bool = False  # a placeholder the user must replace (an Azure resource, a Bedrock role)
 
 
 def values(entries: Sequence[Entry]) -> dict[str, str | int | bool]:

@@ -399,12 +399,14 @@ def init_config(
     embedder: Annotated[
         str | None,
         typer.Option(
-            help="sentence-transformers, vllm, openai or openai-batch (default: from --model)",
+            help="any embedder kind the tool runs, e.g. openai-batch, voyage-batch, bedrock-batch"
+            " (default: from --model)",
             rich_help_panel="Embedder",
         ),
     ] = None,
     api_key_env: Annotated[
-        str | None, typer.Option(help="openai kinds (default OPENAI_API_KEY)", rich_help_panel="Embedder")
+        str | None,
+        typer.Option(help="provider kinds (default: the provider's usual name)", rich_help_panel="Embedder"),
     ] = None,
     id_column: Annotated[
         str | None,

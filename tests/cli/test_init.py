@@ -337,3 +337,84 @@ def test_a_missing_environment_variable_is_named(monkeypatch: pytest.MonkeyPatch
     error = json.loads(stdout)["error"]
     assert code == 2 and error["code"] == 2 and "REINDEX_NOWHERE is not set" in error["message"]
     assert not Path("docs.toml").exists()
+
+
+# a model each kind takes; the local kinds any name (init does not load it)
+EMBEDDER_MODELS = {
+    "sentence-transformers": "sentence-transformers/all-MiniLM-L6-v2",
+    "vllm": "BAAI/bge-m3",
+    "openai": "text-embedding-3-small",
+    "openai-batch": "text-embedding-3-large",
+    "azure-openai": "text-embedding-3-small",
+    "gemini-batch": "gemini-embedding-001",
+    "mistral-batch": "mistral-embed",
+    "bedrock-batch": "amazon.titan-embed-text-v2:0",
+    "voyage-batch": "voyage-3.5",
+    "voyage": "voyage-3.5-lite",
+    "cohere-batch": "embed-english-v3.0",
+    "cohere": "embed-v4.0",
+}
+
+
+def test_init_offers_every_embedder_kind_the_tool_runs() -> None:
+    """No built-in kind is left out of `init --embedder` (a kind added later must be added here too)."""
+    from reindex import registry
+    from reindex.init.embedders import WRITERS
+
+    assert set(WRITERS) == set(registry.EMBEDDERS) == set(EMBEDDER_MODELS)
+
+
+@pytest.mark.parametrize("kind", sorted(EMBEDDER_MODELS))
+def test_every_embedder_kind_is_written_with_its_required_keys_and_validates(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reindex import registry
+
+    write_export(Path("export.jsonl"))
+    code, stdout, stderr = invoke(
+        "init", f"{kind}.toml", "--file", "export.jsonl", "--model", EMBEDDER_MODELS[kind], "--embedder", kind,
+        "--target", "qdrant", "--target-path", "store", "--json",
+    )  # fmt: skip
+    assert code == 0, stdout + stderr
+    report = json.loads(stdout)
+    section = load(Path(f"{kind}.toml")).embedder
+    assert section["kind"] == kind and section["model"] == EMBEDDER_MODELS[kind]
+    adapter = registry.resolve("embedder", kind)
+    registry.validate("embedder", adapter.Config, section)  # every required key is there, none unknown
+    required = {name for name, f in adapter.Config.model_fields.items() if f.is_required()}
+    assert required <= set(section)
+    if kind in ("azure-openai", "bedrock-batch"):  # values init cannot know are named as placeholders
+        assert any("is a placeholder: set it before `reindex run`" in note for note in report["notes"])
+    text = Path(f"{kind}.toml").read_text()
+    if "api_key_env" in section:
+        assert section["api_key_env"].endswith("API_KEY") and "never written here" in text
+
+
+@pytest.mark.parametrize(
+    ("model", "kind"),
+    [
+        ("mistral-embed", "mistral-batch"),
+        ("voyage-3.5", "voyage-batch"),
+        ("embed-english-v3.0", "cohere-batch"),
+        ("embed-v4.0", "cohere"),  # Embed Jobs do not take it: the online kind
+        ("all-MiniLM-L6-v2", "sentence-transformers"),
+    ],
+)
+def test_a_model_a_provider_sells_gets_that_providers_kind(model: str, kind: str) -> None:
+    write_export(Path("export.jsonl"))
+    code, _, stderr = invoke(
+        "init", "m.toml", "--file", "export.jsonl", "--model", model, "--target", "qdrant", "--target-path", "s",
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert load(Path("m.toml")).embedder["kind"] == kind
+
+
+def test_an_unknown_embedder_kind_and_a_key_for_bedrock_are_refused() -> None:
+    write_export(Path("export.jsonl"))
+    args = ("--file", "export.jsonl", "--target", "qdrant", "--target-path", "s")
+    code, _, stderr = invoke("init", "a.toml", *args, "--model", "m", "--embedder", "bert")
+    assert code == 2 and "not a kind the tool runs" in stderr and "voyage-batch" in stderr
+    code, _, stderr = invoke(
+        "init", "b.toml", *args, "--model", "amazon.titan-embed-text-v2:0", "--api-key-env", "AWS_KEY"
+    )
+    assert code == 2 and "boto3" in stderr
