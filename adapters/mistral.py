@@ -27,7 +27,7 @@ from reindex_adapters.remote.decoding import line_vectors
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, retry_after
 from reindex_adapters.remote.jobs import create_once
 from reindex_adapters.remote.keys import api_key, redact
-from reindex_adapters.remote.lines import collect_lines, json_line
+from reindex_adapters.remote.lines import billed_tokens, collect_lines, json_line
 from reindex_adapters.remote.pacing import Paced, Pacer
 from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
@@ -146,7 +146,7 @@ class MistralBatchEmbedder:
         missing = "output_deleted" if is_deleted else UNANSWERED.get(str(job.status))
         lines = {custom_id: [custom_id] for custom_id in estimates}
         vectors, failed = collect_lines(lines, [output, errors], DIM, missing=missing, read=read_line)
-        billed = billed_tokens(output)
+        billed = billed_tokens(output, "prompt_tokens")
         if is_deleted:  # billed, but the usage went with the file: charge the estimate, on the high side
             lost = sorted((estimates[c] for c, code in failed.items() if code == missing), reverse=True)
             billed += sum(lost[: max(0, job.succeeded_requests - len(vectors))])
@@ -261,22 +261,6 @@ def refusal_code(status: int, body: Any) -> str:
     if kind and code:
         return f"{kind}:{code}"
     return str(kind or code or f"http_{status}")
-
-
-def billed_tokens(output: bytes | None) -> int:
-    """`usage.prompt_tokens` of each answered line, once per custom_id (a duplicated line bills once)."""
-    billed: dict[str, int] = {}
-    for raw in (output or b"").splitlines():
-        line = json_line(raw) or {}
-        response = line.get("response")
-        body = response.get("body") if isinstance(response, dict) else None
-        usage = body.get("usage") if isinstance(body, dict) else None
-        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-            billed[str(line.get("custom_id"))] = usage["prompt_tokens"]
-    return sum(billed.values())
-
-
-# the SDK --------------------------------------------------------------------------------------------------
 
 
 class Api:

@@ -4,7 +4,7 @@ identity (dim and fingerprint), shared by the `openai`, `openai-batch` and `azur
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, TypeVar
 
@@ -16,6 +16,7 @@ from reindex.ports import EmbedderInfo
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected, retry_after
 from reindex_adapters.remote.keys import api_key, redact
 from reindex_adapters.remote.pacing import Paced, Pacer
+from reindex_adapters.remote.tokens import request_groups as request_groups  # openai.batch and .online use it
 
 if TYPE_CHECKING:
     from openai import APIStatusError, OpenAI
@@ -50,19 +51,6 @@ def prices_for(model: str, overrides: Mapping[str, float] | None) -> dict[str, f
     return {
         tier: price_per_million(model, batch=tier == "batch", overrides=table) for tier in ("online", "batch")
     }
-
-
-def request_groups(counts: Sequence[int], max_inputs: int, max_tokens: int) -> list[list[int]]:
-    """Consecutive rows packed into requests of at most `max_inputs` inputs and `max_tokens` tokens."""
-    groups: list[list[int]] = []
-    tokens = 0
-    for row, count in enumerate(counts):
-        if not groups or len(groups[-1]) >= max_inputs or tokens + count > max_tokens:
-            groups.append([])
-            tokens = 0
-        groups[-1].append(row)
-        tokens += count
-    return groups
 
 
 def resolve_dim(model: str, dimensions: int | None, dim: int | None) -> int:

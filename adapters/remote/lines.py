@@ -87,3 +87,17 @@ def _refusal_code(response: Mapping[str, Any]) -> str:
     detail = body.get("error") if isinstance(body, dict) else None
     detail = detail if isinstance(detail, dict) else {}
     return str(detail.get("code") or detail.get("type") or f"http_{status}")
+
+
+def billed_tokens(output: bytes | None, field: str) -> int:
+    """The usage `field` (`prompt_tokens`, `total_tokens`) of each answered line of an output file, once per
+    custom_id (a duplicated line bills once)."""
+    billed: dict[str, int] = {}
+    for raw in (output or b"").splitlines():
+        line = json_line(raw) or {}
+        response = line.get("response")
+        body = response.get("body") if isinstance(response, dict) else None
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if isinstance(usage, dict) and isinstance(usage.get(field), int):
+            billed[str(line.get("custom_id"))] = usage[field]
+    return sum(billed.values())

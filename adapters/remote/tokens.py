@@ -78,3 +78,16 @@ def _truncate(codec: tiktoken.Encoding, ids: list[int], limit: int) -> tuple[str
         if count <= limit:
             return text, count
     return "", 0
+
+
+def request_groups(counts: Sequence[int], max_inputs: int, max_tokens: int) -> list[list[int]]:
+    """Consecutive rows packed into requests of at most `max_inputs` inputs and `max_tokens` tokens."""
+    groups: list[list[int]] = []
+    tokens = 0
+    for row, count in enumerate(counts):
+        if not groups or len(groups[-1]) >= max_inputs or tokens + count > max_tokens:
+            groups.append([])
+            tokens = 0
+        groups[-1].append(row)
+        tokens += count
+    return groups

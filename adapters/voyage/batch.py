@@ -23,10 +23,10 @@ from reindex.errors import BackendError, ConfigError, TransientError
 from reindex.ports import JobItem, JobResult, Tokens
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound
 from reindex_adapters.remote.jobs import create_once
-from reindex_adapters.remote.lines import collect_lines
+from reindex_adapters.remote.lines import billed_tokens, collect_lines
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.voyage.client import VoyageApi
-from reindex_adapters.voyage.lines import billed_tokens, input_file, input_lines, read_line
+from reindex_adapters.voyage.lines import input_file, input_lines, read_line
 from reindex_adapters.voyage.models import MODELS, VoyageSettings, identity, prices_for, request_params
 from reindex_adapters.voyage.online import VoyageEmbedder
 from reindex_adapters.voyage.tokens import TokenCounter
@@ -136,7 +136,7 @@ class VoyageBatchEmbedder:
         vectors, failed = collect_lines(
             lines, [output, errors_file], self.info.dim, missing=missing, read=read_line
         )
-        billed = billed_tokens(output)
+        billed = billed_tokens(output, "total_tokens")
         if is_deleted:  # billed, but the usage went with the file: charge the estimates, the largest first
             lost = sorted((estimates[c] for c, code in failed.items() if code == missing), reverse=True)
             done = int((batch.get("request_counts") or {}).get("completed") or 0)

@@ -65,19 +65,6 @@ def read_line(line: Mapping[str, Any], size: int, dim: int) -> list[Vectors] | s
     return refusal_code(status, _message(response))
 
 
-def billed_tokens(output: bytes | None) -> int:
-    """`usage.total_tokens` of each answered line, once per custom_id (a duplicated line bills once)."""
-    billed: dict[str, int] = {}
-    for raw in (output or b"").splitlines():
-        line = json_line(raw) or {}
-        response = line.get("response")
-        body = response.get("body") if isinstance(response, dict) else None
-        usage = body.get("usage") if isinstance(body, dict) else None
-        if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
-            billed[str(line.get("custom_id"))] = usage["total_tokens"]
-    return sum(billed.values())
-
-
 def _message(response: Mapping[str, Any]) -> str:
     """The refusal's words: `response.message`, else the body's `detail` (the API's own error shape)."""
     body = response.get("body")

@@ -20,6 +20,7 @@ from reindex.errors import BackendError
 from reindex.ports import JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.remote.errors import ProviderRejected
 from reindex_adapters.remote.pacing import Pacer
+from reindex_adapters.remote.tokens import request_groups
 from reindex_adapters.voyage.client import VoyageApi
 from reindex_adapters.voyage.models import (
     MAX_INPUTS,
@@ -163,19 +164,6 @@ class VoyageEmbedder:
         with self._billing:
             self.billed_tokens += billed
         return vectors, billed
-
-
-def request_groups(counts: Sequence[int], max_inputs: int, max_tokens: int) -> list[list[int]]:
-    """Consecutive rows packed into requests of at most `max_inputs` inputs and `max_tokens` tokens."""
-    groups: list[list[int]] = []
-    tokens = 0
-    for row, count in enumerate(counts):
-        if not groups or len(groups[-1]) >= max_inputs or tokens + count > max_tokens:
-            groups.append([])
-            tokens = 0
-        groups[-1].append(row)
-        tokens += count
-    return groups
 
 
 def _billed(answer: tuple[Vectors, int]) -> int:
