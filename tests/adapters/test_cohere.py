@@ -20,20 +20,19 @@ from reindex.config import RouteConfig, RunConfig
 from reindex.errors import ConfigError, MissingDependency, TransientError
 from reindex.plan import routing
 from reindex.plan.estimate import PlanReport
-from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
+from reindex.ports import DeferredEmbedder, JobResult, Vectors
 from reindex_adapters.cohere import PRICES, PRICES_TAKEN, CohereBatchEmbedder, CohereEmbedder, datasets
 from reindex_adapters.cohere.batch import row_vector
 from reindex_adapters.cohere.client import Api
 from reindex_adapters.remote.pacing import Pacer
-from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.cohere import CohereEmulator
 from reindex_adapters.testing.emulators.cohere import state as emulator_state
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.memory import HashEmbedder
+from tests.adapters.support import TEXTS, finish, jobs, tokens
 
 SECRET = "cohere-test-0123456789abcdefSECRET"
 KEY_ENV = "REINDEX_TEST_COHERE_KEY"
-TEXTS = ["the quick brown fox", "jumps over", "the lazy dog", "hello world", "naïve café ☕", "one more"]
 HASHER = HashEmbedder(dim=1024)
 Serve = Callable[..., tuple[CohereEmulator, cohere.ClientV2]]
 
@@ -60,20 +59,8 @@ def batcher(client: cohere.ClientV2, **options: Any) -> CohereBatchEmbedder:
     return CohereBatchEmbedder(client, config, pacer=Pacer(backoff_s=0.02))
 
 
-def jobs(embedder: CohereBatchEmbedder, texts: list[str]) -> list[JobItem]:
-    return [JobItem(f"doc-{i}", tokens) for i, tokens in enumerate(embedder.tokenize(texts))]
-
-
 def expected(texts: list[str]) -> Vectors:
     return HASHER.embed(HASHER.tokenize(texts))
-
-
-def finish(embedder: CohereBatchEmbedder, job_id: str) -> JobResult:
-    for _ in range(10):
-        result = embedder.poll(job_id)
-        if result.is_terminal:
-            return result
-    raise AssertionError(f"job {job_id} never finished")
 
 
 def run(embedder: CohereBatchEmbedder, key: str, texts: list[str]) -> JobResult:
@@ -83,10 +70,6 @@ def run(embedder: CohereBatchEmbedder, key: str, texts: list[str]) -> JobResult:
 def last_job(emulator: CohereEmulator) -> dict[str, Any]:
     """The wire object of the job created last (submit gives "dataset:<id>" until poll creates the job)."""
     return emulator.job(emulator.stats()["batches"][-1]["id"])
-
-
-def tokens(texts: list[str]) -> int:
-    return sum(len(cl100k().encode_ordinary(text)) for text in texts)
 
 
 def test_a_job_returns_the_models_vector_per_custom_id_and_bills_from_its_meta(serve: Serve) -> None:

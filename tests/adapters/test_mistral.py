@@ -16,18 +16,17 @@ from mistralai.client import Mistral
 from mistralai.client.errors import SDKError
 
 from reindex.errors import ConfigError, MissingDependency, TransientError
-from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
+from reindex.ports import DeferredEmbedder, Vectors
 from reindex.registry import build
 from reindex_adapters.mistral import DIM, PRICES, PRICES_TAKEN, MistralBatchEmbedder, read_line
 from reindex_adapters.remote.pacing import Pacer
-from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators import mistral as mistral_emulator
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.mistral import MistralEmulator
 from reindex_adapters.testing.memory import HashEmbedder
+from tests.adapters.support import TEXTS, finish, jobs, tokens
 
 SECRET = "mistral-test-0123456789abcdefSECRET"
-TEXTS = ["the quick brown fox", "jumps over", "the lazy dog", "hello world", "naïve café ☕", "one more"]
 Serve = Callable[..., tuple[MistralEmulator, Mistral]]
 
 
@@ -56,24 +55,8 @@ def batcher(client: Mistral, **options: Any) -> MistralBatchEmbedder:
     return MistralBatchEmbedder(client, **options)
 
 
-def jobs(embedder: MistralBatchEmbedder, texts: list[str]) -> list[JobItem]:
-    return [JobItem(f"doc-{i}", tokens) for i, tokens in enumerate(embedder.tokenize(texts))]
-
-
 def expected(hasher: HashEmbedder, texts: list[str]) -> Vectors:
     return hasher.embed(hasher.tokenize(texts))
-
-
-def finish(embedder: MistralBatchEmbedder, job_id: str) -> JobResult:
-    for _ in range(10):
-        result = embedder.poll(job_id)
-        if result.is_terminal:
-            return result
-    raise AssertionError(f"job {job_id} never finished")
-
-
-def tokens(texts: list[str]) -> int:
-    return sum(len(cl100k().encode_ordinary(text)) for text in texts)
 
 
 def test_a_job_returns_the_models_vector_per_custom_id_and_bills_from_usage(

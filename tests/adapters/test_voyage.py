@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from reindex.errors import ConfigError, MissingDependency, TransientError
-from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
+from reindex.ports import DeferredEmbedder, Vectors
 from reindex.registry import build
 from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
@@ -24,11 +24,11 @@ from reindex_adapters.testing.emulators.voyage import PROMPTS, REFUSED, VoyageEm
 from reindex_adapters.testing.memory import HashEmbedder
 from reindex_adapters.voyage import PRICES, PRICES_TAKEN, VoyageBatchEmbedder, VoyageEmbedder
 from reindex_adapters.voyage.lines import read_line
+from tests.adapters.support import TEXTS, finish, jobs, tokens
 
 SECRET = "pa-voyage-test-0123456789abcdefSECRET"
 KEY_ENV = "REINDEX_TEST_VOYAGE_KEY"
 DIM = 256  # output_dimension: small vectors keep the files small
-TEXTS = ["the quick brown fox", "jumps over", "the lazy dog", "hello world", "naïve café ☕", "one more"]
 Serve = Callable[..., VoyageEmulator]
 
 
@@ -74,26 +74,9 @@ def online(emulator: VoyageEmulator, **options: Any) -> VoyageEmbedder:
     return embedder
 
 
-def jobs(embedder: VoyageBatchEmbedder, texts: list[str]) -> list[JobItem]:
-    return [JobItem(f"doc-{i}", tokens) for i, tokens in enumerate(embedder.tokenize(texts))]
-
-
 def expected(hasher: HashEmbedder, texts: list[str], input_type: str = "document") -> Vectors:
     """The model's vectors of the texts behind Voyage's prompt for `input_type`."""
     return hasher.embed(hasher.tokenize([PROMPTS[input_type] + text for text in texts]))
-
-
-def finish(embedder: VoyageBatchEmbedder, job_id: str) -> JobResult:
-    for _ in range(10):
-        result = embedder.poll(job_id)
-        if result.is_terminal:
-            return result
-    raise AssertionError(f"batch {job_id} never finished")
-
-
-def tokens(texts: list[str]) -> int:
-    """What the emulator bills: the exact cl100k_base count (it stands in for Voyage's tokenizer)."""
-    return sum(len(cl100k().encode_ordinary(text)) for text in texts)
 
 
 def test_a_batch_returns_the_models_vector_per_custom_id_and_bills_from_usage(

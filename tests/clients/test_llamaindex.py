@@ -208,7 +208,7 @@ def test_llamaindex_pgvector_reads_through_the_alias_before_and_after_cutover(
     assert top(new, NEW_DIM, "note 7 about topic 0") == 7
     assert top(new, NEW_DIM, "note 45 about topic 3") == 45
     assert top(new, NEW_DIM, "note 119 about topic 0") == 119
-    with pytest.raises(Exception, match=r"different vector dimensions (16 and 24|24 and 16)"):  # the old model
+    with pytest.raises(Exception, match=r"different vector dimensions (16 and 24|24 and 16)"):
         top(pg_store(engines, OLD_DIM), OLD_DIM, "note 7 about topic 0")
     report = invoke("verify", "-c", str(config), "--sample", "40")
     assert report["complete"] and report["target_vectors"] == 120 and report["stale"] == 0

@@ -4,7 +4,6 @@ ends verified and billed for the unique texts (plus at most the calls a kill los
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +16,11 @@ from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool, assert_crashed
-from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
+from tests.provider.support import POISON, corpus, run_to_end, unique_tokens, write_config
 
 KEY_ENV = "REINDEX_TEST_AZURE_KEY"
 KEY = "0123456789abcdef0123456789abcdef"
+ENV = {KEY_ENV: KEY}
 DEPLOYMENT = "emb-small-prod"
 SHARD = 100
 
@@ -48,23 +48,8 @@ def make_tool(
         "max_backoff_s": 0.5,
         **embedder,
     }
-    section = "".join(f"{key} = {json.dumps(value)}\n" for key, value in keys.items() if value is not None)
-    config = tmp_path / "azure.toml"
-    config.write_text(
-        f'[source]\nkind = "jsonl"\npath = "{tmp_path / "docs.jsonl"}"\n\n[embedder]\n{section}\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n\n'
-        f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = {SHARD}\n'
-    )
-    return Tool(config, tmp_path / "state.db"), texts
-
-
-def run_to_end(tool: Tool) -> None:
-    for _ in range(4):
-        code, _, err = tool.run("run", env={KEY_ENV: KEY}, timeout=240)
-        if code == 0:
-            return
-        assert code == 75, err
-    pytest.fail("the run did not finish")
+    section = {key: value for key, value in keys.items() if value is not None}
+    return write_config(tmp_path, pg_dsn, section, {"shard_size": SHARD}, name="azure.toml"), texts
 
 
 def costliest_shards(texts: list[str], count: int) -> int:
@@ -80,7 +65,7 @@ def test_a_run_through_the_azure_route_is_verified_and_billed_once_per_unique_te
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
     plan = tool.json("plan")
     assert plan["cost_online_usd"] > 0 and plan["cost_batch_usd"] is None and plan["batch_window"] is None
-    run_to_end(tool)
+    run_to_end(tool, ENV, attempts=4)
     assert tool.json("verify")["complete"]
     stats = emulator.stats()
     assert stats["billed_tokens"] == stats["billed_tokens_online"] == unique_tokens(texts)
@@ -93,7 +78,7 @@ def test_a_429_storm_is_waited_out_and_a_refused_input_is_dead_lettered_with_its
 ) -> None:
     emulator.set_faults(FaultPlan(rate_limit=5, retry_after_s=0.3, server_errors=2, poison_substring=POISON))
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, poison=True)
-    run_to_end(tool)
+    run_to_end(tool, ENV, attempts=4)
     letters = tool.json("dlq", "list")["dead_letters"]
     assert [d["reason"] for d in letters] == ["provider_rejected:invalid_request_error"]
     assert tool.json("verify")["complete"]
@@ -109,7 +94,7 @@ def test_sigkill_mid_run_then_rerun_is_verified_and_rebuys_at_most_three_calls(
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
     code, _, err = tool.run("run", env={KEY_ENV: KEY, "REINDEX_CRASH_AT": f"{point}:2"})
     assert_crashed(code, err)
-    run_to_end(tool)
+    run_to_end(tool, ENV, attempts=4)
     assert tool.json("verify")["complete"]
     billed, unique = emulator.stats()["billed_tokens"], unique_tokens(texts)
     # One call per shard here. A kill loses at most the calls in flight: a shard written but not yet

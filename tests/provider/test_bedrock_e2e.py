@@ -23,7 +23,7 @@ from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import shorten
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool
-from tests.provider.test_openai_e2e import POISON, unique_tokens
+from tests.provider.support import POISON, run_to_end, unique_tokens, write_config
 
 DIM = 256
 SHARD = 100
@@ -67,24 +67,7 @@ def make_tool(
         "max_backoff_s": 0.2,
     }
     options = {"shard_size": SHARD, "poll_seconds": 0.05, "poll_max_seconds": 0.2, **run}
-    section = "".join(f"{key} = {json.dumps(value)}\n" for key, value in embedder.items())
-    run_lines = "".join(f"{key} = {json.dumps(value)}\n" for key, value in options.items())
-    config = tmp_path / "bedrock.toml"
-    config.write_text(
-        f'[source]\nkind = "jsonl"\npath = "{tmp_path / "docs.jsonl"}"\n\n[embedder]\n{section}\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n\n'
-        f'[run]\nstate = "{tmp_path / "state.db"}"\n{run_lines}'
-    )
-    return Tool(config, tmp_path / "state.db"), documents
-
-
-def run_to_end(tool: Tool) -> None:
-    for _ in range(4):
-        code, _, err = tool.run("run", env=AWS_ENV, timeout=240)
-        if code == 0:
-            return
-        assert code == 75, err
-    pytest.fail("the run did not finish")
+    return write_config(tmp_path, pg_dsn, embedder, options, name="bedrock.toml"), documents
 
 
 def assert_one_job_per_key(emulator: BedrockEmulator) -> None:
@@ -106,7 +89,7 @@ def test_a_run_is_verified_with_the_models_vectors_and_billed_once_per_unique_te
     tool, documents = make_tool(tmp_path, emulator, pg_dsn)
     plan = tool.json("plan")
     assert plan["cost_batch_usd"] == pytest.approx(plan["cost_online_usd"] / 2, abs=1e-6)
-    run_to_end(tool)
+    run_to_end(tool, AWS_ENV, attempts=4)
     assert tool.json("verify")["complete"]
     stats = emulator.stats()
     texts = list(documents.values())
@@ -125,7 +108,7 @@ def test_a_refused_input_is_dead_lettered_with_bedrocks_reason(
 ) -> None:
     emulator.set_faults(FaultPlan(poison_substring=POISON))
     tool, documents = make_tool(tmp_path, emulator, pg_dsn, poison=True)
-    run_to_end(tool)
+    run_to_end(tool, AWS_ENV, attempts=4)
     letters = tool.json("dlq", "list")["dead_letters"]
     assert [(d["doc_id"], d["reason"]) for d in letters] == [
         ("d0040", "provider_rejected:ValidationException")
@@ -143,7 +126,7 @@ def test_max_cost_usd_stops_resumably_and_raising_it_finishes(
     assert code == 75 and "budget reached" in err
     assert emulator.stats()["billed_tokens"] * 0.01 / 1e6 <= 0.00002
     tool.config.write_text(tool.config.read_text().replace("max_cost_usd = 2e-05", "max_cost_usd = 1.0"))
-    run_to_end(tool)
+    run_to_end(tool, AWS_ENV, attempts=4)
     assert tool.json("verify")["complete"]
     assert emulator.stats()["billed_tokens"] == unique_tokens(list(documents.values()))
 
@@ -155,7 +138,7 @@ def test_sigkill_after_a_create_then_rerun_adopts_the_job_and_never_creates_twic
     code, _, err = tool.run("run", env={**AWS_ENV, "REINDEX_CRASH_AT": "job_after_create:1"})
     assert code == -signal.SIGKILL, err
     assert emulator.stats()["jobs_created"] == 1
-    run_to_end(tool)
+    run_to_end(tool, AWS_ENV, attempts=4)
     assert tool.json("verify")["complete"]
     assert_one_job_per_key(emulator)
     assert emulator.stats()["billed_tokens"] == unique_tokens(list(documents.values()))

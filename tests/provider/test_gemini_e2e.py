@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,10 +24,12 @@ from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.gemini.app import GeminiEmulator
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool
-from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
+from tests.provider import support
+from tests.provider.support import POISON, one_job_per_key, unique_tokens
 
 KEY_ENV = "REINDEX_TEST_GEMINI_KEY"
 KEY = "AIzaSyE2E0123456789abcdefSECRET"
+ENV = {KEY_ENV: KEY}
 ROUTES = ["batch_create", "batch_retrieve", "batch_list", "files"]
 DIM = 64
 
@@ -49,7 +50,6 @@ def make_tool(
     embedder: dict[str, Any] | None = None,
     **run: Any,
 ) -> tuple[Tool, list[str]]:
-    texts = corpus(tmp_path / "docs.jsonl", poison=poison)
     keys = {
         "kind": "gemini-batch",
         "base_url": emulator.base_url,
@@ -59,27 +59,13 @@ def make_tool(
         "max_backoff_s": 0.5,
         **(embedder or {}),
     }
-    section = "".join(f"{key} = {json.dumps(value)}\n" for key, value in keys.items())
-    options = {"shard_size": 100, "poll_seconds": 0.05, "poll_max_seconds": 0.2, **run}
-    run_lines = "".join(f"{key} = {json.dumps(value)}\n" for key, value in options.items())
-    config = tmp_path / "gemini.toml"
-    config.write_text(
-        f'[source]\nkind = "jsonl"\npath = "{tmp_path / "docs.jsonl"}"\n\n[embedder]\n{section}\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n\n'
-        f'[run]\nstate = "{tmp_path / "state.db"}"\n{run_lines}'
-    )
-    return Tool(config, tmp_path / "state.db"), texts
+    return support.make_tool(tmp_path, pg_dsn, keys, name="gemini.toml", poison=poison, **run)
 
 
 def run_to_end(tool: Tool, attempts: int = 6) -> dict[str, Any]:
     """The report of the run that finished."""
-    for _ in range(attempts):
-        code, out, err = tool.run("run", "--json", env={KEY_ENV: KEY}, timeout=240)
-        if code == 0:
-            report: dict[str, Any] = json.loads(out)
-            return report
-        assert code == 75, err
-    pytest.fail("the run did not finish")
+    report: dict[str, Any] = json.loads(support.run_to_end(tool, ENV, "--json", attempts=attempts))
+    return report
 
 
 def assert_verified_once_billed(
@@ -87,8 +73,7 @@ def assert_verified_once_billed(
 ) -> dict[str, Any]:
     assert tool.json("verify")["complete"]
     stats = emulator.stats()
-    keys = Counter(batch["display_name"] for batch in stats["batches"])
-    assert keys and max(keys.values()) == 1, f"one batch per key: {keys}"
+    one_job_per_key(stats, key=lambda batch: batch["display_name"])
     first = {batch["name"] for batch in stats["batches"][:lost_batches]}
     lost = sum(entry["tokens"] for entry in stats["billed"] if entry["batch"] in first)
     unique = unique_tokens(texts, skip=skip)

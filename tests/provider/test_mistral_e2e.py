@@ -8,25 +8,31 @@ job for any key; `max_cost_usd` stops the run resumably.
 from __future__ import annotations
 
 import json
-import signal
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import psycopg
 import pytest
-from psycopg import sql
 
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.mistral import MistralEmulator
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool
-from tests.provider.test_openai_e2e import POISON, corpus, unique_tokens
+from tests.provider import support
+from tests.provider.support import (
+    POISON,
+    assert_the_budget_stops_resumably,
+    assert_the_models_vectors,
+    assert_verified_once_billed,
+    kill_at,
+    one_job_per_key,
+    run_to_end,
+    unique_tokens,
+)
 
 KEY_ENV = "REINDEX_TEST_MISTRAL_KEY"
 KEY = "mistral-test-0123456789abcdef"
+ENV = {KEY_ENV: KEY}
 HASHER = HashEmbedder(dim=1024)
 
 
@@ -40,47 +46,14 @@ def emulator(monkeypatch: pytest.MonkeyPatch) -> Iterator[MistralEmulator]:
 def make_tool(
     tmp_path: Path, emulator: MistralEmulator, pg_dsn: str, *, poison: bool = False, **run: Any
 ) -> tuple[Tool, list[str]]:
-    texts = corpus(tmp_path / "docs.jsonl", poison=poison)
-    options = {"shard_size": 100, "poll_seconds": 0.05, "poll_max_seconds": 0.2, **run}
-    run_lines = "".join(f"{key} = {json.dumps(value)}\n" for key, value in options.items())
-    config = tmp_path / "mistral.toml"
-    config.write_text(
-        f'[source]\nkind = "jsonl"\npath = "{tmp_path / "docs.jsonl"}"\n\n'
-        f'[embedder]\nkind = "mistral-batch"\nserver_url = "{emulator.server_url}"\n'
-        f'api_key_env = "{KEY_ENV}"\ncreate_timeout_s = 1.0\nbackoff_s = 0.05\n\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n\n'
-        f'[run]\nstate = "{tmp_path / "state.db"}"\n{run_lines}'
-    )
-    return Tool(config, tmp_path / "state.db"), texts
-
-
-def run_to_end(tool: Tool, attempts: int = 6) -> None:
-    for _ in range(attempts):
-        code, _, err = tool.run("run", env={KEY_ENV: KEY}, timeout=240)
-        if code == 0:
-            return
-        assert code == 75, err
-    pytest.fail("the run did not finish")
-
-
-def assert_verified_once_billed(
-    tool: Tool, emulator: MistralEmulator, texts: list[str], *, skip: str | None = None
-) -> dict[str, Any]:
-    """Verified, one job per key, billed exactly the unique texts' tokens, nothing sent before Retry-After."""
-    assert tool.json("verify")["complete"]
-    stats = emulator.stats()
-    keys = Counter(job["metadata"].get("reindex_key") for job in stats["batches"])
-    assert keys and max(keys.values()) == 1, f"one job per key: {keys}"
-    assert stats["billed_tokens"] == stats["billed_tokens_batch"] == unique_tokens(texts, skip=skip)
-    assert stats["early_requests_total"] == 0
-    return stats
-
-
-def stored_vectors(pg_dsn: str, target: str) -> dict[str, np.ndarray]:
-    with psycopg.connect(pg_dsn) as conn:
-        query = sql.SQL("SELECT id, text, embedding::text FROM {}").format(sql.Identifier(target))
-        rows = conn.execute(query).fetchall()
-    return {text: np.asarray(json.loads(vector), dtype=np.float32) for _, text, vector in rows}
+    embedder = {
+        "kind": "mistral-batch",
+        "server_url": emulator.server_url,
+        "api_key_env": KEY_ENV,
+        "create_timeout_s": 1.0,
+        "backoff_s": 0.05,
+    }
+    return support.make_tool(tmp_path, pg_dsn, embedder, name="mistral.toml", poison=poison, **run)
 
 
 def test_a_run_is_verified_with_the_models_vectors_and_billed_once_per_unique_text(
@@ -89,16 +62,13 @@ def test_a_run_is_verified_with_the_models_vectors_and_billed_once_per_unique_te
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
     plan = tool.json("plan")
     assert plan["cost_batch_usd"] == pytest.approx(plan["cost_online_usd"] / 2) and plan["cost_batch_usd"] > 0
-    code, out, err = tool.run("run", "--json", env={KEY_ENV: KEY})
+    code, out, err = tool.run("run", "--json", env=ENV)
     assert code == 0, err
     stats = assert_verified_once_billed(tool, emulator, texts)
     report = json.loads(out)
     assert report["billed_tokens"] == stats["billed_tokens"] and report["cost_usd"] > 0
     assert plan["tokens"] == stats["billed_tokens"]  # the emulator counts as the tool estimates (README)
-    stored = stored_vectors(pg_dsn, plan["target"])
-    assert len(stored) == len(set(texts))
-    reference = HASHER.embed(HASHER.tokenize(sorted(stored)))
-    np.testing.assert_allclose(np.stack([stored[text] for text in sorted(stored)]), reference, atol=1e-6)
+    assert_the_models_vectors(pg_dsn, plan["target"], texts, HASHER)
     assert tool.json("status")["reconciled"]
 
 
@@ -109,7 +79,7 @@ def test_a_refused_input_is_dead_lettered_with_mistrals_reason_through_faults(
     faults = {"expire_after": 40, "faulty_batches": 2, "rate_limit": 4, "rate_limit_on": routes}
     emulator.set_faults(FaultPlan.from_mapping({**faults, "retry_after_s": 0.3, "poison_substring": POISON}))
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, poison=True, provider_attempts=3)
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     letters = tool.json("dlq", "list")["dead_letters"]
     assert [d["reason"] for d in letters] == ["provider_rejected:invalid_request_error"]
     stats = assert_verified_once_billed(tool, emulator, texts, skip=POISON)
@@ -129,11 +99,10 @@ def test_batch_faults_end_verified_with_one_job_per_key(
 ) -> None:
     emulator.set_faults(FaultPlan.from_mapping(fault))
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     assert tool.json("verify")["complete"]
     stats = emulator.stats()
-    keys = Counter(job["metadata"].get("reindex_key") for job in stats["batches"])
-    assert max(keys.values()) == 1
+    one_job_per_key(stats)
     if "slow_creates" in fault:
         assert stats["billed_tokens"] == unique_tokens(texts)
     else:  # what the provider billed and then lost (the files of the first two jobs) is bought again
@@ -147,9 +116,8 @@ def test_sigkill_mid_run_then_rerun_creates_no_job_twice(
     tmp_path: Path, emulator: MistralEmulator, pg_dsn: str, point: str
 ) -> None:
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
-    code, _, err = tool.run("run", env={KEY_ENV: KEY, "REINDEX_CRASH_AT": f"{point}:2"})
-    assert code == -signal.SIGKILL, err
-    run_to_end(tool)
+    kill_at(tool, ENV, point)
+    run_to_end(tool, ENV)
     assert_verified_once_billed(tool, emulator, texts)
 
 
@@ -157,9 +125,5 @@ def test_the_budget_stops_the_run_resumably_and_raising_it_finishes(
     tmp_path: Path, emulator: MistralEmulator, pg_dsn: str
 ) -> None:
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, max_cost_usd=0.0001)  # about one shard of four
-    code, _, err = tool.run("run", env={KEY_ENV: KEY})
-    assert code == 75 and "budget reached" in err, err
-    assert 0 < emulator.stats()["billed_tokens"] * 0.05 / 1e6 <= 0.0001
-    tool.config.write_text(tool.config.read_text().replace("max_cost_usd = 0.0001", "max_cost_usd = 1.0"))
-    run_to_end(tool)
+    assert_the_budget_stops_resumably(tool, emulator, ENV, limit=0.0001, price=0.05)
     assert_verified_once_billed(tool, emulator, texts)

@@ -10,32 +10,22 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import Emulator
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.durability.support import Tool
+from tests.provider import support
+from tests.provider.support import POISON, one_job_per_key, run_to_end, unique_tokens
 
 KEY_ENV = "REINDEX_TEST_OPENAI_KEY"
-POISON = "poisoned input"
-
-
-def corpus(path: Path, n: int = 300, *, poison: bool = False) -> list[str]:
-    texts = [f"document {i} about {'alpha beta ' * (i % 9)}topic {i % 41}" for i in range(n)]
-    texts += [texts[5]] * 12  # duplicates: billed once
-    if poison:
-        texts.append(f"this is a {POISON} for the provider")
-    with path.open("w") as out:
-        for i, text in enumerate(texts):
-            out.write(json.dumps({"id": f"d{i:04d}", "text": text}) + "\n")
-    return texts
+KEY = "sk-test-0123456789abcdef"
+ENV = {KEY_ENV: KEY}
 
 
 def make_tool(
@@ -46,35 +36,26 @@ def make_tool(
     kind: str = "openai-batch",
     poison: bool = False,
     embedder: Mapping[str, object] | None = None,
-    **run: object,
+    **run: Any,
 ) -> tuple[Tool, list[str]]:
-    texts = corpus(tmp_path / "docs.jsonl", poison=poison)
-    options = {"shard_size": 100, "poll_seconds": 0.05, "poll_max_seconds": 0.2, **run}
-    run_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in options.items())
-    extra = "inputs_per_request = 16\n" if kind == "openai-batch" else ""
-    extra += "".join(f"{k} = {json.dumps(v)}\n" for k, v in (embedder or {}).items())
-    config = tmp_path / "provider.toml"
-    config.write_text(
-        f'[source]\nkind = "jsonl"\npath = "{tmp_path / "docs.jsonl"}"\n\n'
-        f'[embedder]\nkind = "{kind}"\nmodel = "text-embedding-3-small"\ndimensions = 64\n'
-        f'base_url = "{emulator.base_url}"\napi_key_env = "{KEY_ENV}"\n{extra}\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n\n'
-        f'[run]\nstate = "{tmp_path / "state.db"}"\n{run_lines}\n'
-    )
-    return Tool(config, tmp_path / "state.db"), texts
+    section: dict[str, object] = {
+        "kind": kind,
+        "model": "text-embedding-3-small",
+        "dimensions": 64,
+        "base_url": emulator.base_url,
+        "api_key_env": KEY_ENV,
+        **({"inputs_per_request": 16} if kind == "openai-batch" else {}),
+        **(embedder or {}),
+    }
+    return support.make_tool(tmp_path, pg_dsn, section, name="provider.toml", poison=poison, **run)
 
 
 @pytest.fixture
 def emulator():
-    os.environ[KEY_ENV] = "sk-test-0123456789abcdef"
+    os.environ[KEY_ENV] = KEY
     with Emulator(HashEmbedder(dim=1536)) as emu:
         yield emu
     os.environ.pop(KEY_ENV, None)
-
-
-def unique_tokens(texts: list[str], *, skip: str | None = None) -> int:
-    codec = cl100k()
-    return sum(len(codec.encode(text)) for text in set(texts) if not (skip and skip in text))
 
 
 def assert_verified_once_billed(
@@ -85,8 +66,7 @@ def assert_verified_once_billed(
     report = tool.json("verify")
     assert report["complete"], report
     stats = emulator.stats()
-    keys = Counter(batch["metadata"].get("reindex_key") for batch in stats["batches"])
-    assert keys and max(keys.values()) == 1, f"one batch per key: {keys}"
+    one_job_per_key(stats)
     unique = unique_tokens(texts, skip=skip)
     first_ids = [batch["id"] for batch in stats["batches"][:lost_batches]]
     lost = sum(entry["tokens"] for entry in stats["billed"] if entry["batch_id"] in first_ids)
@@ -95,19 +75,10 @@ def assert_verified_once_billed(
     return stats
 
 
-def run_to_end(tool: Tool, attempts: int = 6) -> None:
-    for _ in range(attempts):
-        code, _, err = tool.run("run", env={KEY_ENV: os.environ[KEY_ENV]}, timeout=240)
-        if code == 0:
-            return
-        assert code == 75, err
-    pytest.fail("the run did not finish")
-
-
 def test_batch_run_is_verified_and_billed_once_per_unique_text(tmp_path, emulator, pg_dsn):
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
     plan = tool.json("plan")
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     stats = assert_verified_once_billed(tool, emulator, texts)
     assert abs(plan["tokens"] - stats["billed_tokens"]) <= 0.01 * stats["billed_tokens"]
     assert plan["cost_batch_usd"] == pytest.approx(plan["cost_online_usd"] / 2)
@@ -146,7 +117,7 @@ def test_batch_faults_end_verified_with_one_batch_per_key(tmp_path, emulator, pg
         tool.config.write_text(
             tool.config.read_text().replace("dimensions = 64\n", "dimensions = 64\ncreate_timeout_s = 1.0\n")
         )
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     lossy = (
         fault.get("faulty_batches", 0) if "malformed_output_line" in fault or "delete_output" in fault else 0
     )
@@ -156,7 +127,7 @@ def test_batch_faults_end_verified_with_one_batch_per_key(tmp_path, emulator, pg
 def test_a_rejected_line_is_isolated_and_dead_lettered(tmp_path, emulator, pg_dsn):
     emulator.set_faults(FaultPlan(poison_substring=POISON))
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, poison=True, provider_attempts=2)
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     letters = tool.json("dlq", "list")["dead_letters"]
     assert [d["reason"] for d in letters] == ["provider_rejected:invalid_request_error"]
     assert_verified_once_billed(tool, emulator, texts, skip=POISON)
@@ -169,7 +140,7 @@ def test_sigkill_at_each_batch_step_never_double_bills(tmp_path, emulator, pg_ds
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
     code, _, err = tool.run("run", env={KEY_ENV: os.environ[KEY_ENV], "REINDEX_CRASH_AT": f"{point}:2"})
     assert code == -signal.SIGKILL, err
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     assert_verified_once_billed(tool, emulator, texts)
 
 
@@ -179,7 +150,7 @@ def test_online_endpoint_under_429_storm_and_poison_input(tmp_path, emulator, pg
     # 50 ms (capped at 0.5 s) so the test spends its time on the behaviour, not on waiting.
     backoff = {"backoff_s": 0.05, "max_backoff_s": 0.5}
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, kind="openai", poison=True, embedder=backoff)
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     letters = tool.json("dlq", "list")["dead_letters"]
     assert [d["reason"] for d in letters] == ["provider_rejected:invalid_request_error"]
     report = tool.json("verify")
@@ -217,7 +188,7 @@ def test_budget_stops_resumably_and_raising_it_finishes(tmp_path, emulator, pg_d
     assert 0 < emulator.stats()["billed_tokens"] * price / 1e6 <= 0.00004
     assert not tool.json("verify")["complete"]
     tool.config.write_text(tool.config.read_text().replace("max_cost_usd = 4e-05", "max_cost_usd = 1.0"))
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     if kind == "openai-batch":
         assert_verified_once_billed(tool, emulator, texts)
     else:  # nothing billed twice across the stop
@@ -227,7 +198,7 @@ def test_budget_stops_resumably_and_raising_it_finishes(tmp_path, emulator, pg_d
 
 def test_api_key_never_leaks(tmp_path, emulator, pg_dsn):
     tool, _ = make_tool(tmp_path, emulator, pg_dsn)
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     secret = os.environ[KEY_ENV]
     outputs = [tool.run(verb, "--json")[1] for verb in ("status", "plan", "verify")]
     assert all(secret not in out for out in outputs)
@@ -239,7 +210,7 @@ def test_the_ledger_holds_no_document_text(tmp_path, emulator, pg_dsn):
     """Issue 10, defect 10: jobs keep ids and hashes only; texts are read again from the source."""
     emulator.set_faults(FaultPlan(expire_after=3, faulty_batches=2))  # lines go out again: texts re-read
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, provider_attempts=4)
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     assert tool.json("verify")["complete"]
     ledger_files = [path for path in tmp_path.iterdir() if path.name.startswith("state.db")]
     stored = b"".join(path.read_bytes() for path in ledger_files)
@@ -255,7 +226,7 @@ def test_refused_batch_lines_in_either_error_file_shape_end_dead_lettered(tmp_pa
     docs = tmp_path / "docs.jsonl"
     copy = json.dumps({"id": "a-copy", "text": texts[-1]})
     docs.write_text(copy + "\n" + docs.read_text())  # the same poison text, in the first shard
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     code = "invalid_request_error" if shape == "response" else "invalid_request"
     letters = {d["doc_id"]: d["reason"] for d in tool.json("dlq", "list")["dead_letters"]}
     assert letters == {"a-copy": f"provider_rejected:{code}", "d0312": f"provider_rejected:{code}"}
@@ -286,7 +257,7 @@ def test_stragglers_of_an_expired_batch_go_online_instead_of_a_new_batch(tmp_pat
     tool.config.write_text(
         tool.config.read_text().replace("dimensions = 64\n", "dimensions = 64\nstragglers_online = true\n")
     )
-    run_to_end(tool)
+    run_to_end(tool, ENV)
     stats = emulator.stats()
     assert tool.json("verify")["complete"]
     assert (

@@ -26,7 +26,6 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from reindex.ports import Embedder
@@ -38,7 +37,8 @@ from reindex_adapters.testing.emulators.openai import (
     json_body,
     parse_multipart,
 )
-from reindex_adapters.testing.emulators.server import LocalServer, in_thread, routed_app
+from reindex_adapters.testing.emulators.openai.provider import LineJob
+from reindex_adapters.testing.emulators.server import LocalServer, in_thread, query_lists, routed_app
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -67,16 +67,6 @@ def _now() -> int:
     return int(time.time())
 
 
-@dataclass(slots=True)
-class Job:
-    data: dict[str, Any]  # the wire object, updated in place
-    plan: FaultPlan  # the faults in force when it was created
-    polls: int = 0
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-
-
 class MistralState(ProviderState):
     """Files and jobs, besides what every emulator keeps (ProviderState)."""
 
@@ -84,7 +74,7 @@ class MistralState(ProviderState):
         super().__init__(embedder, faults)
         self.files: dict[str, StoredFile] = {}
         self.sample_types: dict[str, str] = {}  # file id -> batch_request, batch_result or batch_error
-        self.jobs: dict[str, Job] = {}
+        self.jobs: dict[str, LineJob] = {}
 
     # files -------------------------------------------------------------------------------------------------
 
@@ -159,7 +149,7 @@ class MistralState(ProviderState):
                 started_at=None,
                 completed_at=None,
             )
-            self.jobs[job_id] = Job(data, self.gate.plan.for_batch(len(self.jobs)))
+            self.jobs[job_id] = LineJob(data, self.gate.plan.for_batch(len(self.jobs)))
             self.ledger.batches.append(
                 {"id": job_id, "metadata": metadata or {}, "created_at": data["created_at"]}
             )
@@ -192,12 +182,12 @@ class MistralState(ProviderState):
                 job.data["status"] = "CANCELLATION_REQUESTED"
             return dict(job.data)
 
-    def _job(self, job_id: str) -> Job:
+    def _job(self, job_id: str) -> LineJob:
         if job_id not in self.jobs:
             raise ApiError(404, f"Batch job {job_id} not found.", type="not_found")
         return self.jobs[job_id]
 
-    def _advance(self, job: Job) -> None:
+    def _advance(self, job: LineJob) -> None:
         status = job.data["status"]
         if status == "QUEUED":
             self._validate(job)
@@ -213,7 +203,7 @@ class MistralState(ProviderState):
             job.requests = job.requests or self._requests(job)[0]
             self._finish(job, job.plan.cancel_after or 0, "CANCELLED")
 
-    def _validate(self, job: Job) -> None:
+    def _validate(self, job: LineJob) -> None:
         requests, errors = self._requests(job)
         if job.plan.fail_validation and not errors:
             errors = ["Line 1: the request body failed validation."]
@@ -225,7 +215,7 @@ class MistralState(ProviderState):
         job.requests = requests
         job.data.update(status="RUNNING", started_at=_now(), total_requests=len(requests))
 
-    def _requests(self, job: Job) -> tuple[list[dict[str, Any]], list[str]]:
+    def _requests(self, job: LineJob) -> tuple[list[dict[str, Any]], list[str]]:
         requests: list[dict[str, Any]] = []
         errors: list[str] = []
         content = b"".join(self.files[file_id].content for file_id in job.data["input_files"])
@@ -241,7 +231,7 @@ class MistralState(ProviderState):
             requests.append(request)
         return requests, errors
 
-    def _finish(self, job: Job, limit: int, status: str) -> None:
+    def _finish(self, job: LineJob, limit: int, status: str) -> None:
         """Run the first `limit` lines (those past it are never answered), write the files, end in `status`."""
         for position, request in enumerate(job.requests[:limit]):
             try:
@@ -271,7 +261,7 @@ class MistralState(ProviderState):
             failed_requests=len(job.failures),
         )
 
-    def _embed(self, body: Mapping[str, Any], job: Job) -> dict[str, Any]:
+    def _embed(self, body: Mapping[str, Any], job: LineJob) -> dict[str, Any]:
         """One embeddings request of a job: Mistral's EmbeddingResponse; bills its tokens."""
         from reindex_adapters.remote.tokens import cl100k
 
@@ -328,13 +318,6 @@ async def _create(state: MistralState, request: Request) -> Any:
     return job
 
 
-def _list(state: MistralState, request: Request) -> Any:
-    query: dict[str, list[str]] = {}
-    for key, value in request.query_params.multi_items():
-        query.setdefault(key, []).append(value)
-    return state.list_jobs(query)
-
-
 def _file_id(request: Request) -> str:
     return str(request.path_params["file_id"])
 
@@ -350,7 +333,7 @@ ROUTE_TABLE: list[tuple[str, str, str | None, Any]] = [
     ("GET", "/v1/files/{file_id}/content", "files", lambda state, r: state.file(_file_id(r)).content),
     ("DELETE", "/v1/files/{file_id}", "files", lambda state, r: state.delete_file(_file_id(r))),
     ("POST", "/v1/batch/jobs", "batch_create", _create),
-    ("GET", "/v1/batch/jobs", "batch_list", _list),
+    ("GET", "/v1/batch/jobs", "batch_list", lambda s, r: s.list_jobs(query_lists(r))),
     ("GET", "/v1/batch/jobs/{job_id}", "batch_retrieve", lambda s, r: in_thread(s.get_job, _job_id(r))),
     ("POST", "/v1/batch/jobs/{job_id}/cancel", "batch_cancel", lambda s, r: s.cancel_job(_job_id(r))),
 ]

@@ -15,6 +15,7 @@ from reindex.errors import BackendError, MissingDependency
 if TYPE_CHECKING:
     import uvicorn
     from fastapi import FastAPI
+    from starlette.requests import Request
     from starlette.types import ASGIApp
 
 Route = tuple[str, str, Any, Any]  # method, path, route name (None: no fault gate), handler
@@ -77,6 +78,14 @@ async def in_thread(function: Callable[..., Any], *args: Any) -> Any:
     from starlette.concurrency import run_in_threadpool
 
     return await run_in_threadpool(function, *args)
+
+
+def query_lists(request: Request) -> dict[str, list[str]]:
+    """The query string as name -> every value given for it, in order (a repeated parameter is a list)."""
+    query: dict[str, list[str]] = {}
+    for key, value in request.query_params.multi_items():
+        query.setdefault(key, []).append(value)
+    return query
 
 
 def routed_app(title: str, state: Any, routes: Iterable[Route], endpoint: Callable[..., Any]) -> FastAPI:

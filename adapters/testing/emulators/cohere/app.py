@@ -11,18 +11,11 @@ from reindex.ports import Embedder
 from reindex_adapters.testing.emulators.cohere.state import PARTS, CohereState, error_body
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.openai import endpoint_for, json_body, parse_multipart
-from reindex_adapters.testing.emulators.server import LocalServer, in_thread, routed_app
+from reindex_adapters.testing.emulators.server import LocalServer, in_thread, query_lists, routed_app
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
     from starlette.requests import Request
-
-
-def _query(request: Request) -> dict[str, list[str]]:
-    query: dict[str, list[str]] = {}
-    for key, value in request.query_params.multi_items():
-        query.setdefault(key, []).append(value)
-    return query
 
 
 def _base(request: Request) -> str:
@@ -31,7 +24,7 @@ def _base(request: Request) -> str:
 
 async def _create_dataset(state: CohereState, request: Request) -> Any:
     fields = parse_multipart(request.headers.get("content-type", ""), await request.body())
-    created, delay = state.create_dataset(_query(request), fields.get("data", (None, b""))[1])
+    created, delay = state.create_dataset(query_lists(request), fields.get("data", (None, b""))[1])
     await asyncio.sleep(delay)
     return created
 
@@ -58,7 +51,7 @@ def _job_id(request: Request) -> str:
 # method, path, route name for the fault gate (None: never refused), handler (sync or async)
 ROUTE_TABLE: list[tuple[str, str, str | None, Any]] = [
     ("POST", "/v1/datasets", "files", _create_dataset),
-    ("GET", "/v1/datasets", "files", lambda s, r: s.list_datasets(_query(r), _base(r))),
+    ("GET", "/v1/datasets", "files", lambda s, r: s.list_datasets(query_lists(r), _base(r))),
     ("GET", "/v1/datasets/{dataset_id}", "files", lambda s, r: s.get_dataset(_dataset_id(r), _base(r))),
     ("DELETE", "/v1/datasets/{dataset_id}", "files", lambda s, r: s.delete_dataset(_dataset_id(r))),
     ("GET", PARTS + "/{part_id}", None, lambda s, r: s.part(str(r.path_params["part_id"]))),

@@ -1,5 +1,5 @@
-"""What every provider emulator keeps behind one lock (ProviderState) and what it would bill (Ledger);
-the Mistral, Gemini and Bedrock emulators build on them too."""
+"""What every provider emulator keeps behind one lock (ProviderState), what it would bill (Ledger), and a
+JSONL batch job as the Mistral and Voyage emulators keep it (LineJob); the other emulators build on them too."""
 
 from __future__ import annotations
 
@@ -37,6 +37,18 @@ class Ledger:
             batches_created=len(self.batches),
             batches=[dict(b) for b in self.batches],
         )
+
+
+@dataclass(slots=True)
+class LineJob:
+    """A batch job over a JSONL input file: its wire object, the faults it runs under, and its lines."""
+
+    data: dict[str, Any]  # the wire object, updated in place
+    plan: FaultPlan  # the faults in force when it was created
+    polls: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
 
 
 class ProviderState:

@@ -12,7 +12,6 @@ import json
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +25,7 @@ from reindex_adapters.testing.emulators.faults import (
     shape_output,
 )
 from reindex_adapters.testing.emulators.openai import ProviderState, StoredFile
+from reindex_adapters.testing.emulators.openai.provider import LineJob
 from reindex_adapters.voyage.models import FLEXIBLE_DIMS, MAX_INPUTS, MODELS, model_limits
 
 if TYPE_CHECKING:
@@ -45,16 +45,6 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
 
 
-@dataclass(slots=True)
-class Batch:
-    data: dict[str, Any]  # the wire object, updated in place
-    plan: FaultPlan  # the faults in force when it was created
-    polls: int = 0
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    outputs: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-
-
 class VoyageState(ProviderState):
     """Files and batches, besides what every emulator keeps (ProviderState)."""
 
@@ -62,12 +52,12 @@ class VoyageState(ProviderState):
         super().__init__(embedder, faults)
         self.tokenizer = tokenizer
         self.files: dict[str, StoredFile] = {}
-        self.batches: dict[str, Batch] = {}
+        self.batches: dict[str, LineJob] = {}
 
     # /v1/embeddings -------------------------------------------------------------------------------------
 
     def embeddings(
-        self, body: Mapping[str, Any], *, client: str = "anonymous", batch: Batch | None = None
+        self, body: Mapping[str, Any], *, client: str = "anonymous", batch: LineJob | None = None
     ) -> dict[str, Any]:
         """One embeddings request (online, or a batch line with the batch's request_params); bills it."""
         with self.lock:
@@ -201,7 +191,7 @@ class VoyageState(ProviderState):
                 **dict.fromkeys(("in_progress_at", "finalizing_at", "completed_at", "failed_at")),
                 **dict.fromkeys(("cancelling_at", "cancelled_at")),
             )
-            self.batches[batch_id] = Batch(data, self.gate.plan.for_batch(len(self.batches)))
+            self.batches[batch_id] = LineJob(data, self.gate.plan.for_batch(len(self.batches)))
             self.ledger.batches.append(
                 {"id": batch_id, "metadata": metadata or {}, "created_at": data["created_at"]}
             )
@@ -232,12 +222,12 @@ class VoyageState(ProviderState):
             batch.data.update(status="cancelling", cancelling_at=_now())
             return dict(batch.data)
 
-    def _batch(self, batch_id: str) -> Batch:
+    def _batch(self, batch_id: str) -> LineJob:
         if batch_id not in self.batches:
             raise ApiError(404, f"Batch {batch_id} not found.")
         return self.batches[batch_id]
 
-    def _advance(self, batch: Batch) -> None:
+    def _advance(self, batch: LineJob) -> None:
         status, plan = batch.data["status"], batch.plan
         if status == "validating":
             self._validate(batch)
@@ -255,7 +245,7 @@ class VoyageState(ProviderState):
                 self._run(batch, plan.cancel_after or 0, expired=False)
             batch.data.update(status="cancelled", cancelled_at=_now())
 
-    def _validate(self, batch: Batch) -> None:
+    def _validate(self, batch: LineJob) -> None:
         requests, errors = _parse(self.files[batch.data["input_file_id"]].content)
         if batch.plan.fail_validation and not errors:
             errors = [
@@ -276,7 +266,7 @@ class VoyageState(ProviderState):
         batch.data.update(status="in_progress", in_progress_at=_now())
         batch.data["request_counts"]["total"] = len(requests)
 
-    def _run(self, batch: Batch, limit: int, *, expired: bool) -> None:
+    def _run(self, batch: LineJob, limit: int, *, expired: bool) -> None:
         """Run the first `limit` lines; with `expired`, the rest get Voyage's batch_expired line."""
         params = batch.data["request_params"]
         for position, request in enumerate(batch.requests[:limit]):
@@ -294,7 +284,7 @@ class VoyageState(ProviderState):
             batch.failures += [_line(batch, request, None, error) for request in batch.requests[limit:]]
         self._write_files(batch)
 
-    def _write_files(self, batch: Batch) -> None:
+    def _write_files(self, batch: LineJob) -> None:
         batch_id = batch.data["id"]
         if batch.outputs:
             lines = shape_output(batch.outputs, batch.plan, batch_id)
@@ -354,7 +344,7 @@ def _parse(content: bytes) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return requests, errors
 
 
-def _line(batch: Batch, request: Mapping[str, Any], response: Any, error: Any) -> str:
+def _line(batch: LineJob, request: Mapping[str, Any], response: Any, error: Any) -> str:
     return json.dumps(
         {
             "batch_id": batch.data["id"],
