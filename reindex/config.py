@@ -104,7 +104,7 @@ class RayConfig(BaseModel):
 
     address: str | None = None  # "auto", "ray://head:10001", ...; omitted: a local Ray for this run only
     # embedding actors (one model each); None: as many as the cluster has GPUs (CPUs on a CPU cluster) for
-    # them, growing as nodes join a cluster it was given (`address`); a number pins the pool to that size
+    # them when the run starts (fixed for the run: reindex.run.ray.sizing); a number pins the pool
     actors: int | None = Field(None, ge=1)
     cpus_per_actor: float = Field(1.0, ge=0)
     gpus_per_actor: float = Field(0.0, ge=0)  # 1 on CUDA machines: one GPU per actor

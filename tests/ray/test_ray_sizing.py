@@ -1,5 +1,5 @@
 """How many embedding actors a ray run gets (`reindex.run.ray.sizing`): the cluster's GPUs (CPUs on a CPU
-cluster) unless `[ray] actors` pins it, growing with a cluster given by address. Pure arithmetic over what
+cluster) when the run starts, unless `[ray] actors` pins it. Pure arithmetic over what
 `ray.cluster_resources()` reports; the multi-node run in test_ray_cluster.py uses it for real."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from reindex.config import RayConfig
 from reindex.run.ray.sizing import pool_size, slots
 
 
-def test_a_gpu_cluster_gets_an_actor_per_gpu_and_follows_nodes_that_join() -> None:
+def test_a_gpu_cluster_gets_an_actor_per_gpu_fixed_for_the_run() -> None:
     settings = RayConfig(address="ray://head:10001", gpus_per_actor=1)
     three_nodes = {"CPU": 48.0, "GPU": 3.0}
     assert slots(settings, three_nodes) == 3
-    assert pool_size(settings, three_nodes) == {"min_size": 1, "max_size": None, "initial_size": 3}
+    assert pool_size(settings, three_nodes) == {"size": 3}  # no autoscaling pool: see pool_size
 
 
 def test_a_cpu_cluster_gets_an_actor_per_cpu_left_after_a_read_task() -> None:

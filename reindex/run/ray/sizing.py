@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from reindex.config import RayConfig
-from reindex.run.ray.cluster import _LOCAL_ADDRESSES
 
 
 def slots(settings: RayConfig, resources: Mapping[str, float]) -> int:
@@ -20,12 +19,11 @@ def slots(settings: RayConfig, resources: Mapping[str, float]) -> int:
 
 
 def pool_size(settings: RayConfig, resources: Mapping[str, float]) -> dict[str, Any]:
-    """The actor pool's size: pinned by `[ray] actors`, else what the cluster holds now, and on a cluster
-    given by address, growing as nodes join (Ray Data adds actors while shards wait and resources are free;
-    an actor on a node that leaves is restarted elsewhere). A local Ray's machine does not grow."""
+    """The actor pool's size: pinned by `[ray] actors`, else what the cluster holds when the run starts. The
+    pool is fixed for the run: an autoscaling one (min_size < max_size) hung now and then when a node died
+    mid-run, the pool's own scale-down killing (`ray.kill`) an actor whose shard was being retried, and the
+    retry waiting on it for ever (tests/ray/test_ray_cluster.py, under load; Ray Data keeps dead actors in a
+    pool, ray-project/ray#62746). An actor on a node that leaves is restarted elsewhere either way."""
     if settings.actors is not None:
         return {"size": settings.actors}
-    now = slots(settings, resources)
-    if settings.address in _LOCAL_ADDRESSES:
-        return {"size": now}
-    return {"min_size": 1, "max_size": None, "initial_size": now}
+    return {"size": slots(settings, resources)}
