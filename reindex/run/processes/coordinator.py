@@ -328,11 +328,16 @@ class _Coordinator:
             self.refused = True
         elif kind == "error":
             proc.held.discard(int(message[1]))
-            for model in self.models:  # a worker's batch failed because its model process died: say that
+            error = pickle.loads(message[2])
+            # a worker's batch failed because its model process died: say that. The worker may hear the
+            # pipe close before the fork server reports the exit, so a model it found gone is waited for.
+            wait_s = 5.0 if isinstance(error, device.ModelProcessGone) else 0.0
+            for model in self.models:
+                model.process.join(timeout=wait_s)
                 if not model.gone and not model.process.is_alive():
                     self._lost(model)
             if self.failure is None:
-                self.failure = pickle.loads(message[2])
+                self.failure = error
 
     def _count(self, counts: dict[str, Any]) -> None:
         progress = self.progress

@@ -235,7 +235,7 @@ class DeviceClient:
         except (BrokenPipeError, OSError):
             with self._book:
                 self._waiting.pop(rid, None)
-            raise BackendError("the model process is gone", hint="rerun the same command") from None
+            raise ModelProcessGone("the model process is gone", hint="rerun the same command") from None
         return _Reply(future)
 
     def embed_columns(self, tokens: TokenColumns) -> Vectors:
@@ -249,7 +249,7 @@ class DeviceClient:
             try:
                 rid, vectors, rejections, error = self._conn.recv()
             except (EOFError, OSError):
-                gone = BackendError("the model process is gone", hint="rerun the same command")
+                gone = ModelProcessGone("the model process is gone", hint="rerun the same command")
                 with self._book:
                     for future in self._waiting.values():
                         future.set_exception(gone)
@@ -261,6 +261,10 @@ class DeviceClient:
                 future.set_exception(pickle.loads(error))
             else:
                 future.set_result((vectors, rejections))
+
+
+class ModelProcessGone(BackendError):
+    """A worker's request met a closed pipe: the model process died (the coordinator names how)."""
 
 
 @dataclass
