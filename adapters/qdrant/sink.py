@@ -13,18 +13,15 @@ from pydantic import Field, field_validator
 from reindex.columns import documents
 from reindex.errors import ConfigError, CutoverRefused
 from reindex.ports import (
-    Distance,
     IndexEntry,
     Rows,
     TargetInfo,
     TargetSpec,
-    Vectors,
 )
 from reindex.vectors import vector_problem
 from reindex_adapters.qdrant.alias import _ALIAS_MAX, GUARD_MARK, _AliasMoves
 from reindex_adapters.qdrant.bookkeeping import (
     ADOPTED,
-    INDEX_KEYS,
     META_KEY,
     _Bookkeeping,
     _hash_is,
@@ -45,7 +42,6 @@ from reindex_adapters.qdrant.connection import (
 from reindex_adapters.qdrant.layout import TargetOptions
 from reindex_adapters.qdrant.points import (
     NATIVE_IDS,
-    _distance,
     _document_id,
     _json_safe,
     _point_ids,
@@ -53,15 +49,15 @@ from reindex_adapters.qdrant.points import (
     _stored_vector,
     _uuid_point_ids,
     _vector_params,
-    _with_vector,
 )
+from reindex_adapters.qdrant.reads import _Reads
 from reindex_adapters.qdrant.targets import _carried_layout, _Layouts
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
 
 
-class QdrantSink(_Layouts, _AliasMoves):
+class QdrantSink(_Reads, _Layouts, _AliasMoves):
     """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata; a source's
     other named vectors (sparse ones, a second dense one) are carried to the target unchanged."""
 
@@ -313,83 +309,6 @@ class QdrantSink(_Layouts, _AliasMoves):
             with _translated():
                 self._client.batch_update_points(target, operations, wait=True)
         return len(items)
-
-    def _pages(
-        self, target: str, name: str | None, limit: int, carried: Sequence[str] = ()
-    ) -> Iterator[list[models.Record]]:
-        """Every point with the index keys and its vector (and the carried ones), a scroll page at a time."""
-        offset: Any = None
-        wanted = [name or "", *carried] if carried else _with_vector(name)
-        while True:
-            with _translated():
-                points, offset = self._client.scroll(
-                    target,
-                    limit=limit,
-                    offset=offset,
-                    with_payload=INDEX_KEYS,
-                    with_vectors=wanted,
-                )
-            yield points
-            if offset is None:
-                return
-
-    def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
-        point_ids = self._point_ids(target)(ids)
-        by_point = {str(p): i for p, i in zip(point_ids, ids, strict=True)}
-        name = self._vector_name(target)
-        with _translated():
-            points = self._client.retrieve(
-                target, point_ids, with_payload=False, with_vectors=_with_vector(name)
-            )
-        return {by_point[str(p.id)]: _stored_vector(p, name) for p in points}
-
-    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
-        """Only ids whose stored content hash is the expected one: a copy never takes a stale vector."""
-        name = self._vector_name(target)
-        ids = list(expected)
-        found: dict[str, Vectors] = {}
-        ids_of = self._point_ids(target)
-        for start in range(0, len(ids), self.upsert_batch):
-            part = ids[start : start + self.upsert_batch]
-            point_ids = ids_of(part)
-            by_point = {str(p): i for p, i in zip(point_ids, part, strict=True)}
-            with _translated():
-                points = self._client.retrieve(
-                    target, point_ids, with_payload=INDEX_KEYS, with_vectors=_with_vector(name)
-                )
-            for point in points:
-                doc_id = by_point[str(point.id)]
-                if (point.payload or {}).get("reindex_content_hash") == expected[doc_id]:
-                    found[doc_id] = _stored_vector(point, name)
-        return found
-
-    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
-        name = self._vector_name(target)
-        for points in self._pages(target, name, batch):
-            kept = [(p, v) for p in points if (v := _stored_vector(p, name)).size]
-            if kept:
-                yield [_document_id(p) for p, _ in kept], np.stack([v for _, v in kept]).astype(np.float32)
-
-    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
-        """Qdrant's own (HNSW) search, one query per vector."""
-        name = self._vector_name(target)
-        found: list[list[str]] = []
-        for vector in vectors:
-            with _translated():
-                response = self._client.query_points(
-                    target,
-                    query=np.asarray(vector, dtype=np.float32).tolist(),
-                    using=name,
-                    limit=k,
-                    with_payload=INDEX_KEYS,
-                )
-            found.append([_document_id(p) for p in response.points])
-        return found
-
-    def distance(self, target: str) -> Distance:
-        with _translated():
-            config = self._client.get_collection(target).config
-        return _distance(_vector_params(config.params.vectors, self._vector_name(target)), target)
 
     def targets(self, alias: str) -> list[str]:
         names = [name for name in self._collections() if name.startswith(f"{alias}__")]
