@@ -96,23 +96,33 @@ def _key(variable: str) -> Entry:
     return Entry("api_key_env", variable, "the key is read from this variable, never written here")
 
 
-def _openai(kind: str) -> Callable[[str, str], list[Entry]]:
-    other = (
-        "or openai-batch: the Batch API at about half the price" if kind == "openai" else "or openai: online"
-    )
+def _provider(kind: str, other: str, *examples: Entry) -> Callable[[str, str], list[Entry]]:
+    """A provider kind that needs only its model and its key: the other tier named, options as examples."""
 
     def write(model: str, variable: str) -> list[Entry]:
-        return [
-            Entry("kind", kind, other),
-            Entry("model", model),
-            _key(variable),
-            Entry("base_url", "http://127.0.0.1:8089/v1", "any OpenAI-compatible endpoint", is_example=True),
-            Entry(
-                "dimensions", 512, "text-embedding-3 shortening (part of the fingerprint)", is_example=True
-            ),
-        ]
+        return [Entry("kind", kind, other), Entry("model", model), _key(variable), *examples]
 
     return write
+
+
+_OPENAI_OPTIONS = (
+    Entry("base_url", "http://127.0.0.1:8089/v1", "any OpenAI-compatible endpoint", is_example=True),
+    Entry("dimensions", 512, "text-embedding-3 shortening (part of the fingerprint)", is_example=True),
+)
+_VOYAGE_OPTIONS = (
+    Entry(
+        "input_type", "document", "how Voyage embeds stored texts (part of the fingerprint)", is_example=True
+    ),
+    Entry("output_dimension", 1024, "256, 512, 1024 or 2048 where the model takes it", is_example=True),
+)
+_COHERE_OPTIONS = (
+    Entry(
+        "input_type",
+        "search_document",
+        "how Cohere embeds stored texts (part of the fingerprint)",
+        is_example=True,
+    ),
+)
 
 
 def _azure(model: str, variable: str) -> list[Entry]:
@@ -185,58 +195,17 @@ def _bedrock(model: str, _: str) -> list[Entry]:
     ]
 
 
-def _voyage(kind: str) -> Callable[[str, str], list[Entry]]:
-    other = "or voyage: online" if kind == "voyage-batch" else "or voyage-batch: the Batch API, a third off"
-
-    def write(model: str, variable: str) -> list[Entry]:
-        return [
-            Entry("kind", kind, other),
-            Entry("model", model),
-            _key(variable),
-            Entry(
-                "input_type",
-                "document",
-                "how Voyage embeds stored texts (part of the fingerprint)",
-                is_example=True,
-            ),
-            Entry(
-                "output_dimension", 1024, "256, 512, 1024 or 2048 where the model takes it", is_example=True
-            ),
-        ]
-
-    return write
-
-
-def _cohere(kind: str) -> Callable[[str, str], list[Entry]]:
-    other = "or cohere: online" if kind == "cohere-batch" else "or cohere-batch: Embed Jobs"
-
-    def write(model: str, variable: str) -> list[Entry]:
-        return [
-            Entry("kind", kind, other),
-            Entry("model", model),
-            _key(variable),
-            Entry(
-                "input_type",
-                "search_document",
-                "how Cohere embeds stored texts (part of the fingerprint)",
-                is_example=True,
-            ),
-        ]
-
-    return write
-
-
 WRITERS: dict[str, Callable[[str, str], list[Entry]]] = {
     "sentence-transformers": _local("sentence-transformers"),
     "vllm": _local("vllm"),
-    "openai": _openai("openai"),
-    "openai-batch": _openai("openai-batch"),
+    "openai": _provider("openai", "or openai-batch: the Batch API at about half the price", *_OPENAI_OPTIONS),
+    "openai-batch": _provider("openai-batch", "or openai: online", *_OPENAI_OPTIONS),
     "azure-openai": _azure,
     "gemini-batch": _gemini,
     "mistral-batch": _mistral,
     "bedrock-batch": _bedrock,
-    "voyage-batch": _voyage("voyage-batch"),
-    "voyage": _voyage("voyage"),
-    "cohere-batch": _cohere("cohere-batch"),
-    "cohere": _cohere("cohere"),
+    "voyage-batch": _provider("voyage-batch", "or voyage: online", *_VOYAGE_OPTIONS),
+    "voyage": _provider("voyage", "or voyage-batch: the Batch API, a third off", *_VOYAGE_OPTIONS),
+    "cohere-batch": _provider("cohere-batch", "or cohere: online", *_COHERE_OPTIONS),
+    "cohere": _provider("cohere", "or cohere-batch: Embed Jobs", *_COHERE_OPTIONS),
 }
