@@ -26,7 +26,7 @@ from reindex.flip.sync import (
 )
 from reindex.plan import routing
 from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread, stored
-from reindex.ports import DeferredEmbedder, DescribingSink, PlansStorage
+from reindex.ports import DeferredEmbedder, DescribingSink, NamesLosses, PlansStorage
 from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
@@ -96,6 +96,8 @@ def plan(
             alias.fingerprint,
         )
         report.alias_is_physical = alias.is_physical
+        if isinstance(m.sink, NamesLosses):
+            report.losses = [asdict(loss) for loss in m.sink.losses(m.spec)]
         report.backends = registry.probe_backends()
         if exists:
             report.coverage = _coverage(m, dead_letters=None).to_json()

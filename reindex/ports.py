@@ -433,3 +433,26 @@ class DescribingSink(Protocol):
         """What `prepare` would create for `spec` besides the vector, as JSON, with where each setting
         comes from; ConfigError for settings the target cannot take."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """Something the live index has that the first cutover would not keep (a table's row security, its
+    unique constraints), as the sink found it; `[target] accept` names the ones the user gives up."""
+
+    key: str  # the name `[target] accept` takes
+    what: str  # what is lost, in one line
+    objects: tuple[str, ...]  # the objects found, in the backend's own words
+    accepted: bool = False
+
+
+@runtime_checkable
+class NamesLosses(Protocol):
+    """A sink whose first cutover replaces the live index by another kind of object (pgvector: a table by a
+    view over the new target), and can say before anything is built what the live one has that it would
+    not keep: `plan` lists it, and `run` and the cutover refuse what is not accepted."""
+
+    def losses(self, spec: TargetSpec) -> list[Loss]:
+        """What the index `spec.alias` serves today has that the cutover onto `spec` would not keep; empty
+        once the alias is the tool's own."""
+        ...

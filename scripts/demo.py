@@ -266,7 +266,15 @@ def write_configs(uri: str) -> dict[str, Path]:
     sections: dict[str, dict[str, dict[str, Any]]] = {
         "pgvector": {
             "source": {"kind": "postgres", "dsn": uri, "table": ALIAS, "id_column": "id"},
-            "target": {"kind": "pgvector", "dsn": uri, "alias": ALIAS},
+            # `docs` is a plain table: the first cutover puts a view in its place, which `COPY` and
+            # `ALTER TABLE` refuse and whose `SELECT *` lists the vector last; `plan` names both, and they
+            # are given up here by name (docs/backends.md, "What the first cutover keeps")
+            "target": {
+                "kind": "pgvector",
+                "dsn": uri,
+                "alias": ALIAS,
+                "accept": ["table_statements", "column_order"],
+            },
         },
         "qdrant": {
             "source": {"kind": "qdrant", "path": store, "collection": ALIAS, "text_field": "page_content"},

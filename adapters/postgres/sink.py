@@ -21,12 +21,14 @@ from reindex.errors import BackendError, CutoverRefused
 from reindex.ports import (
     AliasInfo,
     Distance,
+    Loss,
     Precision,
     Rows,
     StoragePlan,
     TargetInfo,
     TargetSpec,
 )
+from reindex_adapters.postgres import fidelity
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.alias import (
     _DEPENDENT_VIEWS_SQL,
@@ -97,6 +99,8 @@ class PgvectorSink(_Reads):
         # halfvec above when an index is built
         storage: Kind | None = None
         full_vector: bool = False  # with storage "bit": keep the full vector too, re-rank searches on it
+        # what the application's table has that the first cutover may drop (adapters/postgres/fidelity.py)
+        accept: list[fidelity.Kept] = Field(default_factory=list)
 
     def __init__(
         self,
@@ -111,6 +115,7 @@ class PgvectorSink(_Reads):
         writers: int | None = None,
         storage: Kind | None = None,
         full_vector: bool = False,
+        accept: Sequence[str] = (),
     ) -> None:
         self._db = _Database(dsn, "target", vectors=True)
         self.lock_timeout_ms = lock_timeout_ms
@@ -121,6 +126,7 @@ class PgvectorSink(_Reads):
         self.writers = writers or _default_writers()
         self.storage = storage
         self.full_vector = full_vector
+        self.accept = tuple(accept)
         self.index_seconds: float | None = None  # the last finalize's CREATE INDEX; None: none built
         self._layouts: dict[str, _Layout] = {}
         self._identity: str | None = None
@@ -140,6 +146,7 @@ class PgvectorSink(_Reads):
             writers=config.writers,
             storage=config.storage,
             full_vector=config.full_vector,
+            accept=config.accept,
         )
 
     def identity(self) -> str:
@@ -162,10 +169,27 @@ class PgvectorSink(_Reads):
     def precision(self, target: str) -> Precision:
         return self._layout(target).storage.precision
 
+    def losses(self, spec: TargetSpec) -> list[Loss]:
+        """What the application's table named like the alias has that adopting it would not keep (the view
+        put in its place reads a new table that has only its columns, their rules, its key and grants)."""
+        _identifier(spec.alias)
+        with self._db.errors():
+            conn = self._db.connection()
+            return self._losses(conn, spec.alias, spec.source.id_field, spec.source.vector_field)
+
+    def _losses(self, conn: Connection, alias: str, id_column: str, vector: str | None) -> list[Loss]:
+        resolved = _resolve_alias(conn, alias)
+        if not resolved.info.is_physical or resolved.oid is None:
+            return []
+        return fidelity.losses(conn, resolved.oid, id_column, vector, self.accept)
+
     def prepare(self, spec: TargetSpec) -> None:
+        """Create the target, or check the one there is for `spec`; first refuse, before anything is
+        built, a table behind the alias that has what its adoption would not keep, unless accepted."""
         _identifier(spec.name)
         self._layouts.pop(spec.name, None)
         storage = choose(self.storage, self.full_vector, spec.dim, index=self.build_index)
+        fidelity.refuse_unaccepted(self.losses(spec), spec.alias)
         with self._db.transaction() as conn:
             layout = _read_layout(conn, spec.name)
             if layout is None:
@@ -390,6 +414,11 @@ class PgvectorSink(_Reads):
                 raise CutoverRefused(f"target {target!r} does not exist")
             resolved = _resolve_alias(conn, alias)  # re-read under the lock: what it serves now
             if resolved.info.is_physical:
+                # re-read under the lock: what the table has now, not what it had when `run` began
+                target_meta = _read_layout(conn, target)
+                meta_of = target_meta.meta if target_meta is not None else {}
+                found = self._losses(conn, alias, str(meta_of.get("id_field") or "id"), _vector_of(meta_of))
+                fidelity.refuse_unaccepted(found, alias)
                 previous = _adopt(conn, resolved, target, expected, meta)
                 crashpoints.crash_if_armed("cutover_before_commit")
                 return previous
@@ -408,3 +437,9 @@ class PgvectorSink(_Reads):
         conn = self._db.connection()
         if _resolve_alias(conn, alias).target_oid != _regclass(conn, target):
             raise BackendError(f"alias {alias!r} does not serve {target!r} after the swap")
+
+
+def _vector_of(meta: Mapping[str, Any]) -> str | None:
+    """The source's vector column a target was built from, as its comment records it."""
+    name = meta.get("vector_column")  # the source's own name for it, where the source has columns
+    return name if isinstance(name, str) else None

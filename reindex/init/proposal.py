@@ -143,6 +143,14 @@ def target_entries(request: InitRequest, source: dict[str, Any], alias: str) -> 
         )
     if kind not in TARGET_KINDS:
         raise ConfigError(f"unknown target kind {kind!r}", hint="--target pgvector or --target qdrant")
+    accept = [
+        Entry(
+            "accept",
+            ("table_statements", "column_order"),
+            "what the first cutover of a plain table may drop; `reindex plan` lists what it has",
+            is_example=True,
+        )
+    ]
     return [
         Entry("kind", kind),
         *_target_connection(request, kind, source),
@@ -153,6 +161,7 @@ def target_entries(request: InitRequest, source: dict[str, Any], alias: str) -> 
             'default "<alias>__<fingerprint8>"; never the alias itself',
             is_example=True,
         ),
+        *(accept if kind == "pgvector" else []),
     ]
 
 

@@ -18,14 +18,14 @@ class Entry:
     """One key of a section, with what a reader should know about it."""
 
     key: str
-    value: str | int | bool
+    value: str | int | bool | tuple[str, ...]
     comment: str = ""
     above: tuple[str, ...] = ()  # whole comment lines before the key: alternatives, caveats
     is_example: bool = False  # written commented out: an option worth knowing, not set
     fill_in: bool = False  # a placeholder the user must replace (an Azure resource, a Bedrock role)
 
 
-def values(entries: Sequence[Entry]) -> dict[str, str | int | bool]:
+def values(entries: Sequence[Entry]) -> dict[str, str | int | bool | tuple[str, ...]]:
     """The keys a section sets, examples left out: what the config loader will read."""
     return {entry.key: entry.value for entry in entries if not entry.is_example}
 
@@ -55,7 +55,9 @@ def comment_lines(texts: Sequence[str]) -> list[str]:
     return lines
 
 
-def toml_value(value: str | int | bool) -> str:
+def toml_value(value: str | int | bool | tuple[str, ...]) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):

@@ -62,6 +62,9 @@ class PlanReport:
     alias_target: str | None = None
     alias_fingerprint: str | None = None
     alias_is_physical: bool = False
+    # what the live index has that the first cutover would not keep (reindex.ports.Loss, as JSON); `plan`
+    # exits 2 while one is not accepted by `[target] accept`
+    losses: list[dict[str, Any]] = field(default_factory=list)
     coverage: dict[str, Any] | None = None
     cost_online_usd: float | None = None  # paid embedders: unique-text tokens x the online list price
     cost_batch_usd: float | None = None  # the provider batch tier (about half), finished within its window
@@ -86,6 +89,11 @@ class PlanReport:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def refused(self) -> list[str]:
+        """The keys of the losses `[target] accept` does not name."""
+        return [loss["key"] for loss in self.losses if not loss["accepted"]]
 
 
 # Past this many documents a SQLite ledger's text bookkeeping costs more than a Postgres ledger's: each

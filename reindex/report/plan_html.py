@@ -140,7 +140,31 @@ def _target(p: PlanReport) -> str:
         if p.alias_is_physical
         else ""
     )
-    return h.section("target", "Target and alias", h.facts(rows), adopt)
+    return h.section("target", "Target and alias", h.facts(rows), adopt, _losses(p))
+
+
+def _losses(p: PlanReport) -> str:
+    """What the first cutover would not keep of the table; `run` and `cutover` refuse what is not accepted."""
+    if not p.losses:
+        return ""
+    rows = "".join(
+        f"<tr><td><code>{h.text(loss['key'])}</code></td><td>{h.text(loss['what'])}</td>"
+        f"<td>{h.text('; '.join(loss['objects']))}</td>"
+        f"<td>{h.badge(loss['accepted'], 'accepted', 'refused')}</td></tr>"
+        for loss in p.losses
+    )
+    refused = ", ".join(f'"{key}"' for key in p.refused)
+    fix = (
+        f'<p class="callout">Run and cutover refuse this table. To adopt it anyway, losing them, set'
+        f" <code>[target] accept = [{h.text(refused)}]</code>.</p>"
+        if refused
+        else ""
+    )
+    return (
+        f'<h3>What the first cutover would not keep</h3><table id="losses">'
+        "<thead><tr><th>accept key</th><th>what is lost</th><th>found</th><th></th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>{fix}"
+    )
 
 
 def _plan_coverage(p: PlanReport) -> str:

@@ -24,7 +24,7 @@ from reindex import commands, units
 from reindex import config as config_module
 from reindex import init as init_module
 from reindex import report as report_module
-from reindex.errors import NoRouteFits, ReindexError, VerificationFailed
+from reindex.errors import ConfigError, NoRouteFits, ReindexError, VerificationFailed
 from reindex.report import html as report_html
 from reindex.report import plan_html
 from reindex.ui import terminal
@@ -183,6 +183,8 @@ def plan(
     if html is not None:
         _write_page(html, plan_html.plan_page(report, str(config), units.now()))
     _render(report, as_json, "plan", config)
+    if report.refused:
+        raise typer.Exit(ConfigError.exit_code)
     if report.route is not None and report.route["name"] is None:
         raise typer.Exit(NoRouteFits.exit_code)
 

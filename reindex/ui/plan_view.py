@@ -56,6 +56,7 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
         s.warn(f"`reindex cutover` will change what alias {p['alias']} serves (now {serves})")
     if p.get("ledger_advice"):
         s.warn(p["ledger_advice"])
+    _losses(s, p["alias"], p.get("losses") or [])
     refused = _routes(s, p.get("routes") or [], p.get("route") or {})
     s.line("Nothing was changed.")
     if refused:
@@ -137,6 +138,31 @@ def _cost(p: dict[str, Any]) -> str:
             f"{usd(p['cost_batch_usd'])} through the batch API (within {p.get('batch_window') or '24h'})"
         )
     return ", ".join(parts) + " for the distinct texts"
+
+
+def _losses(s: Screen, alias: str, losses: list[dict[str, Any]]) -> None:
+    """What the first cutover would not keep of the table, each accepted or refused (`plan` then exits 2)."""
+    if not losses:
+        return
+    s.table(
+        f"The first cutover would not keep what {alias} has",
+        ("accept key", "what is lost", "found", ""),
+        [
+            (
+                loss["key"],
+                loss["what"],
+                "; ".join(loss["objects"]),
+                "accepted" if loss["accepted"] else "REFUSED",
+            )
+            for loss in losses
+        ],
+    )
+    refused = [f'"{loss["key"]}"' for loss in losses if not loss["accepted"]]
+    if refused:
+        s.warn(
+            f"run and cutover refuse this table; to adopt it anyway, losing them, set [target] accept ="
+            f" [{', '.join(refused)}]"
+        )
 
 
 def _plan_target(p: dict[str, Any]) -> str:

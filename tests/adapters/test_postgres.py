@@ -206,9 +206,15 @@ def test_first_cutover_adopts_a_real_table_and_its_grants(pg_dsn: str, sink: Pgv
         "INSERT INTO docs VALUES ('old', 'x')",
         f'GRANT SELECT ON docs TO "{role}"',
     )
-    ready_target(sink, "docs__aaaa0001", ["a", "b"])
+    accepting = PgvectorSink(pg_dsn, accept=["table_statements", "column_order"])
+    ready_target(accepting, "docs__aaaa0001", ["a", "b"])
     assert sink.alias("docs").is_physical
-    previous = sink.move_alias("docs", "docs__aaaa0001", expected=None, meta={"fingerprint": "f" * 16})
+    # A view is not a table: unless the config accepts that by name, the swap refuses it under its lock.
+    with pytest.raises(ConfigError, match="table_statements, column_order"):
+        sink.move_alias("docs", "docs__aaaa0001", expected=None, meta={})
+    assert sink.alias("docs").is_physical
+    previous = accepting.move_alias("docs", "docs__aaaa0001", expected=None, meta={"fingerprint": "f" * 16})
+    accepting.close()
     assert previous == "docs__adopted"
     info = sink.alias("docs")
     assert (info.target, info.fingerprint, info.is_physical) == ("docs__aaaa0001", "f" * 16, False)
@@ -530,7 +536,7 @@ def test_text_copy_refusals_name_the_nul_byte_and_the_sqlstate(pg_dsn: str) -> N
     execute(pg_dsn, "CREATE TABLE src (id bigint PRIMARY KEY, body text, amount money)")
     source = PostgresSource(pg_dsn, table="src")
     target = spec("src__aaaa0001", source.schema(), alias="src")
-    sink = PgvectorSink(pg_dsn)
+    sink = PgvectorSink(pg_dsn, accept=["table_statements", "column_order"])
 
     def write(*payloads: dict[str, Any]) -> None:
         records = [Record(str(p["id"]), str(p["body"]), p) for p in payloads]

@@ -39,7 +39,7 @@ def config(tmp_path: Path, dsn: str, embedder: str) -> Config:
     path.write_text(
         f'[source]\nkind = "postgres"\ndsn = "{dsn}"\ntable = "docs"\nid_column = "id"\ntext_column = "body"\n'
         f"[embedder]\n{embedder}\n"
-        f'[target]\nkind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"\naccept = ["table_statements", "column_order"]\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 50\n'
     )
     return load(path)

@@ -55,6 +55,7 @@ def config(tmp_path: Path, source_dsn: str, target_dsn: str, dim: int = 16) -> C
         f'[source]\nkind = "postgres"\ndsn = "{source_dsn}"\ntable = "docs"\ntext_column = "body"\n'
         f'[embedder]\nkind = "hash"\ndim = {dim}\n'
         f'[target]\nkind = "pgvector"\ndsn = "{target_dsn}"\nalias = "docs"\n'
+        'accept = ["generated_columns", "table_statements", "column_order"]\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 25\n'
     )
     return load(path)

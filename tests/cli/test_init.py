@@ -31,9 +31,9 @@ def unwrapped(path: str) -> str:
     return " ".join(Path(path).read_text().replace("#", " ").split())
 
 
-def planned(config: str) -> dict:
-    code, stdout, stderr = invoke("plan", "-c", config, "--json", "--no-calibrate")
-    assert code == 0, stdout + stderr
+def planned(config: str, code: int = 0) -> dict:
+    exited, stdout, stderr = invoke("plan", "-c", config, "--json", "--no-calibrate")
+    assert exited == code, stdout + stderr
     return json.loads(stdout)
 
 
@@ -101,8 +101,12 @@ def test_a_postgres_table_becomes_a_commented_config_that_plan_reads(
     assert config.target == {"kind": "pgvector", "dsn_env": "REINDEX_SOURCE_DSN", "alias": "docs"}
     assert config.embedder == {"kind": "sentence-transformers", "model": str(tiny_model), "normalize": True}
 
-    plan = planned("docs.toml")
+    # The plain table's first cutover would put a view in its place: plan names that and exits 2 until the
+    # config accepts it, for which the written file has the line, commented out.
+    plan = planned("docs.toml", code=2)
     assert plan["documents"] == DOCUMENTS and plan["alias"] == "docs" and plan["alias_is_physical"]
+    assert [loss["key"] for loss in plan["losses"]] == ["table_statements", "column_order"]
+    assert 'accept = ["table_statements", "column_order"] what the first cutover' in text
 
 
 def test_a_view_an_earlier_migration_made_is_recognised_as_the_alias(
@@ -113,6 +117,7 @@ def test_a_view_an_earlier_migration_made_is_recognised_as_the_alias(
         '[source]\nkind = "postgres"\ndsn_env = "REINDEX_SOURCE_DSN"\ntable = "docs"\n'
         '[embedder]\nkind = "hash"\ndim = 8\n'
         '[target]\nkind = "pgvector"\ndsn_env = "REINDEX_SOURCE_DSN"\nalias = "docs"\n'
+        'accept = ["table_statements", "column_order"]\n'
         '[run]\nstate = "first.db"\n'
     )
     first = load(Path("first.toml"))

@@ -52,3 +52,22 @@ def aliased_collection(storage: Path, collection: str, alias: str, dim: int) -> 
         ]
     )
     client.close()
+
+
+def accept_what_plan_names(config: Path) -> list[str]:
+    """What a user does when `plan` refuses a plain table: read the losses it names and accept them by name
+    on the line `reindex init` wrote commented out. Returns the keys accepted."""
+    import json
+    import re
+
+    from typer.testing import CliRunner
+
+    from reindex.ui.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "-c", str(config), "--json", "--no-calibrate"])
+    assert result.exit_code == 2, result.stdout + result.stderr
+    keys = [loss["key"] for loss in json.loads(result.stdout)["losses"] if not loss["accepted"]]
+    text, found = re.subn(r"(?m)^# accept = \[.*?\]", f"accept = {json.dumps(keys)}", config.read_text())
+    assert found == 1, "init writes the accept line, commented out"
+    config.write_text(text)
+    return keys

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from reindex.fingerprint import content_hash
 from reindex.ui.cli import app
-from tests.clients.support import Hashed
+from tests.clients.support import Hashed, accept_what_plan_names
 
 runner = CliRunner()
 OLD_DIM, NEW_DIM = 16, 24
@@ -55,7 +55,8 @@ def configure(tmp_path: Path, pg_dsn: str) -> Path:
         f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "langchain_pg_embedding"\n'
         'id_column = "id"\ntext_column = "document"\n\n'
         f'[embedder]\nkind = "hash"\ndim = {NEW_DIM}\n\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "langchain_pg_embedding"\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "langchain_pg_embedding"\n'
+        'accept = ["indexes", "foreign_keys", "table_statements", "column_order"]\n\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 50\n'
     )
     return config
@@ -200,6 +201,10 @@ def test_langchain_pgvector_migrated_with_the_config_init_writes(
         "--model", str(tiny_model),
     )  # fmt: skip
     assert (made["source"]["id_column"], made["source"]["text_column"]) == ("id", "document")
+    # LangChain's table has a GIN index on cmetadata and a foreign key to its collections: the view mode
+    # would drop both, so plan names them and the user accepts them by name
+    accepted = accept_what_plan_names(Path("notes.toml"))
+    assert accepted == ["indexes", "foreign_keys", "table_statements", "column_order"]
     invoke("plan", "-c", "notes.toml", "--no-calibrate")
     assert invoke("run", "-c", "notes.toml")["written"] == 40
     assert invoke("verify", "-c", "notes.toml")["complete"]

@@ -34,7 +34,7 @@ from reindex import registry
 from reindex.config import load
 from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
-from tests.clients.support import aliased_collection
+from tests.clients.support import accept_what_plan_names, aliased_collection
 
 runner = CliRunner()
 OLD_DIM, NEW_DIM = 16, 24
@@ -193,7 +193,8 @@ def test_llamaindex_pgvector_reads_through_the_alias_before_and_after_cutover(
         f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "data_notes"\n'
         'id_column = "id"\ntext_column = "text"\n\n'
         f'[embedder]\nkind = "hash"\ndim = {NEW_DIM}\n\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "data_notes"\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "data_notes"\n'
+        'accept = ["indexes", "table_statements", "column_order"]\n\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 50\n'
     )
     assert invoke("run", "-c", str(config))["written"] == 120
@@ -259,7 +260,9 @@ def test_llamaindex_pgvector_adds_through_the_alias_after_cutover_rollback_and_p
         "--model", str(tiny_model),
     )  # fmt: skip
     assert (made["source"]["id_column"], made["source"]["text_column"]) == ("id", "text")
-    config = load(Path("notes.toml"))  # the migration exactly as init wrote it
+    # the migration as init wrote it, with the losses plan names accepted by name (its indexes on metadata)
+    assert accept_what_plan_names(Path("notes.toml")) == ["indexes", "table_statements", "column_order"]
+    config = load(Path("notes.toml"))
     invoke("plan", "-c", "notes.toml", "--no-calibrate")
     assert invoke("run", "-c", "notes.toml")["written"] == 60
     assert invoke("verify", "-c", "notes.toml")["complete"]
@@ -304,7 +307,8 @@ def test_llamaindex_pgvector_reads_and_adds_through_an_alias_stored_as_halfvec(
         f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "data_notes"\n'
         'id_column = "id"\ntext_column = "text"\n\n'
         f'[embedder]\nkind = "hash"\ndim = {wide}\n\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "data_notes"\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "data_notes"\n'
+        'accept = ["indexes", "table_statements", "column_order"]\n\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\n'
     )
     assert invoke("plan", "-c", str(config), "--no-calibrate")["storage"]["type"] == "halfvec"

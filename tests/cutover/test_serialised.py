@@ -28,7 +28,7 @@ def write_config(tmp_path: Path, dsn: str, *, seed: str = "new") -> Config:
     path.write_text(
         f'[source]\nkind = "jsonl"\npath = "{make_corpus(tmp_path / "docs.jsonl")}"\n\n'
         f'[embedder]\nkind = "hash"\ndim = 16\nseed = "{seed}"\n\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"\naccept = ["table_statements", "column_order"]\n\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 25\n'
     )
     return load(path)

@@ -200,7 +200,7 @@ def docs(request: pytest.FixtureRequest, tmp_path: Path, pg_dsn: str) -> Config:
         f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "docs"\nid_column = "id"\ntext_column = "body"\n\n'
         f'[embedder]\nkind = "{request.param}"\ndim = {DIM}\n'
         + ("polls_to_finish = 1\n" if request.param == "memory-batch" else "")
-        + f'\n[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n\n'
+        + f'\n[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\naccept = ["table_statements", "column_order"]\n\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 16\npoll_seconds = 0.01\n'
     )
     config = load(path)

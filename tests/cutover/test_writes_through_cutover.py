@@ -120,7 +120,8 @@ def test_writes_during_run_and_cutover_sync_are_never_lost(tmp_path: Path, pg_ds
     config.write_text(
         f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "docs"\nid_column = "id"\ntext_column = "body"\n\n'
         '[embedder]\nkind = "hash"\ndim = 24\nlatency_ms = 60\n\n'  # a slow model: writes land mid-run
-        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "docs"\n'
+        'accept = ["table_statements", "column_order"]\n\n'
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 40\n'
     )
     fingerprint = invoke("plan", "-c", str(config), "--no-calibrate")["fingerprint"]

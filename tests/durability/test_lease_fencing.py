@@ -62,7 +62,7 @@ def _tool(tmp_path: Path, dsn: str) -> tuple[Tool, dict[str, str]]:
     config.write_text(
         f'[source]\nkind = "postgres"\ndsn = "{dsn}"\ntable = "docs"\npage_size = 100\n\n'
         '[embedder]\nkind = "hash"\ndim = 16\nmax_tokens = 128\nlatency_ms = 30\n\n'
-        f'[target]\nkind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{dsn}"\nalias = "docs"\naccept = ["table_statements", "column_order"]\n\n'
         f'[run]\nstate = "{dsn}"\nshard_size = 20\nbatch_tokens = 2048\n'
     )
     return Tool(config, tmp_path / "unused.db"), texts

@@ -461,7 +461,14 @@ class PgvectorApplication(_Application):
     def config(self) -> Config:
         source = {"kind": "postgres", "dsn": self.DSN, "table": self.table, "text_column": "text"}
         return self.configured(
-            source, {"kind": "pgvector", "dsn": self.DSN, "alias": self.table, "index": "none"}
+            source,
+            {
+                "kind": "pgvector",
+                "dsn": self.DSN,
+                "alias": self.table,
+                "index": "none",
+                "accept": ["table_statements", "column_order"],
+            },
         )
 
     def query(self, statement: Any, params: Any = None) -> list[tuple[Any, ...]]:
