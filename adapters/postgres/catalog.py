@@ -102,6 +102,10 @@ CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indclass::oid[]) AS k(attnum, opcl
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 JOIN pg_opclass o ON o.oid = k.opclass
 WHERE i.indrelid = ANY(%s::oid[]) AND a.attname = %s"""
+_TARGET_COLUMNS_SQL = """
+SELECT a.attname, col_description(a.attrelid, a.attnum) FROM pg_attribute a
+WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped
+  AND col_description(a.attrelid, a.attnum) LIKE '{"reindex":%%'"""
 _PRIMARY_KEY_SQL = """
 SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
 WHERE i.indrelid = %s::oid AND i.indisprimary"""
@@ -176,9 +180,11 @@ def _read_source_shape(
             f"table or view {table!r} not found", hint="check [source] table and dsn (schema.table)"
         )
     named = _stored_vector_columns(conn, oid)
+    aside = _unserved_target_columns(conn, oid)
     attributes = {
         a.name: replace(a, named_vector=True) if a.name in named and a.type_name[1] == "bit" else a
         for a in _attributes(conn, oid)
+        if a.name not in aside
     }
     for option, column in (
         ("id_column", id_column),
@@ -200,6 +206,14 @@ def _read_source_shape(
     # are not the application's data, and the next target adds its own.
     columns = tuple(a for a in attributes.values() if not a.is_vector and a.name not in _BOOKKEEPING)
     return _SourceShape(oid, columns, attributes[id_column], attributes[text_column], vector, distance)
+
+
+def _unserved_target_columns(conn: Connection, oid: int) -> set[str]:
+    """Columns of the table that hold targets it does not serve (mode "column": column_targets.py): the
+    tool's, never the application's documents or vectors."""
+    rows = conn.execute(_TARGET_COLUMNS_SQL, [oid]).fetchall()
+    marks = {name: _json_object(comment).get("reindex") for name, comment in rows}
+    return {name for name, mark in marks.items() if isinstance(mark, dict) and not mark.get("served")}
 
 
 def _stored_vector_columns(conn: Connection, oid: int) -> set[str]:

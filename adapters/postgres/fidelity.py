@@ -1,12 +1,18 @@
-"""What an application's table has that the first cutover would not keep.
+"""What an application's table has that a cutover would not keep, in each of the two modes.
 
-The first cutover onto a plain table renames it `<alias>__adopted` and puts a view over the new target in its
-place (alias.py). The target gets the table's columns, defaults, NOT NULLs, CHECKs, primary key and grants
-(ddl.py, rules.py); everything else bound to the table stays on the renamed one, and a view is not a table.
+`mode = "table"` (0.2's): the first cutover onto a plain table renames it `<alias>__adopted` and puts a view
+over a new table in its place (alias.py). The new table gets the columns, defaults, NOT NULLs, CHECKs, primary
+key and grants (ddl.py, rules.py); everything else bound to the table stays on the renamed one, and a view is
+not a table.
+
+`mode = "column"`: the new vectors go into a column of the application's own table and the flip renames two
+columns (side_by_side.py). The table stays the same table, so it keeps everything bound to it; what it may
+not keep is bound to the vector column itself (a view that reads it, its NOT NULL, its checks), what fires
+on the tool's writes (triggers on every UPDATE, publications), and the one column it adds while in flight.
+
 This module reads the catalog for each such thing, so that `plan`, `run` and `cutover` name it and refuse
-unless `[target] accept` names it too. Nothing is discovered after the cutover.
-
-Each finding is a key (what `accept` takes) and the objects found, in the catalog's own words.
+unless `[target] accept` names it too. Nothing is discovered after the cutover. Each finding is a key (what
+`accept` takes) and the objects found, in the catalog's own words.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ Kept = Literal[
     "owner",
     "table_statements",
     "column_order",
+    "extra_column",
+    "vector_not_null",
+    "vector_constraints",
+    "update_triggers",
 ]
 KEYS: tuple[str, ...] = get_args(Kept)
 
@@ -132,19 +142,84 @@ FROM pg_class WHERE oid = %(oid)s AND pg_get_userbyid(relowner) <> current_user"
     "column_order": "SELECT 'the vector column moves after the others'",
 }
 
+# mode = "column": the same keys where the meaning is the same; %(vector)s is the served vector column.
+_NOT_A_TOOL_COLUMN = "coalesce(col_description(a.attrelid, a.attnum), '') NOT LIKE '{\"reindex\":%%'"
+_COLUMN_WHAT: dict[str, str] = {
+    "row_security": "row-level security applies to the tool's role: it would read and fill only the rows"
+    " its policies show (run as the table's owner, or a role with BYPASSRLS)",
+    "dependent_views": "views that read the vector column: they follow the column, not its name, and would"
+    " keep serving the old vectors",
+    "partitions": "partitioning or inheritance: the new column's index cannot yet be built on it without"
+    " holding writers",
+    "publications": "publications: the fill updates every row and the new column would be published to"
+    " subscribers whose tables lack it",
+    "column_order": "column order: after the flip the vector column is the table's last",
+    "extra_column": "one more column while a migration is in flight (run to prune): SELECT *, and INSERT or"
+    " COPY without a column list, see it",
+    "vector_not_null": "NOT NULL on the vector column: the new column accepts NULL",
+    "vector_constraints": "checks and other indexes on the vector column stay on the old one",
+    "update_triggers": "triggers that fire on every UPDATE fire for the tool's writes too: once per row for"
+    " the fill, and for each row sync re-embeds",
+}
+_COLUMN_FOUND_SQL: dict[str, str] = {
+    "row_security": """
+SELECT 'enabled' || CASE WHEN relforcerowsecurity THEN ' and forced' ELSE '' END FROM pg_class c
+WHERE oid = %(oid)s AND relrowsecurity
+  AND (relforcerowsecurity OR pg_get_userbyid(relowner) <> current_user)
+  AND NOT (SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user)""",
+    "dependent_views": """
+SELECT DISTINCT r.ev_class::regclass::text FROM pg_depend d
+JOIN pg_rewrite r ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
+WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = %(oid)s AND d.refobjsubid = %(vector)s
+  AND r.ev_class <> %(oid)s ORDER BY 1""",
+    "partitions": _FOUND_SQL["partitions"],
+    "publications": _FOUND_SQL["publications"],
+    "column_order": f"""
+SELECT 'followed by ' || string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_attribute a
+WHERE a.attrelid = %(oid)s AND a.attnum > %(vector)s AND %(vector)s > 0 AND NOT a.attisdropped
+  AND {_NOT_A_TOOL_COLUMN} HAVING count(*) > 0""",
+    "extra_column": "SELECT 'the new vectors'",
+    "vector_not_null": """
+SELECT 'NOT NULL' FROM pg_attribute WHERE attrelid = %(oid)s AND attnum = %(vector)s AND attnotnull""",
+    "vector_constraints": """
+SELECT quote_ident(conname) || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+WHERE conrelid = %(oid)s AND contype IN ('c', 'u', 'x') AND %(vector)s = ANY(conkey)
+UNION ALL
+SELECT quote_ident(ic.relname) || substring(pg_get_indexdef(i.indexrelid) from ' USING .*$')
+FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid JOIN pg_am am ON am.oid = ic.relam
+WHERE i.indrelid = %(oid)s AND am.amname NOT IN ('hnsw', 'ivfflat')
+  AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+  AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
+              AND d.refobjid = %(oid)s AND d.refobjsubid = %(vector)s)""",
+    "update_triggers": """
+SELECT quote_ident(tgname) FROM pg_trigger
+WHERE tgrelid = %(oid)s AND NOT tgisinternal AND tgenabled <> 'D' AND (tgtype & 16) <> 0
+  AND array_length(tgattr::int2[], 1) IS NULL ORDER BY 1""",
+}
+
 _ATTNUM_SQL = "SELECT attnum FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped"
 
 
 def losses(
-    conn: Connection, oid: int, id_column: str, vector_column: str | None, accepted: Sequence[str]
+    conn: Connection,
+    oid: int,
+    id_column: str,
+    vector_column: str | None,
+    accepted: Sequence[str],
+    *,
+    column: bool = False,
 ) -> list[Loss]:
-    """What the table `oid` has that the view mode would not keep, each marked accepted or not."""
+    """What the table `oid` has that the view mode (or, with `column`, the column mode) would not keep,
+    each marked accepted or not."""
     params = {"oid": oid, "id": _attnum(conn, oid, id_column), "vector": _attnum(conn, oid, vector_column)}
+    queries, what = (_COLUMN_FOUND_SQL, _COLUMN_WHAT) if column else (_FOUND_SQL, _WHAT)
     found = []
     for key in KEYS:
-        objects = [str(row[0]) for row in conn.execute(_FOUND_SQL[key], params).fetchall()]
+        if key not in queries:
+            continue
+        objects = [str(row[0]) for row in conn.execute(queries[key], params).fetchall()]
         if objects:
-            found.append(Loss(key, _WHAT[key], tuple(objects), accepted=key in accepted))
+            found.append(Loss(key, what[key], tuple(objects), accepted=key in accepted))
     return found
 
 

@@ -11,7 +11,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field
 
@@ -76,6 +76,8 @@ from reindex_adapters.postgres.write import (
 if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
 
+_T = TypeVar("_T")
+
 
 class PgvectorSink(_Reads):
     """Targets are tables `<alias>__<fingerprint8>`; the alias is a view `SELECT * FROM <target>`."""
@@ -83,6 +85,10 @@ class PgvectorSink(_Reads):
     shareable = True  # several processes may open it at once (reindex.run.processes)
 
     holds_writers = True  # move_alias's settle runs under an EXCLUSIVE lock on the view that writers wait on
+
+    # False: a target is a table of its own and the alias a view over it; True (PgvectorColumnSink): a target
+    # is a column of the alias's own table, so a source reading that table sees every write, before and after
+    serves_in_place = False
 
     class Config(_DsnConfig):
         kind: Literal["pgvector"]
@@ -99,6 +105,9 @@ class PgvectorSink(_Reads):
         # halfvec above when an index is built
         storage: Kind | None = None
         full_vector: bool = False  # with storage "bit": keep the full vector too, re-rank searches on it
+        # "table": each target a table of its own, the alias a view over one (0.2); "column": each target a
+        # column of the alias's own table, the flip a rename of two columns (adapters/postgres/side_by_side.py)
+        mode: Literal["table", "column"] = "table"
         # what the application's table has that the first cutover may drop (adapters/postgres/fidelity.py)
         accept: list[fidelity.Kept] = Field(default_factory=list)
 
@@ -135,6 +144,10 @@ class PgvectorSink(_Reads):
 
     @classmethod
     def from_config(cls, config: Config) -> PgvectorSink:
+        if config.mode == "column" and cls is PgvectorSink:
+            from reindex_adapters.postgres.side_by_side import PgvectorColumnSink
+
+            return PgvectorColumnSink.from_config(config)
         return cls(
             config.resolved_dsn("target"),
             lock_timeout_ms=config.lock_timeout_ms,
@@ -308,24 +321,12 @@ class PgvectorSink(_Reads):
     ) -> str | None:
         """Swap the view in one short transaction; a busy lock is retried, then refused (old target stays).
         With `settle`, writers are held first (EXCLUSIVE: readers pass), then settle runs, then the swap."""
-        import psycopg
-
         _identifier(alias)
         _identifier(target)
+        previous = retry_locked(self, lambda: self._swap(alias, target, expected, meta, settle), alias)
         with self._db.errors():
-            for attempt in range(1, self.swap_attempts + 1):
-                try:
-                    previous = self._swap(alias, target, expected, meta, settle)
-                except psycopg.errors.LockNotAvailable:
-                    if attempt < self.swap_attempts:
-                        time.sleep(min(1.0, 0.05 * 2**attempt) * random.uniform(0.5, 1.5))
-                    continue
-                self._read_back(alias, target)
-                return previous
-        raise CutoverRefused(
-            f"could not lock alias {alias!r} within {self.swap_attempts} x {self.lock_timeout_ms} ms",
-            hint="a long-running reader holds it; the old target is still live, retry the cutover later",
-        )
+            self._read_back(alias, target)
+        return previous
 
     def targets(self, alias: str) -> list[str]:
         parts = _split(alias)
@@ -437,6 +438,24 @@ class PgvectorSink(_Reads):
         conn = self._db.connection()
         if _resolve_alias(conn, alias).target_oid != _regclass(conn, target):
             raise BackendError(f"alias {alias!r} does not serve {target!r} after the swap")
+
+
+def retry_locked(sink: PgvectorSink, attempt: Callable[[], _T], alias: str) -> _T:
+    """Run one short transaction that takes the alias's lock under `lock_timeout`, retried with jittered
+    backoff up to `swap_attempts` times; then refused (nothing changed, the old target still live)."""
+    import psycopg
+
+    with sink._db.errors():
+        for tried in range(1, sink.swap_attempts + 1):
+            try:
+                return attempt()
+            except psycopg.errors.LockNotAvailable:
+                if tried < sink.swap_attempts:
+                    time.sleep(min(1.0, 0.05 * 2**tried) * random.uniform(0.5, 1.5))
+    raise CutoverRefused(
+        f"could not lock alias {alias!r} within {sink.swap_attempts} x {sink.lock_timeout_ms} ms",
+        hint="a long-running reader holds it; the old target is still live, retry later",
+    )
 
 
 def _vector_of(meta: Mapping[str, Any]) -> str | None:

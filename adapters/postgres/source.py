@@ -174,7 +174,7 @@ class PostgresSource:
     def reading(self, sink: Sink, alias: str, previous: str) -> PostgresSource | None:
         """This source over `previous` when it reads the alias (the view) or `previous` itself, in the
         sink's own database: the table the application wrote to until the flip (`reindex.prove.served`)."""
-        if not isinstance(sink, PgvectorSink) or self.table not in (alias, previous):
+        if not isinstance(sink, PgvectorSink) or sink.serves_in_place or self.table not in (alias, previous):
             return None
         if _database_of(sink.identity()) != _database_of(self._identity):
             return None

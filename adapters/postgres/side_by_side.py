@@ -1,0 +1,653 @@
+"""The pgvector sink in `mode = "column"`: new vectors side by side in the application's own table.
+
+Where the source and the target are one Postgres table, the table stays the table: `prepare` adds the column
+`<vector>__<suffix>` (nullable, no default: a catalog change), `write` fills it through a COPY stage and one
+guarded `UPDATE ... FROM` per batch, `finalize` builds its HNSW index `CONCURRENTLY` (writers go on), and the
+flip renames two columns in one short transaction under `lock_timeout`. Row security, constraints, indexes,
+triggers, grants, generated columns, foreign keys, views over the table, partitions, COPY and ALTER TABLE
+stay what they were, because nothing replaces the table (fidelity.py names what the column mode may not
+keep). `rollback` renames them back; what the application wrote meanwhile is in the table, never elsewhere.
+
+The content hash of the text each vector was embedded from lives in a table of the target's name beside the
+application's (column_targets.py), so the application's table gains one column, and only while a migration
+is in flight. A vector is written only where the row's text still hashes to what was embedded: a text the
+application changes meanwhile keeps no vector of its old text, and verify finds the hash stale until sync.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from reindex import crashpoints
+from reindex.errors import BackendError, ConfigError, CutoverRefused
+from reindex.ports import AliasInfo, IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
+from reindex_adapters.postgres import column_targets as columns
+from reindex_adapters.postgres import fidelity
+from reindex_adapters.postgres.alias import _lock_alias
+from reindex_adapters.postgres.catalog import _json_object, _Layout, _read_layout, _regclass
+from reindex_adapters.postgres.connection import _identifier, _one
+from reindex_adapters.postgres.reads import _cursor_names
+from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
+from reindex_adapters.postgres.storage import check_server, choose
+from reindex_adapters.postgres.write import _rejections
+
+if TYPE_CHECKING:
+    from psycopg import sql
+
+    from reindex_adapters.postgres.connection import Connection
+
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" * 2
+_COUNT_SQL = "SELECT count(*) FROM {} WHERE {} IS NOT NULL"
+_SESSION_INDEX_SETTINGS_SQL = """
+SELECT set_config('maintenance_work_mem', %s, false),
+  set_config('max_parallel_maintenance_workers',
+             greatest(current_setting('max_parallel_maintenance_workers')::int, %s::int)::text, false)"""
+
+
+class PgvectorColumnSink(PgvectorSink):
+    """Targets are columns of the alias's own table; the served one is named like the vector column."""
+
+    serves_in_place = True  # the source table is the alias: it holds every write before and after a flip
+
+    # identity ------------------------------------------------------------------------------------------
+
+    def losses(self, spec: TargetSpec) -> list[Loss]:
+        """What the table has that the column mode would not keep (fidelity.py, mode column)."""
+        _identifier(spec.alias)
+        with self._db.errors():
+            conn = self._db.connection()
+            oid = self._table_oid(conn, spec.alias)
+            vector = self._served_column(conn, oid, spec.source.vector_field)
+            return fidelity.losses(conn, oid, spec.source.id_field, vector, self.accept, column=True)
+
+    def prepare(self, spec: TargetSpec) -> None:
+        """Add the target's column and its bookkeeping table (idempotent); refuse first what the table has
+        that the column mode would not keep, unless accepted."""
+        from psycopg import sql
+
+        _identifier(spec.name)
+        self._layouts.pop(spec.name, None)
+        storage = choose(self.storage, self.full_vector, spec.dim, index=self.build_index)
+        if storage.kind == "bit":
+            raise ConfigError(
+                'mode = "column" stores vector or halfvec, not bit',
+                hint='set [target] storage or mode = "table"',
+            )
+        fidelity.refuse_unaccepted(self.losses(spec), spec.alias)
+        vector = spec.source.vector_field or "embedding"
+        name = columns.unserved_name(vector, spec.alias, spec.name)
+        book = columns.bookkeeping_table(spec.alias, spec.name)
+        with self._db.transaction() as conn:
+            oid = self._table_oid(conn, spec.alias)
+            found = columns.find(conn, spec.alias, spec.name)
+            if found is not None:
+                self._check_same(conn, spec, book)
+                return
+            check_server(conn, storage)
+            key = self._key_type(conn, oid, spec.source.id_field)
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (id {} PRIMARY KEY, content_hash text NOT NULL)"
+                ).format(_identifier(book), sql.SQL(key))
+            )
+            meta = self._meta(spec, storage.kind, vector)
+            conn.execute(
+                sql.SQL("COMMENT ON TABLE {} IS {}").format(_identifier(book), sql.Literal(json.dumps(meta)))
+            )
+            table = _identifier(spec.alias)
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ADD COLUMN {}").format(table, storage.column_sql(name, spec.dim))
+            )
+            columns.mark(conn, table, name, spec.name, False, {})
+
+    def _meta(self, spec: TargetSpec, storage: str, vector: str) -> dict[str, Any]:
+        return {
+            "mode": "column",
+            "fingerprint": spec.fingerprint,
+            "dim": spec.dim,
+            "alias": spec.alias,
+            "model": dict(spec.model),
+            "distance": spec.source.distance,
+            "created_at": datetime.now(UTC).isoformat(),
+            "id_field": spec.source.id_field,
+            "text_field": spec.source.text_field,
+            "vector_column": vector,
+            "plan_id": spec.plan_id,
+            "nonce": spec.nonce,
+            "storage": storage,
+            "full_vector": False,
+        }
+
+    def _check_same(self, conn: Connection, spec: TargetSpec, book: str) -> None:
+        meta = self._book_meta(conn, book)
+        found = (meta.get("fingerprint"), meta.get("dim"))
+        if found != (spec.fingerprint, spec.dim):
+            raise ConfigError(
+                f"target {spec.name!r} exists with fingerprint {found[0]} and dim {found[1]}",
+                hint="choose another [target] name",
+            )
+
+    # writing -------------------------------------------------------------------------------------------
+
+    def write(self, target: str, rows: Rows) -> None:
+        """COPY (id, content hash, vector) into a stage, then one UPDATE of the rows whose text still hashes
+        to what was embedded, and their hashes upserted beside; rows gone or changed meanwhile are left."""
+        from psycopg import sql
+
+        if not rows.records:
+            return
+        layout = self._layout(target)
+        assert layout.vector is not None
+        text = sql.Identifier(str(layout.meta["text_field"]))
+        statement = sql.SQL(
+            "WITH moved AS (UPDATE {t} AS d SET {v} = s.v::{type} FROM reindex_column_stage AS s"
+            " WHERE d.{k} = s.id::{cast} AND {hash} = s.h RETURNING d.{k} AS id, s.h AS h)"
+            " INSERT INTO {book} (id, content_hash) SELECT id, h FROM moved"
+            " ON CONFLICT (id) DO UPDATE SET content_hash = excluded.content_hash"
+        ).format(
+            t=layout.ident,
+            v=layout.vector.ident,
+            type=sql.SQL(layout.vector.type),
+            k=layout.key.ident,
+            cast=layout.key.cast,
+            hash=columns.content_hash_sql(sql.SQL("d.{}").format(text)),
+            book=_identifier(self._built(layout, target)),
+        )
+        payload = _stage_payload(
+            [r.id for r in rows.records], list(rows.content_hashes), layout.storage, rows.vectors
+        )
+        with self._db.transaction() as conn, _rejections(target):
+            conn.execute(
+                "CREATE TEMP TABLE reindex_column_stage (id text, h text, v {}) ON COMMIT DROP".replace(
+                    "{}", "vector" if layout.storage.column == "vector" else "halfvec"
+                )
+            )
+            with conn.cursor().copy("COPY reindex_column_stage FROM STDIN (FORMAT BINARY)") as copy:
+                copy.write(payload)
+            conn.execute(statement)
+
+    def delete(self, target: str, ids: Sequence[str]) -> None:
+        """Clear the target's vector of these documents (never their rows: they are the application's)."""
+        from psycopg import sql
+
+        layout = self._layout(target)
+        assert layout.vector is not None
+        with self._db.transaction() as conn:
+            conn.execute(
+                sql.SQL("UPDATE {} SET {} = NULL WHERE {} = ANY(%s::{}[]) AND {} IS NOT NULL").format(
+                    layout.ident, layout.vector.ident, layout.key.ident, layout.key.cast, layout.vector.ident
+                ),
+                [list(ids)],
+            )
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE id = ANY(%s::{}[])").format(
+                    _identifier(self._built(layout, target)), layout.key.cast
+                ),
+                [list(ids)],
+            )
+
+    def finalize(self, spec: TargetSpec) -> None:
+        """Build the column's HNSW index CONCURRENTLY (the application writes on), then ANALYZE the table."""
+        from psycopg import sql
+
+        layout = self._layout(spec.name)
+        self.index_seconds = None
+        if self.build_index and layout.vector is not None:
+            self.index_seconds = self._build_concurrently(layout, spec)
+        with self._db.errors():
+            self._db.connection().execute(sql.SQL("ANALYZE {}").format(layout.ident))
+
+    def _build_concurrently(self, layout: _Layout, spec: TargetSpec) -> float | None:
+        import time
+
+        from psycopg import sql
+
+        assert layout.vector is not None
+        index = f"{_split_last(spec.name)[:57]}_hnsw"
+        with self._db.errors():
+            conn = self._db.connection()
+            valid = conn.execute(
+                "SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
+                " WHERE c.relname = %s AND i.indrelid = %s::oid",
+                [index, layout.oid],
+            ).fetchone()
+            if valid is not None and valid[0]:
+                return None
+            if valid is not None:  # an interrupted CONCURRENTLY build leaves an invalid index: build it anew
+                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index)))
+            # CONCURRENTLY runs outside a transaction: the settings are the session's, reset after
+            conn.execute(_SESSION_INDEX_SETTINGS_SQL, [self.maintenance_work_mem, max(0, os_cpus() - 1)])
+            started = time.perf_counter()
+            conn.execute(
+                sql.SQL(
+                    "CREATE INDEX CONCURRENTLY {} ON {} USING hnsw ({}) WITH (m = {}, ef_construction = {})"
+                ).format(
+                    sql.Identifier(index),
+                    layout.ident,
+                    layout.storage.index_target(layout.vector.ident, spec.dim, spec.source.distance),
+                    sql.Literal(self.hnsw[0]),
+                    sql.Literal(self.hnsw[1]),
+                )
+            )
+            seconds = time.perf_counter() - started
+            conn.execute("RESET maintenance_work_mem; RESET max_parallel_maintenance_workers")
+            return seconds
+
+    # reading -------------------------------------------------------------------------------------------
+
+    def describe(self, target: str) -> TargetInfo | None:
+        from psycopg import sql
+
+        _identifier(target)
+        with self._db.errors():
+            conn = self._db.connection()
+            layout = self._find_layout(conn, target)
+            if layout is None:
+                return None
+            assert layout.vector is not None
+            count = _one(
+                conn.execute(sql.SQL(_COUNT_SQL).format(layout.ident, layout.vector.ident)).fetchone()
+            )
+        meta = layout.meta
+        return TargetInfo(
+            target,
+            int(count),
+            layout.vector.typmod if layout.vector.typmod > 0 else None,
+            meta.get("fingerprint"),
+            meta.get("model"),
+            plan_id=meta.get("plan_id") or None,
+            nonce=meta.get("nonce") or None,
+        )
+
+    def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
+        """Every stored vector with the hash of the text it was embedded from; a vector with none there
+        (the application wrote it through the alias) gets its text's hash, marked derived, for `adopt`."""
+        from psycopg import sql
+
+        layout = self._layout(target)
+        assert layout.vector is not None
+        storage, vector = layout.storage, layout.vector.ident
+        book = self._book(layout, target)
+        text = sql.SQL("d.{}").format(sql.Identifier(str(layout.meta.get("text_field") or "text")))
+        if book is None:  # the application's own vectors (`<alias>__adopted`): no bookkeeping
+            digest: sql.Composable = sql.SQL("NULL::text, false")
+            join: sql.Composable = sql.SQL("")
+        else:
+            digest = sql.SQL("coalesce(b.content_hash, {}), b.content_hash IS NULL").format(
+                columns.content_hash_sql(text)
+            )
+            join = sql.SQL(" LEFT JOIN {} AS b ON b.id = d.{}").format(_identifier(book), layout.key.ident)
+        query = sql.SQL(
+            "SELECT d.{k}::text, {digest}, CASE WHEN {dims} <> %s THEN 'dimension' WHEN {zero} THEN 'zero' END"
+            " FROM {t} AS d{join} WHERE d.{v} IS NOT NULL"
+        ).format(
+            k=layout.key.ident,
+            digest=digest,
+            dims=storage.dims_sql(sql.SQL("d.{}").format(vector)),
+            zero=storage.zero_sql(sql.SQL("d.{}").format(vector)),
+            t=layout.ident,
+            join=join,
+            v=vector,
+        )
+        fingerprint = layout.meta.get("fingerprint")
+        with (
+            self._db.transaction() as conn,
+            conn.cursor(name=f"reindex_scan_{next(_cursor_names)}") as cursor,
+        ):
+            cursor.itersize = 5000
+            cursor.execute(query, [dim])
+            for key, digest_value, derived, problem in cursor:
+                application = bool(derived) if book is not None else None
+                yield IndexEntry(key, digest_value, fingerprint, problem, application, derived=bool(derived))
+
+    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
+        from psycopg import sql
+
+        layout = self._layout(target)
+        book = self._book(layout, target)
+        if layout.vector is None or book is None or not expected:
+            return {}
+        query = sql.SQL(
+            "SELECT d.{k}::text, d.{v} FROM {t} AS d JOIN {b} AS b ON b.id = d.{k}"
+            " JOIN unnest(%s::{cast}[], %s::text[]) AS e(id, content_hash)"
+            " ON d.{k} = e.id AND b.content_hash = e.content_hash WHERE d.{v} IS NOT NULL"
+        ).format(
+            k=layout.key.ident,
+            v=layout.vector.ident,
+            t=layout.ident,
+            b=_identifier(book),
+            cast=layout.key.cast,
+        )
+        with self._db.errors():
+            conn = self._db.connection()
+            rows = conn.execute(query, [list(expected), list(expected.values())], binary=True).fetchall()
+        return {key: layout.storage.read(value) for key, value in rows if value is not None}
+
+    def adopt(self, target: str, hashes: Mapping[str, str], fingerprint: str) -> int:
+        """Record the hashes of vectors the application wrote (verify re-embedded and accepted them)."""
+        from psycopg import sql
+
+        layout = self._layout(target)
+        book = self._book(layout, target)
+        if book is None or not hashes:
+            return 0
+        with self._db.transaction() as conn:
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (id, content_hash) SELECT id, h FROM unnest(%s::{}[], %s::text[]) AS e(id, h)"
+                    " ON CONFLICT (id) DO NOTHING"
+                ).format(_identifier(book), layout.key.cast),
+                [list(hashes), list(hashes.values())],
+            )
+        return len(hashes)
+
+    # the alias -----------------------------------------------------------------------------------------
+
+    def alias(self, alias: str) -> AliasInfo:
+        _identifier(alias)
+        with self._db.errors():
+            conn = self._db.connection()
+            oid = _regclass(conn, alias)
+            if oid is None:
+                return AliasInfo(alias, None)
+            served = columns.served(conn, oid)
+            if served is None:
+                return AliasInfo(alias, None, is_physical=True)
+            meta = served.meta
+            return AliasInfo(
+                alias, served.target, fingerprint=meta.get("fingerprint"), model=meta.get("model")
+            )
+
+    def move_alias(
+        self,
+        alias: str,
+        target: str,
+        *,
+        expected: str | None,
+        meta: Mapping[str, Any],
+        settle: Callable[[], None] | None = None,
+    ) -> str | None:
+        """Rename the served vector column aside and the target's into its place, in one short transaction
+        under `lock_timeout`, retried; with `settle`, writers are held first (readers pass)."""
+        _identifier(alias)
+        _identifier(target)
+        try:
+            previous = retry_locked(self, lambda: self._flip(alias, target, expected, meta, settle), alias)
+        finally:
+            self._layouts.clear()  # the columns' names changed
+        with self._db.errors():
+            served = self.alias(alias).target
+        if served != target:
+            raise BackendError(f"alias {alias!r} does not serve {target!r} after the flip")
+        return previous
+
+    def _flip(
+        self,
+        alias: str,
+        target: str,
+        expected: str | None,
+        meta: Mapping[str, Any],
+        settle: Callable[[], None] | None,
+    ) -> str | None:
+        from psycopg import sql
+
+        conn = self._db.connection()
+        with conn.transaction():
+            conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
+            if settle is not None:
+                _lock_alias(conn, alias, mode="EXCLUSIVE")
+                settle()
+            _lock_alias(conn, alias)
+            oid = self._table_oid(conn, alias)
+            incoming = columns.find(conn, alias, target)
+            if incoming is None:
+                raise CutoverRefused(f"target {target!r} does not exist")
+            current = columns.served(conn, oid)
+            served_now = current.target if current is not None else None
+            if served_now != expected and not (current is None and expected in (None, alias)):
+                raise CutoverRefused(
+                    f"alias {alias!r} serves {served_now!r}, expected {expected!r}",
+                    hint="another cutover moved it meanwhile; check `reindex status`",
+                )
+            fidelity.refuse_unaccepted(self._flip_losses(conn, oid, incoming), alias)
+            table = _identifier(alias)
+            vector = self._vector_name(conn, incoming, current)
+            previous = served_now or f"{_split_last(alias)}__{columns.ADOPTED}"
+            aside = columns.unserved_name(vector, alias, previous)
+            if current is None and _column_exists(conn, oid, aside):
+                raise CutoverRefused(f"cannot move {vector!r} aside: column {aside!r} already exists")
+            rename = sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}")
+            if _column_exists(conn, oid, vector):  # a table that had no vectors yet has nothing to move aside
+                _carry_column_grants(conn, table, vector, incoming.column.name)
+                conn.execute(rename.format(table, sql.Identifier(vector), sql.Identifier(aside)))
+                columns.mark(conn, table, aside, previous, False, current.meta if current else {})
+            conn.execute(rename.format(table, sql.Identifier(incoming.column.name), sql.Identifier(vector)))
+            columns.mark(conn, table, vector, target, True, meta)
+            crashpoints.crash_if_armed("cutover_before_commit")
+            return previous
+
+    def _flip_losses(self, conn: Connection, oid: int, incoming: columns.ColumnTarget) -> list[Loss]:
+        """What the table has now that the flip would not keep (checked again under the lock)."""
+        book = self._book_meta(conn, columns.bookkeeping_table(self._alias_of(incoming), incoming.target))
+        id_field = str(book.get("id_field") or "id")
+        current = columns.served(conn, oid)
+        vector = current.column.name if current is not None else book.get("vector_column")
+        return fidelity.losses(conn, oid, id_field, vector, self.accept, column=True)
+
+    def targets(self, alias: str) -> list[str]:
+        with self._db.errors():
+            conn = self._db.connection()
+            oid = _regclass(conn, alias)
+            if oid is None:
+                return []
+            found = columns.column_targets(conn, oid)
+            created = {
+                t.target: str(
+                    self._book_meta(conn, columns.bookkeeping_table(alias, t.target)).get("created_at", "")
+                )
+                for t in found
+            }
+        return sorted(created, key=lambda name: (created[name], name))
+
+    def drop(self, target: str) -> None:
+        """Drop a target that is not served: its column (a catalog change) and its bookkeeping table."""
+        from psycopg import sql
+
+        _identifier(target)
+        self._layouts.pop(target, None)
+        alias = self._alias_for(target)
+        if alias is None:
+            return
+
+        def drop_column() -> None:
+            with self._db.transaction() as conn:
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
+                found = columns.find(conn, alias, target)
+                if found is not None and found.served:
+                    raise CutoverRefused(
+                        f"target {target!r} is served by {alias!r}",
+                        hint="move the alias to another target before pruning this one",
+                    )
+                if found is not None:
+                    conn.execute(
+                        sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
+                            _identifier(alias), found.column.ident
+                        )
+                    )
+                conn.execute(
+                    sql.SQL("DROP TABLE IF EXISTS {}").format(
+                        _identifier(columns.bookkeeping_table(alias, target))
+                    )
+                )
+
+        retry_locked(self, drop_column, alias)
+        self._layouts.clear()
+
+    # where things are ----------------------------------------------------------------------------------
+
+    def _layout(self, target: str) -> _Layout:
+        if target not in self._layouts:
+            _identifier(target)
+            with self._db.errors():
+                layout = self._find_layout(self._db.connection(), target)
+            if layout is None:
+                raise BackendError(f"target {target!r} does not exist", hint="run prepare first")
+            self._layouts[target] = layout
+        return self._layouts[target]
+
+    def _find_layout(self, conn: Connection, target: str) -> _Layout | None:
+        """The alias's table seen as this target: its key, the target's column as the vector, its meta."""
+        alias = self._alias_for(target)
+        if alias is None:
+            return None
+        found = columns.find(conn, alias, target)
+        table = _read_layout(conn, alias)
+        if found is None or table is None:
+            return None
+        meta = self._book_meta(conn, columns.bookkeeping_table(alias, target))
+        key = next((a for a in table.columns if a.name == meta.get("id_field")), table.key)
+        return replace(
+            table,
+            key=key,
+            vector=found.column,
+            meta={**meta, "storage": meta.get("storage") or found.column.type_name[1]},
+        )
+
+    def _alias_for(self, target: str) -> str | None:
+        """The alias a target belongs to: the table its name starts with (`docs__3f9a1c2e` → `docs`)."""
+        parts = target.rsplit("__", 1)
+        return parts[0] if len(parts) == 2 and parts[0] else None
+
+    def _alias_of(self, found: columns.ColumnTarget) -> str:
+        return self._alias_for(found.target) or found.target
+
+    def _book(self, layout: _Layout, target: str) -> str | None:
+        """The target's bookkeeping table, or None for the application's own vectors (none was built)."""
+        if layout.meta.get("mode") != "column":
+            return None
+        return columns.bookkeeping_table(str(layout.meta["alias"]), target)
+
+    def _built(self, layout: _Layout, target: str) -> str:
+        book = self._book(layout, target)
+        if book is None:
+            raise BackendError(
+                f"target {target!r} holds the application's own vectors: the tool writes only targets it built"
+            )
+        return book
+
+    def _book_meta(self, conn: Connection, book: str) -> dict[str, Any]:
+        oid = _regclass(conn, book)
+        if oid is None:
+            return {}
+        return _json_object(
+            _one(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", [oid]).fetchone())
+        )
+
+    def _table_oid(self, conn: Connection, alias: str) -> int:
+        row = conn.execute(
+            "SELECT c.oid::int8, c.relkind::text FROM pg_class c WHERE c.oid = to_regclass(%s)",
+            [_identifier(alias).as_string(conn)],
+        ).fetchone()
+        if row is None or row[1] not in ("r", "p"):
+            raise ConfigError(
+                f'mode = "column" needs alias {alias!r} to be the application\'s table'
+                + (
+                    ""
+                    if row is None
+                    else f" (it is a {'view' if row[1] == 'v' else 'relation'} of kind {row[1]!r})"
+                ),
+                hint='point [target] alias at the source table, or set mode = "table"',
+            )
+        return int(row[0])
+
+    def _served_column(self, conn: Connection, oid: int, vector: str | None) -> str | None:
+        served = columns.served(conn, oid)
+        return served.column.name if served is not None else vector
+
+    def _vector_name(
+        self, conn: Connection, incoming: columns.ColumnTarget, current: columns.ColumnTarget | None
+    ) -> str:
+        if current is not None:
+            return current.column.name
+        book = self._book_meta(conn, columns.bookkeeping_table(self._alias_of(incoming), incoming.target))
+        return str(book.get("vector_column") or "embedding")
+
+    def _key_type(self, conn: Connection, oid: int, id_field: str) -> str:
+        row = conn.execute(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s"
+            " AND NOT attisdropped",
+            [oid, id_field],
+        ).fetchone()
+        if row is None:
+            raise ConfigError(f"id column {id_field!r} is not a column of the alias's table")
+        return str(row[0])
+
+
+def _split_last(alias: str) -> str:
+    return alias.rsplit(".", 1)[-1]
+
+
+def _column_exists(conn: Connection, oid: int, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped",
+        [oid, name],
+    ).fetchone()
+    return row is not None
+
+
+def _carry_column_grants(conn: Connection, table: sql.Composable, served: str, incoming: str) -> None:
+    """Roles granted the served vector column get the same on the column that takes its place."""
+    from psycopg import sql
+
+    rows = conn.execute(
+        "SELECT CASE WHEN g.grantee = 0 THEN NULL ELSE pg_get_userbyid(g.grantee)::text END, g.privilege_type,"
+        " g.is_grantable FROM pg_attribute a CROSS JOIN LATERAL aclexplode(a.attacl) g"
+        " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s",
+        [table.as_string(conn), served],
+    ).fetchall()
+    for role, privilege, grantable in rows:
+        grantee = sql.SQL("PUBLIC") if role is None else sql.Identifier(role)
+        conn.execute(
+            sql.SQL("GRANT {} ({}) ON {} TO {}{}").format(
+                sql.SQL(privilege),
+                sql.Identifier(incoming),
+                table,
+                grantee,
+                sql.SQL(" WITH GRANT OPTION" if grantable else ""),
+            )
+        )
+
+
+def _stage_payload(ids: Sequence[str], hashes: Sequence[str], storage: Any, vectors: Any) -> bytes:
+    """Binary COPY of (id text, content hash text, vector) rows."""
+    dim = int(vectors.shape[1]) if len(vectors.shape) == 2 else 0
+    head = storage.copy_head(dim)
+    body = storage.copy_body(vectors)
+    big = body.astype(body.dtype.newbyteorder(">"), copy=False) if body.dtype.itemsize > 1 else body
+    parts = [_COPY_HEADER]
+    for i, (key, digest) in enumerate(zip(ids, hashes, strict=True)):
+        key_bytes, digest_bytes = key.encode(), digest.encode()
+        parts.append(
+            b"\x00\x03"
+            + struct.pack(">i", len(key_bytes))
+            + key_bytes
+            + struct.pack(">i", len(digest_bytes))
+            + digest_bytes
+            + head
+            + big[i].tobytes()
+        )
+    parts.append(b"\xff\xff")
+    return b"".join(parts)
+
+
+def os_cpus() -> int:
+    import os
+
+    return os.cpu_count() or 1
