@@ -447,6 +447,17 @@ class Loss:
 
 
 @runtime_checkable
+class NamesUnserved(Protocol):
+    """A sink that can say, after a move, which documents the target it moved away from holds a vector for
+    and the target it serves now does not (pgvector: rows the application wrote while the newer target was
+    live, which the older model never embedded). `rollback` names them; none is dropped."""
+
+    def unserved(self, alias: str, served: str, replaced: str) -> list[str]:
+        """Document ids with a vector in `replaced` and none in `served`, sorted."""
+        ...
+
+
+@runtime_checkable
 class NamesLosses(Protocol):
     """A sink whose first cutover replaces the live index by another kind of object (pgvector: a table by a
     view over the new target), and can say before anything is built what the live one has that it would

@@ -194,7 +194,7 @@ WHERE i.indrelid = %(oid)s AND am.amname NOT IN ('hnsw', 'ivfflat')
     "update_triggers": """
 SELECT quote_ident(tgname) FROM pg_trigger
 WHERE tgrelid = %(oid)s AND NOT tgisinternal AND tgenabled <> 'D' AND (tgtype & 16) <> 0
-  AND array_length(tgattr::int2[], 1) IS NULL ORDER BY 1""",
+  AND cardinality(tgattr::int2[]) = 0 ORDER BY 1""",
 }
 
 _ATTNUM_SQL = "SELECT attnum FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped"
@@ -223,16 +223,20 @@ def losses(
     return found
 
 
-def refuse_unaccepted(found: Sequence[Loss], alias: str) -> None:
-    """ConfigError naming what `[target] accept` must name before the table behind `alias` is adopted."""
+def refuse_unaccepted(found: Sequence[Loss], alias: str, *, column: bool = False) -> None:
+    """ConfigError naming what `[target] accept` must name before the table behind `alias` is adopted (or,
+    with `column`, before the column mode adds its column)."""
     refused = [loss.key for loss in found if not loss.accepted]
-    if refused:
-        keys = ", ".join(f'"{key}"' for key in refused)
-        raise ConfigError(
-            f"the cutover would not keep what table {alias!r} has: {', '.join(refused)}"
-            " (`reindex plan` lists each)",
-            hint=f"to adopt it anyway, losing them, set [target] accept = [{keys}]",
-        )
+    if not refused:
+        return
+    keys = ", ".join(f'"{key}"' for key in refused)
+    hint = f"to go ahead anyway, losing them, set [target] accept = [{keys}]"
+    if not column:
+        hint = f'where the source is this table, mode = "column" keeps them; {hint}'
+    raise ConfigError(
+        f"the cutover would not keep what table {alias!r} has: {', '.join(refused)} (`reindex plan` lists each)",
+        hint=hint,
+    )
 
 
 def _attnum(conn: Connection, oid: int, column: str | None) -> int:

@@ -79,7 +79,7 @@ class PgvectorColumnSink(PgvectorSink):
                 'mode = "column" stores vector or halfvec, not bit',
                 hint='set [target] storage or mode = "table"',
             )
-        fidelity.refuse_unaccepted(self.losses(spec), spec.alias)
+        fidelity.refuse_unaccepted(self.losses(spec), spec.alias, column=True)
         vector = spec.source.vector_field or "embedding"
         name = columns.unserved_name(vector, spec.alias, spec.name)
         book = columns.bookkeeping_table(spec.alias, spec.name)
@@ -416,7 +416,7 @@ class PgvectorColumnSink(PgvectorSink):
                     f"alias {alias!r} serves {served_now!r}, expected {expected!r}",
                     hint="another cutover moved it meanwhile; check `reindex status`",
                 )
-            fidelity.refuse_unaccepted(self._flip_losses(conn, oid, incoming), alias)
+            fidelity.refuse_unaccepted(self._flip_losses(conn, oid, incoming), alias, column=True)
             table = _identifier(alias)
             vector = self._vector_name(conn, incoming, current)
             previous = served_now or f"{_split_last(alias)}__{columns.ADOPTED}"
@@ -440,6 +440,18 @@ class PgvectorColumnSink(PgvectorSink):
         current = columns.served(conn, oid)
         vector = current.column.name if current is not None else book.get("vector_column")
         return fidelity.losses(conn, oid, id_field, vector, self.accept, column=True)
+
+    def unserved(self, alias: str, served: str, replaced: str) -> list[str]:
+        """Rows with a vector in the replaced target's column and none in the served one."""
+        from psycopg import sql
+
+        now, before = self._layout(served), self._layout(replaced)
+        assert now.vector is not None and before.vector is not None
+        query = sql.SQL("SELECT {}::text FROM {} WHERE {} IS NULL AND {} IS NOT NULL ORDER BY 1").format(
+            now.key.ident, now.ident, now.vector.ident, before.vector.ident
+        )
+        with self._db.errors():
+            return [str(row[0]) for row in self._db.connection().execute(query).fetchall()]
 
     def targets(self, alias: str) -> list[str]:
         with self._db.errors():

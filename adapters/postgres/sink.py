@@ -328,6 +328,28 @@ class PgvectorSink(_Reads):
             self._read_back(alias, target)
         return previous
 
+    def unserved(self, alias: str, served: str, replaced: str) -> list[str]:
+        """Documents of the replaced target's table that the served one lacks or holds no vector for."""
+        from psycopg import sql
+
+        now, before = self._layout(served), self._layout(replaced)
+        if before.vector is None:
+            return []
+        vector = sql.SQL("n.{}").format(now.vector.ident) if now.vector is not None else sql.SQL("NULL")
+        query = sql.SQL(
+            "SELECT b.{bk}::text FROM {b} AS b LEFT JOIN {n} AS n ON n.{nk}::text = b.{bk}::text"
+            " WHERE b.{bv} IS NOT NULL AND {nv} IS NULL ORDER BY 1"
+        ).format(
+            bk=before.key.ident,
+            b=before.ident,
+            n=now.ident,
+            nk=now.key.ident,
+            bv=before.vector.ident,
+            nv=vector,
+        )
+        with self._db.errors():
+            return [str(row[0]) for row in self._db.connection().execute(query).fetchall()]
+
     def targets(self, alias: str) -> list[str]:
         parts = _split(alias)
         schema = parts[0] if len(parts) == 2 else None

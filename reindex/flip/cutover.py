@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from reindex import crashpoints
 from reindex.errors import CutoverRefused
-from reindex.ports import Sink
+from reindex.ports import NamesUnserved, Sink
 from reindex.state.ledger import Ledger
 from reindex.state.records import Cutover
 
@@ -26,6 +26,10 @@ class AliasMove:
     action: str = "cutover"
     # cutover --sync on a sink that cannot hold writers: the window carried over after the flip (AfterFlip)
     after_flip: dict[str, Any] | None = None
+    # rollback: documents the target rolled away from holds a vector for and the one served now does not
+    # (what the application wrote while the newer target was live); kept there for the next cutover
+    unserved: int = 0
+    unserved_ids: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -103,7 +107,7 @@ def rollback(sink: Sink, ledger: Ledger, alias: str) -> AliasMove:
             f"the previous target {last.old!r} no longer exists (pruned)",
             hint="rebuild it with `reindex run` on its config",
         )
-    return move(
+    moved = move(
         sink,
         ledger,
         alias=alias,
@@ -114,3 +118,7 @@ def rollback(sink: Sink, ledger: Ledger, alias: str) -> AliasMove:
         expected=last.new,
         check_expected=True,
     )
+    if not moved.changed or not isinstance(sink, NamesUnserved) or sink.describe(last.new) is None:
+        return moved
+    ids = sink.unserved(alias, last.old, last.new)
+    return replace(moved, unserved=len(ids), unserved_ids=ids)

@@ -366,8 +366,14 @@ def alias_move(s: Screen, m: dict[str, Any]) -> None:
     if m["forced"]:
         s.warn("forced past a failed verification or quality gate; recorded in the alias history")
     _after_flip(s, m.get("after_flip"))
+    if m.get("unserved"):
+        s.warn(
+            f"{count(m['unserved'], 'document')} written while {m['previous']} was live have no vector of the"
+            f" model {m['target']} holds: vector search does not find them until the next cutover"
+            f" ({m['previous']} keeps their vectors; ids in --json)"
+        )
     if m["action"] == "rollback":
-        s.line(f"Undo with: reindex cutover -c {s.config}")
+        s.line(f"Roll forward with: reindex cutover --sync -c {s.config}")
     else:
         s.line(f"Roll back with: reindex rollback -c {s.config}")
 

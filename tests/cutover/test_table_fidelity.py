@@ -17,25 +17,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from typer.testing import CliRunner
 
-from reindex.ui.cli import app
+from tests.cutover.support import reindex, sql
 
-runner = CliRunner()
 ROWS = 20
 ALWAYS = ["table_statements", "column_order"]  # a view is not a table, whatever the table has
-
-
-def sql(dsn: str, *statements: str, role: str | None = None) -> list[tuple[Any, ...]]:
-    """Run statements as the application would (optionally as one of its roles); the last one's rows."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        if role is not None:
-            conn.execute(f"SET ROLE {role}")
-        rows: list[tuple[Any, ...]] = []
-        for statement in statements:
-            cursor = conn.execute(statement)
-            rows = cursor.fetchall() if cursor.description else []
-        return rows
 
 
 @pytest.fixture
@@ -64,11 +50,6 @@ def config(tmp_path: Path, dsn: str, accept: list[str] | None = None) -> Path:
         f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 50\n'
     )
     return path
-
-
-def reindex(*args: str) -> tuple[int, str, str]:
-    result = runner.invoke(app, list(args))
-    return result.exit_code, result.stdout, result.stderr
 
 
 def planned_losses(path: Path) -> tuple[int, dict[str, dict[str, Any]]]:
