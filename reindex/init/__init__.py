@@ -75,7 +75,7 @@ def init(path: Path, request: InitRequest) -> InitReport:
     sections = {
         "source": proposal.source_entries(source, survey),
         "embedder": embedders.entries(request),
-        "target": proposal.target_entries(request, source, alias),
+        "target": proposal.target_entries(request, source, alias, survey),
         "run": proposal.run_entries(alias),
     }
     text = render(_header(path, survey), sections)

@@ -134,7 +134,9 @@ def _file_kind(path: Path) -> str:
 # [target], [run] ([embedder]: embedders.py) ----------------------------------------------------------------------------
 
 
-def target_entries(request: InitRequest, source: dict[str, Any], alias: str) -> list[Entry]:
+def target_entries(
+    request: InitRequest, source: dict[str, Any], alias: str, survey: Survey | None = None
+) -> list[Entry]:
     kind = request.target or _SAME_BACKEND.get(str(source["kind"]))
     if kind is None:
         raise ConfigError(
@@ -143,14 +145,24 @@ def target_entries(request: InitRequest, source: dict[str, Any], alias: str) -> 
         )
     if kind not in TARGET_KINDS:
         raise ConfigError(f"unknown target kind {kind!r}", hint="--target pgvector or --target qdrant")
+    in_place = (
+        kind == "pgvector"
+        and source["kind"] == "postgres"
+        and survey is not None
+        and survey.relation in ("table", "partitioned table")
+        and alias == survey.name
+        and not _other_database(request)
+    )
     accept = [
         Entry(
             "accept",
-            ("table_statements", "column_order"),
-            "what the first cutover of a plain table may drop; `reindex plan` lists what it has",
+            ("extra_column",) if in_place else ("table_statements", "column_order"),
+            "what the cutover may not keep of the table; `reindex plan` lists what it finds",
             is_example=True,
         )
     ]
+    if in_place:  # the application's own table: the new vectors side by side in it (docs/backends.md)
+        accept.insert(0, Entry("mode", "column", "the table stays the table: the flip renames two columns"))
     return [
         Entry("kind", kind),
         *_target_connection(request, kind, source),
@@ -163,6 +175,11 @@ def target_entries(request: InitRequest, source: dict[str, Any], alias: str) -> 
         ),
         *(accept if kind == "pgvector" else []),
     ]
+
+
+def _other_database(request: InitRequest) -> bool:
+    """A target connection given apart from the source's: not the source's table (a fresh table there)."""
+    return request.target_dsn_env is not None or request.target_dsn is not None
 
 
 def _target_connection(request: InitRequest, kind: str, source: dict[str, Any]) -> list[Entry]:
