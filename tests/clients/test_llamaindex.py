@@ -321,3 +321,55 @@ def test_llamaindex_pgvector_reads_and_adds_through_an_alias_stored_as_halfvec(
     report = invoke("verify", "-c", str(config), "--sample", "20")
     assert report["complete"] and report["target_vectors"] == 63 and report["application_rows"] == 3
     assert report["application_check"]["checked"] == 3 and report["application_check"]["stale"] == 0
+
+
+def test_llamaindex_hybrid_halfvec_store_keeps_its_generated_keyword_column_in_column_mode(
+    tmp_path: Path, pg_dsn: str, engines: tuple[sqlalchemy.Engine, AsyncEngine]
+) -> None:
+    """PGVectorStore(hybrid_search=True) keeps a generated `text_search_tsv` beside the text. The column mode
+    leaves the table the table: a node added after the cutover gets its tsvector, and keyword search finds it."""
+    from llama_index.core.vector_stores.types import VectorStoreQuery, VectorStoreQueryMode
+
+    engine, async_engine = engines
+
+    def store(dim: int) -> PGVectorStore:
+        return PGVectorStore(
+            table_name="notes",
+            embed_dim=dim,
+            use_jsonb=True,
+            use_halfvec=True,
+            hybrid_search=True,
+            text_search_config="english",
+            engine=engine,
+            async_engine=async_engine,
+        )
+
+    build(store(OLD_DIM), OLD_DIM, range(40))
+    config = tmp_path / "notes.toml"
+    config.write_text(
+        f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "data_notes"\n'
+        'id_column = "id"\ntext_column = "text"\n\n'
+        f'[embedder]\nkind = "hash"\ndim = {NEW_DIM}\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "data_notes"\nmode = "column"\n'
+        'storage = "halfvec"\naccept = ["extra_column", "column_order"]\n\n'  # text_search_tsv follows the vector
+        f'[run]\nstate = "{tmp_path / "state.db"}"\n'
+    )
+    assert invoke("run", "-c", str(config))["written"] == 40
+    assert invoke("cutover", "-c", str(config))["changed"]
+    new = store(NEW_DIM)
+    assert top(new, NEW_DIM, "note 7 about topic 0") == 7
+    added: list[BaseNode] = [
+        TextNode(id_=uid(900), text="a zeppelin over the harbour", metadata={"n": 900}, embedding=None)
+    ]
+    added[0].embedding = Hashed(NEW_DIM).get_text_embedding("a zeppelin over the harbour")
+    new.add(added)
+    with psycopg.connect(pg_dsn) as conn:
+        generated = conn.execute(
+            "SELECT text_search_tsv IS NOT NULL FROM data_notes WHERE node_id = %s", [uid(900)]
+        ).fetchone()
+    assert generated == (True,)
+    query = VectorStoreQuery(query_str="zeppelin", mode=VectorStoreQueryMode.TEXT_SEARCH, similarity_top_k=3)
+    found = new.query(query)
+    assert [node.metadata["n"] for node in found.nodes or []] == [900]
+    report = invoke("verify", "-c", str(config))
+    assert report["complete"] and report["application_rows"] == 1
