@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 from reindex.errors import ConfigError
 from reindex.ports import Loss
+from reindex_adapters.postgres import dependents
 
 if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
@@ -147,8 +148,8 @@ _NOT_A_TOOL_COLUMN = "coalesce(col_description(a.attrelid, a.attnum), '') NOT LI
 _COLUMN_WHAT: dict[str, str] = {
     "row_security": "row-level security applies to the tool's role: it would read and fill only the rows"
     " its policies show (run as the table's owner, or a role with BYPASSRLS)",
-    "dependent_views": "views that read the vector column: they follow the column, not its name, and would"
-    " keep serving the old vectors",
+    "dependent_views": "views that read the vector column and that the flip cannot define again over the new"
+    " one (dependents.py): they would keep serving the old vectors",
     "partitions": "partitioning or inheritance: the new column's index cannot yet be built on it without"
     " holding writers",
     "publications": "publications: the fill updates every row and the new column would be published to"
@@ -167,11 +168,7 @@ SELECT 'enabled' || CASE WHEN relforcerowsecurity THEN ' and forced' ELSE '' END
 WHERE oid = %(oid)s AND relrowsecurity
   AND (relforcerowsecurity OR pg_get_userbyid(relowner) <> current_user)
   AND NOT (SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user)""",
-    "dependent_views": """
-SELECT DISTINCT r.ev_class::regclass::text FROM pg_depend d
-JOIN pg_rewrite r ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
-WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = %(oid)s AND d.refobjsubid = %(vector)s
-  AND r.ev_class <> %(oid)s ORDER BY 1""",
+    "dependent_views": dependents.UNCARRIED_SQL,
     "partitions": _FOUND_SQL["partitions"],
     "publications": _FOUND_SQL["publications"],
     "column_order": f"""

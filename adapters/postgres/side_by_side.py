@@ -27,7 +27,7 @@ from reindex import crashpoints
 from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.ports import AliasInfo, IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
 from reindex_adapters.postgres import column_targets as columns
-from reindex_adapters.postgres import fidelity
+from reindex_adapters.postgres import dependents, fidelity
 from reindex_adapters.postgres.alias import _lock_alias
 from reindex_adapters.postgres.catalog import _json_object, _Layout, _read_layout, _regclass
 from reindex_adapters.postgres.connection import _identifier, _one
@@ -424,12 +424,15 @@ class PgvectorColumnSink(PgvectorSink):
             if current is None and _column_exists(conn, oid, aside):
                 raise CutoverRefused(f"cannot move {vector!r} aside: column {aside!r} already exists")
             rename = sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}")
+            views: list[dependents.BoundView] = []
             if _column_exists(conn, oid, vector):  # a table that had no vectors yet has nothing to move aside
+                views = dependents.capture(conn, oid, _attnum(conn, oid, vector))
                 _carry_column_grants(conn, table, vector, incoming.column.name)
                 conn.execute(rename.format(table, sql.Identifier(vector), sql.Identifier(aside)))
                 columns.mark(conn, table, aside, previous, False, current.meta if current else {})
             conn.execute(rename.format(table, sql.Identifier(incoming.column.name), sql.Identifier(vector)))
             columns.mark(conn, table, vector, target, True, meta)
+            dependents.recreate(conn, views)  # the application's views read the served vectors again
             crashpoints.crash_if_armed("cutover_before_commit")
             return previous
 
@@ -604,6 +607,15 @@ class PgvectorColumnSink(PgvectorSink):
 
 def _split_last(alias: str) -> str:
     return alias.rsplit(".", 1)[-1]
+
+
+def _attnum(conn: Connection, oid: int, name: str) -> int:
+    row = conn.execute(
+        "SELECT attnum FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped",
+        [oid, name],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def _column_exists(conn: Connection, oid: int, name: str) -> bool:
