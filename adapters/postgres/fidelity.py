@@ -150,8 +150,8 @@ _COLUMN_WHAT: dict[str, str] = {
     " its policies show (run as the table's owner, or a role with BYPASSRLS)",
     "dependent_views": "views that read the vector column and that the flip cannot define again over the new"
     " one (dependents.py): they would keep serving the old vectors",
-    "partitions": "partitioning or inheritance: the new column's index cannot yet be built on it without"
-    " holding writers",
+    "partitions": "inheritance, sub-partitions, or a table that is itself a partition: the new column's index"
+    " cannot be built over them without holding writers",
     "publications": "publications: the fill updates every row and the new column would be published to"
     " subscribers whose tables lack it",
     "column_order": "column order: after the flip the vector column is the table's last",
@@ -169,7 +169,12 @@ WHERE oid = %(oid)s AND relrowsecurity
   AND (relforcerowsecurity OR pg_get_userbyid(relowner) <> current_user)
   AND NOT (SELECT rolsuper OR rolbypassrls FROM pg_roles WHERE rolname = current_user)""",
     "dependent_views": dependents.UNCARRIED_SQL,
-    "partitions": _FOUND_SQL["partitions"],
+    # one level of declarative partitions is kept (each partition's index built CONCURRENTLY, then attached)
+    "partitions": """
+SELECT 'inherits from ' || i.inhparent::regclass::text FROM pg_inherits i WHERE i.inhrelid = %(oid)s
+UNION ALL SELECT CASE WHEN c.relispartition THEN 'sub-partitioned: ' ELSE 'parent of ' END || c.oid::regclass::text
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = %(oid)s AND (NOT c.relispartition OR c.relkind = 'p')""",
     "publications": _FOUND_SQL["publications"],
     "column_order": f"""
 SELECT 'followed by ' || string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_attribute a

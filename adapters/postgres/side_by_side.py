@@ -44,6 +44,13 @@ if TYPE_CHECKING:
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" * 2
 _COUNT_SQL = "SELECT count(*) FROM {} WHERE {} IS NOT NULL"
+# The partitions of a partitioned table (one level: fidelity.py names deeper ones), regclass-quoted.
+_PARTITIONS_SQL = """
+SELECT c.oid::int8, c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = %s::oid AND c.relispartition ORDER BY 1"""
+_CHILD_INDEX_SQL = """
+SELECT i.indisvalid, EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid)
+FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid WHERE c.oid = to_regclass(%s)"""
 _SESSION_INDEX_SETTINGS_SQL = """
 SELECT set_config('maintenance_work_mem', %s, false),
   set_config('max_parallel_maintenance_workers',
@@ -220,22 +227,27 @@ class PgvectorColumnSink(PgvectorSink):
             ).fetchone()
             if valid is not None and valid[0]:
                 return None
-            if valid is not None:  # an interrupted CONCURRENTLY build leaves an invalid index: build it anew
+            partitions = conn.execute(_PARTITIONS_SQL, [layout.oid]).fetchall()
+            if valid is not None and not partitions:  # an interrupted CONCURRENTLY build: build it anew
                 conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index)))
             # CONCURRENTLY runs outside a transaction: the settings are the session's, reset after
             conn.execute(_SESSION_INDEX_SETTINGS_SQL, [self.maintenance_work_mem, max(0, os_cpus() - 1)])
             started = time.perf_counter()
-            conn.execute(
-                sql.SQL(
-                    "CREATE INDEX CONCURRENTLY {} ON {} USING hnsw ({}) WITH (m = {}, ef_construction = {})"
-                ).format(
-                    sql.Identifier(index),
-                    layout.ident,
-                    layout.storage.index_target(layout.vector.ident, spec.dim, spec.source.distance),
-                    sql.Literal(self.hnsw[0]),
-                    sql.Literal(self.hnsw[1]),
-                )
+            method = sql.SQL("USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
+                layout.storage.index_target(layout.vector.ident, spec.dim, spec.source.distance),
+                sql.Literal(self.hnsw[0]),
+                sql.Literal(self.hnsw[1]),
             )
+            if not partitions:
+                conn.execute(
+                    sql.SQL("CREATE INDEX CONCURRENTLY {} ON {} {}").format(
+                        sql.Identifier(index), layout.ident, method
+                    )
+                )
+            else:  # a partitioned table takes no CONCURRENTLY: each partition's, then attached to the parent's
+                _index_partitions(
+                    conn, index, layout.ident, method, [(int(o), str(n)) for o, n in partitions]
+                )
             seconds = time.perf_counter() - started
             conn.execute("RESET maintenance_work_mem; RESET max_parallel_maintenance_workers")
             return seconds
@@ -607,6 +619,38 @@ class PgvectorColumnSink(PgvectorSink):
 
 def _split_last(alias: str) -> str:
     return alias.rsplit(".", 1)[-1]
+
+
+def _index_partitions(
+    conn: Connection,
+    index: str,
+    parent: sql.Composable,
+    method: sql.Composable,
+    partitions: list[tuple[int, str]],
+) -> None:
+    """The parent's index created ON ONLY it (invalid, writers pass), each partition's CONCURRENTLY, each
+    attached: the parent's becomes valid once all are, and new partitions get theirs from it."""
+    from psycopg import sql
+
+    conn.execute(
+        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON ONLY {} {}").format(sql.Identifier(index), parent, method)
+    )
+    for oid, name in partitions:
+        child = f"{index[:50]}_{oid}"
+        state = conn.execute(_CHILD_INDEX_SQL, [child]).fetchone()
+        if state is not None and state[1]:
+            continue  # built and attached by an earlier finalize
+        if state is not None and not state[0]:  # an interrupted CONCURRENTLY build leaves it invalid
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY {}").format(sql.Identifier(child)))
+        if state is None or not state[0]:
+            conn.execute(
+                sql.SQL("CREATE INDEX CONCURRENTLY {} ON {} {}").format(
+                    sql.Identifier(child), sql.SQL(name), method
+                )
+            )
+        conn.execute(
+            sql.SQL("ALTER INDEX {} ATTACH PARTITION {}").format(sql.Identifier(index), sql.Identifier(child))
+        )
 
 
 def _attnum(conn: Connection, oid: int, name: str) -> int:

@@ -290,3 +290,41 @@ def test_row_security_binds_a_tool_role_that_does_not_own_the_table(pg_dsn: str,
     plan = reindex_json("plan", "-c", str(config(tmp_path, dsn, ["extra_column"])), "--no-calibrate", code=2)
     assert [loss["key"] for loss in plan["losses"] if not loss["accepted"]] == ["row_security"]
     sql(pg_dsn, "DROP OWNED BY migrator", "DROP ROLE migrator")
+
+
+def test_a_partitioned_table_keeps_its_partitions_and_their_maintenance(pg_dsn: str, tmp_path: Path) -> None:
+    """Partition maintenance goes on across the flips: a new partition gets the served column and its index,
+    and rows routed to it are embedded, served and rolled back like any other."""
+    sql(
+        pg_dsn,
+        "CREATE EXTENSION IF NOT EXISTS vector",
+        "CREATE TABLE docs (id bigint, body text NOT NULL, embedding vector(8), PRIMARY KEY (id))"
+        " PARTITION BY RANGE (id)",
+        "CREATE TABLE docs_1 PARTITION OF docs FOR VALUES FROM (0) TO (100)",
+        "CREATE TABLE docs_2 PARTITION OF docs FOR VALUES FROM (100) TO (200)",
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for i in range(1, 180, 3):
+            conn.execute(
+                "INSERT INTO docs VALUES (%s, %s, %s::vector)", [i, f"doc {i}", vector(f"doc {i}", OLD)]
+            )
+    path = str(config(tmp_path, pg_dsn, ["extra_column"]))
+    assert reindex_json("plan", "-c", path, "--no-calibrate")["losses"][0]["key"] == "extra_column"
+    assert reindex_json("run", "-c", path)["reconciled"]
+    assert reindex_json("cutover", "-c", path)["changed"]
+    sql(pg_dsn, "CREATE TABLE docs_3 PARTITION OF docs FOR VALUES FROM (200) TO (300)")  # maintenance
+    # (with a column list: until prune the old vectors' column stands where `embedding` was, as plan said)
+    sql(pg_dsn, f"INSERT INTO docs (id, body, embedding) VALUES (250, 'doc 250', '{vector('doc 250', NEW)}')")
+    query = f"SELECT id FROM docs ORDER BY embedding <=> '{vector('doc 250', NEW)}' LIMIT 1"
+    assert sql(pg_dsn, query) == [(250,)]
+    shown = " ".join(row[0] for row in sql(pg_dsn, "SET enable_seqscan = off", f"EXPLAIN {query}"))
+    assert "docs_3" in shown and "Index Scan" in shown  # the new partition has the served column's index
+    assert reindex_json("verify", "-c", path)["complete"]
+    assert reindex_json("rollback", "-c", path)["unserved_ids"] == ["250"]
+    assert reindex_json("cutover", "-c", path, "--sync")["changed"]
+    assert sql(pg_dsn, "SELECT vector_dims(embedding) FROM docs WHERE id = 250") == [(NEW,)]
+    sql(
+        pg_dsn,
+        "ALTER TABLE docs DETACH PARTITION docs_1",
+        "ALTER TABLE docs ATTACH PARTITION docs_1 FOR VALUES FROM (0) TO (100)",
+    )
