@@ -456,7 +456,12 @@ def verify(config: Config, *, sample: int = 0) -> Coverage:
 
 
 def _verify(
-    m: Migration, ledger: Ledger, *, sample: int = 0, also: Callable[[Comparison], None] | None = None
+    m: Migration,
+    ledger: Ledger,
+    *,
+    sample: int = 0,
+    also: Callable[[Comparison], None] | None = None,
+    inline: bool = True,
 ) -> Coverage:
     """The coverage of this migration's target; before any run, an empty target's (nothing complete).
     After the flip to it, against what the alias serves (`reindex.prove.served`)."""
@@ -468,7 +473,8 @@ def _verify(
             dim=m.spec.dim,
             fingerprint=m.spec.fingerprint,
             dead_letters=excused(ledger.dead_letters(m.plan_id)),
-            embedder=online(m.embedder, m.config.run),  # re-embeds the application's rows, and any sample
+            # re-embeds the application's rows, and any sample; not where a batch job would hold writers
+            embedder=online(m.embedder, m.config.run) if inline else None,
             sample=sample,
             ceiling=m.config.run.dead_letter_ceiling,
             also=also,
@@ -573,8 +579,8 @@ def _cutover(
                 mark_after_flip(m, ledger, previous=previous)
                 return
             if sync:
-                catch_up(m, ledger)  # what came since, writers held
-            checked.append(_complete_or_refused(m, ledger, force, sample))
+                catch_up(m, ledger, held=True)  # what came since, writers held (no provider batch job)
+            checked.append(_complete_or_refused(m, ledger, force, sample, held=sync))
 
         if not sync:
             check()
@@ -631,8 +637,13 @@ def _complete_but_later_writes_or_refused(
     return report
 
 
-def _complete_or_refused(m: Migration, ledger: Ledger, force: bool, sample: int) -> Coverage:
-    return _refused_unless_complete(m, _verify(m, ledger, sample=sample), force)
+def _complete_or_refused(
+    m: Migration, ledger: Ledger, force: bool, sample: int, *, held: bool = False
+) -> Coverage:
+    """Verify; `held`: writers wait meanwhile, so a provider batch embedder re-embeds nothing (the catch-up
+    under the hold refused what it would have needed)."""
+    inline = not (held and isinstance(m.embedder, DeferredEmbedder))
+    return _refused_unless_complete(m, _verify(m, ledger, sample=sample, inline=inline), force)
 
 
 def _refused_unless_complete(m: Migration, report: Coverage, force: bool) -> Coverage:

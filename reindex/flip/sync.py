@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from reindex.batching import chunks
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, CutoverRefused
 from reindex.fingerprint import text_hash
 from reindex.ports import (
     AdoptingSink,
@@ -66,16 +66,18 @@ class SyncReport:
         return asdict(self)
 
 
-def catch_up(m: Migration, ledger: Ledger, *, keep: Settled | None = None) -> SyncReport:
+def catch_up(m: Migration, ledger: Ledger, *, keep: Settled | None = None, held: bool = False) -> SyncReport:
     """Bring the target level with the source now. Idempotent: a second sync finds nothing to do.
 
-    `keep` receives the source as this catch-up read it (`Settled.gaps` tells later writes by it)."""
+    `keep` receives the source as this catch-up read it (`Settled.gaps` tells later writes by it). `held`:
+    the sink holds the application's writers meanwhile (`cutover --sync`); a provider batch embedder then
+    embeds nothing, since its job would hold them for its whole run: what it would embed is refused."""
     _refuse_while_jobs_are_open(m, ledger)
     with as_served(m, ledger) as served:  # after the flip to this target, the truth is what it serves
-        return _catch_up(served, ledger, keep)
+        return _catch_up(served, ledger, keep, held=held and isinstance(m.embedder, DeferredEmbedder))
 
 
-def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None) -> SyncReport:
+def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None, *, held: bool = False) -> SyncReport:
     started = time.monotonic()
     m.sink.prepare(m.spec)
     letters = ledger.dead_letters(m.plan_id)
@@ -83,7 +85,8 @@ def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None) -> SyncReport:
     # Only dead letters a fresh migration would meet again stay excused; a 429 or an expired line is retried.
     written: list[str] = []
     dead: list[DeadLetter] = []
-    checking = online(m.embedder, m.config.run)  # the application's rows are judged by their vectors too
+    # the application's rows are judged by their vectors too, except where embedding would hold writers
+    checking = None if held else online(m.embedder, m.config.run)
     with compare(
         m.source, m.sink, m.spec.name, dim=m.spec.dim, dead_letters=excused(letters), embedder=checking
     ) as comparison:
@@ -96,6 +99,8 @@ def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None) -> SyncReport:
             "carried",
         )
         counts = {c: comparison.count(c) for c in kinds}
+        if held:
+            _refuse_embedding_while_held(m, counts, comparison)
         if keep is not None:
             keep.read(comparison)
         adopted = _adopt(m, comparison)
@@ -162,6 +167,22 @@ class _Refuted:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sink, name)
+
+
+def _refuse_embedding_while_held(
+    m: Migration, counts: Mapping[Category, int], comparison: Comparison
+) -> None:
+    """With writers held and a provider batch embedder: refuse what would need its job (documents changed
+    since the catch-up before the hold, application rows to check), before any is submitted."""
+    waiting = sum(counts[c] for c in ("missing", "stale", "invalid_vectors", "conflicting", "carried"))
+    unchecked = sum(1 for _ in comparison.adoptable())
+    if waiting or unchecked:
+        raise CutoverRefused(
+            f"{waiting:,} documents changed and {unchecked:,} application rows wait since the catch-up before"
+            " the hold: a provider batch job would hold the application's writers for its whole run",
+            hint=f"rerun `reindex cutover --sync -c {m.config.path}` (its first catch-up embeds them with writers"
+            " running), or `reindex sync` first",
+        )
 
 
 def _refuse_while_jobs_are_open(m: Migration, ledger: Ledger) -> None:

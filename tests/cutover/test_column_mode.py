@@ -328,3 +328,46 @@ def test_a_partitioned_table_keeps_its_partitions_and_their_maintenance(pg_dsn: 
         "ALTER TABLE docs DETACH PARTITION docs_1",
         "ALTER TABLE docs ATTACH PARTITION docs_1 FOR VALUES FROM (0) TO (100)",
     )
+
+
+def test_cutover_sync_with_a_provider_batch_embedder_never_holds_writers_for_a_job(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A document the application adds after the catch-up that runs with writers going on would, under the
+    hold, need a provider batch job: the cutover refuses (exit 4, nothing moved) instead of holding the
+    writers for it, and the rerun's first catch-up embeds it with the writers running."""
+    from reindex import commands
+    from reindex.flip import sync as flip_sync
+
+    sql(
+        pg_dsn,
+        "CREATE EXTENSION IF NOT EXISTS vector",
+        "CREATE TABLE docs (id bigint PRIMARY KEY, body text NOT NULL, embedding vector(8))",
+        "INSERT INTO docs SELECT i, 'doc ' || i, NULL FROM generate_series(1, 40) i",
+    )
+    path = tmp_path / "docs.toml"
+    text = config(tmp_path, pg_dsn, ["extra_column"]).read_text()
+    path.write_text(
+        text.replace('kind = "hash"\n', 'kind = "memory-batch"\npolls_to_finish = 1\n').replace(
+            "shard_size = 10\n", "shard_size = 10\npoll_seconds = 0.01\n"
+        )
+    )
+    assert reindex_json("run", "-c", str(path))["reconciled"]
+    held: list[bool] = []
+
+    def catch_up_then_a_write(*args: object, **kwargs: object) -> object:
+        held.append(bool(kwargs.get("held")))
+        report = flip_sync.catch_up(*args, **kwargs)  # type: ignore[arg-type]
+        if not kwargs.get("held"):
+            sql(pg_dsn, f"INSERT INTO docs (id, body) VALUES ({100 + len(held)}, 'written meanwhile')")
+        return report
+
+    monkeypatch.setattr(commands, "catch_up", catch_up_then_a_write)
+    code, stdout, stderr = reindex("cutover", "-c", str(path), "--sync")
+    assert code == 4 and "provider batch job would hold the application's writers" in stderr, stdout + stderr
+    assert held == [False, True]
+    assert sql(pg_dsn, "SELECT col_description('docs'::regclass, 1)") == [(None,)]  # nothing moved
+    assert reindex_json("status", "-c", str(path))["alias_target"] is None
+    monkeypatch.undo()
+    assert reindex_json("cutover", "-c", str(path), "--sync")["changed"]
+    assert sql(pg_dsn, "SELECT count(*) FROM docs WHERE embedding IS NULL") == [(0,)]
