@@ -266,14 +266,15 @@ def write_configs(uri: str) -> dict[str, Path]:
     sections: dict[str, dict[str, dict[str, Any]]] = {
         "pgvector": {
             "source": {"kind": "postgres", "dsn": uri, "table": ALIAS, "id_column": "id"},
-            # `docs` is a plain table: the first cutover puts a view in its place, which `COPY` and
-            # `ALTER TABLE` refuse and whose `SELECT *` lists the vector last; `plan` names both, and they
-            # are given up here by name (docs/backends.md, "What the first cutover keeps")
+            # `docs` is the application's own table: the new vectors go in a column beside the old, and the
+            # flip renames the two (the table stays the table); `plan` names the one thing the application
+            # may see, a column more while in flight, accepted here by name (docs/backends.md, "Column mode")
             "target": {
                 "kind": "pgvector",
                 "dsn": uri,
                 "alias": ALIAS,
-                "accept": ["table_statements", "column_order"],
+                "mode": "column",
+                "accept": ["extra_column"],
             },
         },
         "qdrant": {
@@ -422,13 +423,14 @@ def check_legacy_served(backend: str, uri: str) -> None:
 
 
 def _postgres_served(uri: str) -> tuple[str, int | None]:
-    query = (
-        "SELECT DISTINCT t.relname FROM pg_rewrite r JOIN pg_depend d ON d.objid = r.oid "
-        "JOIN pg_class t ON t.oid = d.refobjid WHERE r.ev_class = 'docs'::regclass AND t.relname <> 'docs'"
+    """Which target the table's `embedding` column holds (its comment says), and its vectors' width."""
+    query = "SELECT col_description('docs'::regclass, attnum) FROM pg_attribute WHERE attrelid = 'docs'::regclass AND attname = 'embedding'"
+    comment = _postgres_rows(uri, query, ())[0][0]
+    target = json.loads(comment or "{}").get("reindex", {}).get("target", "its own vectors")
+    dims = _postgres_rows(
+        uri, "SELECT vector_dims(embedding) FROM docs WHERE embedding IS NOT NULL LIMIT 1", ()
     )
-    tables = [str(row[0]) for row in _postgres_rows(uri, query, ())]
-    dims = _postgres_rows(uri, "SELECT vector_dims(embedding) FROM docs LIMIT 1", ())
-    return f"view over {', '.join(tables) or 'nothing'}", int(dims[0][0]) if dims else None
+    return f"docs.embedding ({target})", int(dims[0][0]) if dims else None
 
 
 def _qdrant_served() -> tuple[str, int | None]:

@@ -101,7 +101,8 @@ class PgvectorColumnSink(PgvectorSink):
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
             conn.execute(
                 sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (id {} PRIMARY KEY, content_hash text NOT NULL)"
+                    "CREATE TABLE IF NOT EXISTS {} (id {} PRIMARY KEY, content_hash text NOT NULL,"
+                    " vector_digest text NOT NULL)"
                 ).format(_identifier(book), sql.SQL(key))
             )
             meta = self._meta(spec, storage.kind, vector)
@@ -155,10 +156,12 @@ class PgvectorColumnSink(PgvectorSink):
         text = sql.Identifier(str(layout.meta["text_field"]))
         statement = sql.SQL(
             "WITH moved AS (UPDATE {t} AS d SET {v} = s.v::{type} FROM reindex_column_stage AS s"
-            " WHERE d.{k} = s.id::{cast} AND {hash} = s.h RETURNING d.{k} AS id, s.h AS h)"
-            " INSERT INTO {book} (id, content_hash) SELECT id, h FROM moved"
-            " ON CONFLICT (id) DO UPDATE SET content_hash = excluded.content_hash"
+            " WHERE d.{k} = s.id::{cast} AND {hash} = s.h RETURNING d.{k} AS id, s.h AS h, {digest} AS g)"
+            " INSERT INTO {book} (id, content_hash, vector_digest) SELECT id, h, g FROM moved"
+            " ON CONFLICT (id) DO UPDATE SET content_hash = excluded.content_hash,"
+            " vector_digest = excluded.vector_digest"
         ).format(
+            digest=_digest(layout, sql.SQL("d.{}").format(layout.vector.ident)),
             t=layout.ident,
             v=layout.vector.ident,
             type=sql.SQL(layout.vector.type),
@@ -291,10 +294,12 @@ class PgvectorColumnSink(PgvectorSink):
         if book is None:  # the application's own vectors (`<alias>__adopted`): no bookkeeping
             digest: sql.Composable = sql.SQL("NULL::text, false")
             join: sql.Composable = sql.SQL("")
-        else:
-            digest = sql.SQL("coalesce(b.content_hash, {}), b.content_hash IS NULL").format(
-                columns.content_hash_sql(text)
-            )
+        else:  # a vector whose digest is not the one the tool stored: the application wrote it
+            written = _digest(layout, sql.SQL("d.{}").format(vector))
+            digest = sql.SQL(
+                "CASE WHEN b.vector_digest = {g} THEN b.content_hash ELSE {h} END,"
+                " b.vector_digest IS DISTINCT FROM {g}"
+            ).format(g=written, h=columns.content_hash_sql(text))
             join = sql.SQL(" LEFT JOIN {} AS b ON b.id = d.{}").format(_identifier(book), layout.key.ident)
         query = sql.SQL(
             "SELECT d.{k}::text, {digest}, CASE WHEN {dims} <> %s THEN 'dimension' WHEN {zero} THEN 'zero' END"
@@ -343,19 +348,30 @@ class PgvectorColumnSink(PgvectorSink):
         return {key: layout.storage.read(value) for key, value in rows if value is not None}
 
     def adopt(self, target: str, hashes: Mapping[str, str], fingerprint: str) -> int:
-        """Record the hashes of vectors the application wrote (verify re-embedded and accepted them)."""
+        """Record the hashes of vectors the application wrote (verify re-embedded and accepted them), with
+        the digest of the vector as it is now: a later write of the application's is told apart again."""
         from psycopg import sql
 
         layout = self._layout(target)
         book = self._book(layout, target)
-        if book is None or not hashes:
+        if book is None or layout.vector is None or not hashes:
             return 0
         with self._db.transaction() as conn:
             conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (id, content_hash) SELECT id, h FROM unnest(%s::{}[], %s::text[]) AS e(id, h)"
-                    " ON CONFLICT (id) DO NOTHING"
-                ).format(_identifier(book), layout.key.cast),
+                    "INSERT INTO {b} (id, content_hash, vector_digest)"
+                    " SELECT e.id, e.h, {g} FROM unnest(%s::{cast}[], %s::text[]) AS e(id, h)"
+                    " JOIN {t} AS d ON d.{k} = e.id WHERE d.{v} IS NOT NULL"
+                    " ON CONFLICT (id) DO UPDATE SET content_hash = excluded.content_hash,"
+                    " vector_digest = excluded.vector_digest"
+                ).format(
+                    b=_identifier(book),
+                    g=_digest(layout, sql.SQL("d.{}").format(layout.vector.ident)),
+                    cast=layout.key.cast,
+                    t=layout.ident,
+                    k=layout.key.ident,
+                    v=layout.vector.ident,
+                ),
                 [list(hashes), list(hashes.values())],
             )
         return len(hashes)
@@ -615,6 +631,14 @@ class PgvectorColumnSink(PgvectorSink):
         if row is None:
             raise ConfigError(f"id column {id_field!r} is not a column of the alias's table")
         return str(row[0])
+
+
+def _digest(layout: _Layout, value: sql.Composable) -> sql.Composable:
+    """A digest of a stored vector's bytes (its type's binary send form): what the tool wrote, to tell it
+    from what the application writes in its place later."""
+    from psycopg import sql
+
+    return sql.SQL("left(md5({}_send({})), 16)").format(sql.SQL(layout.storage.column), value)
 
 
 def _split_last(alias: str) -> str:

@@ -25,6 +25,7 @@ tests (tests/durability) cover that difference. Budget: CI runs a bounded number
 from __future__ import annotations
 
 import itertools
+import json
 import shutil
 import tempfile
 import uuid
@@ -52,7 +53,7 @@ from qdrant_client import QdrantClient, models
 
 from reindex import commands, crashpoints
 from reindex.config import Config, load
-from reindex.errors import VerificationFailed
+from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.fingerprint import content_hash, target_name
 from reindex.flip import sync
 from reindex_adapters.testing.memory import HashEmbedder
@@ -658,3 +659,86 @@ def test_on_pgvector_application_writes_through_the_name_are_never_lost_and_comp
 ) -> None:
     machine = type("PgvectorApplicationHere", (PgvectorApplication,), {"DSN": pg_dsn})
     run_state_machine_as_test(machine, settings=machine_settings(6, 12))
+
+
+class PgvectorColumnApplication(PgvectorApplication):
+    """The same application and table in `mode = "column"`, with rollback and roll-forward among the steps.
+    The table stays the application's: every row it wrote stays (a blank text is a row without a vector, not
+    a row gone), whichever model is served; verify's "complete" must still mean fresh, including after the
+    application replaced a vector the tool wrote with the old model's, text unchanged (`upsert_in_flight`)."""
+
+    def config(self) -> Config:
+        source = {"kind": "postgres", "dsn": self.DSN, "table": self.table, "text_column": "text"}
+        target = {
+            "kind": "pgvector",
+            "dsn": self.DSN,
+            "alias": self.table,
+            "index": "none",
+            "mode": "column",
+            "accept": ["extra_column"],
+        }
+        return self.configured(source, target)
+
+    def _comments(self) -> dict[str, dict[str, Any]]:
+        rows = self.query(
+            "SELECT attname, col_description(attrelid, attnum) FROM pg_attribute WHERE attrelid = %s::regclass"
+            " AND attnum > 0 AND NOT attisdropped",
+            [self.table],
+        )
+        marks = {name: json.loads(comment).get("reindex", {}) for name, comment in rows if comment}
+        return {name: mark for name, mark in marks.items() if mark}
+
+    def flipped(self) -> bool:
+        return any(m.get("target") == self.target and m.get("served") for m in self._comments().values())
+
+    def expected_served(self) -> dict[int, str]:
+        return dict(self.truth)  # the table holds every row the application wrote
+
+    def served_texts(self) -> dict[int, str]:
+        found = self.query(sql.SQL("SELECT id, text FROM {}").format(sql.Identifier(self.table)))
+        return {self.name_of(key): text for key, text in found}
+
+    def built(self) -> dict[int, tuple[str, Any]]:
+        """name -> (text, vector) of the rows the target's column holds a vector for."""
+        column = next((n for n, m in self._comments().items() if m.get("target") == self.target), None)
+        if column is None:
+            return {}
+        found = self.query(
+            sql.SQL("SELECT id, text, {c} FROM {t} WHERE {c} IS NOT NULL").format(
+                c=sql.Identifier(column), t=sql.Identifier(self.table)
+            )
+        )
+        return {self.name_of(key): (text, vector) for key, text, vector in found}
+
+    @precondition(lambda self: self.ran)
+    @rule()
+    def verify(self) -> None:
+        coverage = commands.verify(self.config())
+        event(f"verify complete: {coverage.complete}")
+        if not coverage.complete:
+            return
+        built = self.built()
+        good = {n: t for n, t in self.truth.items() if not poison(t)}
+        assert {n: t for n, (t, _) in built.items()} == good, "complete, but not the application's documents"
+        for name, (text, vector) in built.items():
+            assert np.allclose(vector, NEW.vector(text), atol=1e-6), f"{name}: complete with a stale vector"
+        dead = sum(poison(t) for t in self.truth.values())
+        assert coverage.dead_letters == dead, f"dead letters {coverage.dead_letters}, the truth has {dead}"
+
+    @precondition(lambda self: self.ran)
+    @rule()
+    def rollback(self) -> None:
+        try:
+            moved = commands.rollback(self.config())
+        except CutoverRefused:
+            event("nothing to roll back")
+            return
+        event(f"rolled back, {moved.unserved} unserved")
+        self._acknowledged_writes_stand("rollback")
+
+
+def test_in_column_mode_writes_survive_rollback_and_roll_forward_and_complete_means_fresh(
+    pg_dsn: str,
+) -> None:
+    machine = type("PgvectorColumnApplicationHere", (PgvectorColumnApplication,), {"DSN": pg_dsn})
+    run_state_machine_as_test(machine, settings=machine_settings(6, 14))
