@@ -7,7 +7,8 @@ application table (id, body, tenant with a btree, a 256-d old vector) and the sa
 through the sink itself (`PgvectorSink.write`, 5,000 rows a batch, no ANN index: its build is the same in both
 and reported apart by scripts/bench). Measured per mode: fill seconds and rows/s, WAL written
 (`pg_current_wal_lsn` before and after), bytes added on disk (the new table, or the application table's growth
-and the hash table beside it, before VACUUM), and the flip's wall milliseconds.
+and the hash table beside it, before VACUUM), `finalize` (ANALYZE; the column mode's VACUUM ANALYZE), and
+the flip's wall milliseconds.
 
 `scripts/bench modes [--rows 100000,1000000] [--repeats 3]`: a table of medians, column over table ratios,
 and JSON in .bench/modes.json.
@@ -141,6 +142,9 @@ def measure(dsn: str, mode: str, rows: int, repeat: int) -> dict[str, float]:
             sink.write(spec.name, Rows(records, vectors, [content_hash(r.text) for r in records], "f" * 16))
         seconds = time.perf_counter() - started
         after = server_state(dsn, table, spec.name)
+        finalized = time.perf_counter()
+        sink.finalize(spec)  # table: ANALYZE and grants; column: VACUUM ANALYZE (no index: index = "none")
+        finalize = time.perf_counter() - finalized
         flipped = time.perf_counter()
         sink.move_alias(table, spec.name, expected=None, meta={"fingerprint": "f" * 16})
         flip_ms = (time.perf_counter() - flipped) * 1000
@@ -154,6 +158,7 @@ def measure(dsn: str, mode: str, rows: int, repeat: int) -> dict[str, float]:
         "wal_bytes": after["wal"] - before["wal"],
         "added_bytes": after["bytes"] - before["bytes"],
         "table_growth": after["table"] / before["table"],
+        "finalize_seconds": finalize,
         "flip_ms": flip_ms,
     }
 
@@ -203,7 +208,17 @@ def summarise(samples: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
 
 def show(results: dict[str, Any]) -> None:
     table = Table(title="pgvector target modes: fill, WAL, disk and flip (medians)")
-    for header in ("rows", "mode", "fill s", "rows/s", "WAL", "added on disk", "app table ×", "flip ms"):
+    for header in (
+        "rows",
+        "mode",
+        "fill s",
+        "rows/s",
+        "WAL",
+        "added on disk",
+        "app table ×",
+        "finalize s",
+        "flip ms",
+    ):
         table.add_column(header, justify="right")
     for rows, result in results["sizes"].items():
         for mode, m in result["medians"].items():
@@ -215,6 +230,7 @@ def show(results: dict[str, Any]) -> None:
                 f"{m['wal_bytes'] / 2**20:,.0f} MiB",
                 f"{m['added_bytes'] / 2**20:,.0f} MiB",
                 f"{m['table_growth']:.2f}",
+                f"{m['finalize_seconds']:.1f}",
                 f"{m['flip_ms']:.1f}",
             )
         ratio = result["column_over_table"]
@@ -227,8 +243,9 @@ def show(results: dict[str, Any]) -> None:
             f"{ratio.get('added_bytes', 0):.2f}",
             "",
             "",
+            "",
         )
-    Console().print(table)
+    Console(width=160).print(table)
 
 
 if __name__ == "__main__":

@@ -112,3 +112,47 @@ def content_hash_sql(text: sql.Composable) -> sql.Composable:
     from psycopg import sql
 
     return sql.SQL("left(encode(sha256(convert_to(coalesce({}::text, ''), 'UTF8')), 'hex'), 32)").format(text)
+
+
+def split_last(alias: str) -> str:
+    return alias.rsplit(".", 1)[-1]
+
+
+def attnum(conn: Connection, oid: int, name: str) -> int:
+    row = conn.execute(
+        "SELECT attnum FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped",
+        [oid, name],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def column_exists(conn: Connection, oid: int, name: str) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped",
+        [oid, name],
+    ).fetchone()
+    return row is not None
+
+
+def carry_column_grants(conn: Connection, table: sql.Composable, served: str, incoming: str) -> None:
+    """Roles granted the served vector column get the same on the column that takes its place."""
+    from psycopg import sql
+
+    rows = conn.execute(
+        "SELECT CASE WHEN g.grantee = 0 THEN NULL ELSE pg_get_userbyid(g.grantee)::text END, g.privilege_type,"
+        " g.is_grantable FROM pg_attribute a CROSS JOIN LATERAL aclexplode(a.attacl) g"
+        " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s",
+        [table.as_string(conn), served],
+    ).fetchall()
+    for role, privilege, grantable in rows:
+        grantee = sql.SQL("PUBLIC") if role is None else sql.Identifier(role)
+        conn.execute(
+            sql.SQL("GRANT {} ({}) ON {} TO {}{}").format(
+                sql.SQL(privilege),
+                sql.Identifier(incoming),
+                table,
+                grantee,
+                sql.SQL(" WITH GRANT OPTION" if grantable else ""),
+            )
+        )

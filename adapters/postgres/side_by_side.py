@@ -17,7 +17,6 @@ application changes meanwhile keeps no vector of its old text, and verify finds 
 from __future__ import annotations
 
 import json
-import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -26,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from reindex import crashpoints
 from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.ports import AliasInfo, IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
+from reindex_adapters.postgres import column_index, column_write, dependents, fidelity
 from reindex_adapters.postgres import column_targets as columns
-from reindex_adapters.postgres import dependents, fidelity
 from reindex_adapters.postgres.alias import _lock_alias
 from reindex_adapters.postgres.catalog import _json_object, _Layout, _read_layout, _regclass
 from reindex_adapters.postgres.connection import _identifier, _one
@@ -42,19 +41,7 @@ if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
 
 
-_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" * 2
 _COUNT_SQL = "SELECT count(*) FROM {} WHERE {} IS NOT NULL"
-# The partitions of a partitioned table (one level: fidelity.py names deeper ones), regclass-quoted.
-_PARTITIONS_SQL = """
-SELECT c.oid::int8, c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = %s::oid AND c.relispartition ORDER BY 1"""
-_CHILD_INDEX_SQL = """
-SELECT i.indisvalid, EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = c.oid)
-FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid WHERE c.oid = to_regclass(%s)"""
-_SESSION_INDEX_SETTINGS_SQL = """
-SELECT set_config('maintenance_work_mem', %s, false),
-  set_config('max_parallel_maintenance_workers',
-             greatest(current_setting('max_parallel_maintenance_workers')::int, %s::int)::text, false)"""
 
 
 class PgvectorColumnSink(PgvectorSink):
@@ -161,7 +148,7 @@ class PgvectorColumnSink(PgvectorSink):
             " ON CONFLICT (id) DO UPDATE SET content_hash = excluded.content_hash,"
             " vector_digest = excluded.vector_digest"
         ).format(
-            digest=_digest(layout, sql.SQL("d.{}").format(layout.vector.ident)),
+            digest=column_write.digest(layout, sql.SQL("d.{}").format(layout.vector.ident)),
             t=layout.ident,
             v=layout.vector.ident,
             type=sql.SQL(layout.vector.type),
@@ -170,7 +157,7 @@ class PgvectorColumnSink(PgvectorSink):
             hash=columns.content_hash_sql(sql.SQL("d.{}").format(text)),
             book=_identifier(self._built(layout, target)),
         )
-        payload = _stage_payload(
+        payload = column_write.stage_payload(
             [r.id for r in rows.records], list(rows.content_hashes), layout.storage, rows.vectors
         )
         with self._db.transaction() as conn, _rejections(target):
@@ -204,56 +191,27 @@ class PgvectorColumnSink(PgvectorSink):
             )
 
     def finalize(self, spec: TargetSpec) -> None:
-        """Build the column's HNSW index CONCURRENTLY (the application writes on), then ANALYZE the table."""
+        """Build the column's HNSW index CONCURRENTLY (the application writes on), then VACUUM ANALYZE the
+        table: the fill left a dead version of every row it wrote, and an autovacuum that starts on them
+        later would make the flip's lock wait for it to yield (a second, measured, with writers queued)."""
         from psycopg import sql
 
         layout = self._layout(spec.name)
         self.index_seconds = None
         if self.build_index and layout.vector is not None:
-            self.index_seconds = self._build_concurrently(layout, spec)
-        with self._db.errors():
-            self._db.connection().execute(sql.SQL("ANALYZE {}").format(layout.ident))
-
-    def _build_concurrently(self, layout: _Layout, spec: TargetSpec) -> float | None:
-        import time
-
-        from psycopg import sql
-
-        assert layout.vector is not None
-        index = f"{_split_last(spec.name)[:57]}_hnsw"
-        with self._db.errors():
-            conn = self._db.connection()
-            valid = conn.execute(
-                "SELECT i.indisvalid FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid"
-                " WHERE c.relname = %s AND i.indrelid = %s::oid",
-                [index, layout.oid],
-            ).fetchone()
-            if valid is not None and valid[0]:
-                return None
-            partitions = conn.execute(_PARTITIONS_SQL, [layout.oid]).fetchall()
-            if valid is not None and not partitions:  # an interrupted CONCURRENTLY build: build it anew
-                conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(index)))
-            # CONCURRENTLY runs outside a transaction: the settings are the session's, reset after
-            conn.execute(_SESSION_INDEX_SETTINGS_SQL, [self.maintenance_work_mem, max(0, os_cpus() - 1)])
-            started = time.perf_counter()
             method = sql.SQL("USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
                 layout.storage.index_target(layout.vector.ident, spec.dim, spec.source.distance),
                 sql.Literal(self.hnsw[0]),
                 sql.Literal(self.hnsw[1]),
             )
-            if not partitions:
-                conn.execute(
-                    sql.SQL("CREATE INDEX CONCURRENTLY {} ON {} {}").format(
-                        sql.Identifier(index), layout.ident, method
-                    )
+            index = f"{columns.split_last(spec.name)[:57]}_hnsw"
+            with self._db.errors():
+                conn = self._db.connection()
+                self.index_seconds = column_index.build_concurrently(
+                    conn, layout, index, method, self.maintenance_work_mem
                 )
-            else:  # a partitioned table takes no CONCURRENTLY: each partition's, then attached to the parent's
-                _index_partitions(
-                    conn, index, layout.ident, method, [(int(o), str(n)) for o, n in partitions]
-                )
-            seconds = time.perf_counter() - started
-            conn.execute("RESET maintenance_work_mem; RESET max_parallel_maintenance_workers")
-            return seconds
+        with self._db.errors():
+            self._db.connection().execute(sql.SQL("VACUUM (ANALYZE) {}").format(layout.ident))
 
     # reading -------------------------------------------------------------------------------------------
 
@@ -295,7 +253,7 @@ class PgvectorColumnSink(PgvectorSink):
             digest: sql.Composable = sql.SQL("NULL::text, false")
             join: sql.Composable = sql.SQL("")
         else:  # a vector whose digest is not the one the tool stored: the application wrote it
-            written = _digest(layout, sql.SQL("d.{}").format(vector))
+            written = column_write.digest(layout, sql.SQL("d.{}").format(vector))
             digest = sql.SQL(
                 "CASE WHEN b.vector_digest = {g} THEN b.content_hash ELSE {h} END,"
                 " b.vector_digest IS DISTINCT FROM {g}"
@@ -366,7 +324,7 @@ class PgvectorColumnSink(PgvectorSink):
                     " vector_digest = excluded.vector_digest"
                 ).format(
                     b=_identifier(book),
-                    g=_digest(layout, sql.SQL("d.{}").format(layout.vector.ident)),
+                    g=column_write.digest(layout, sql.SQL("d.{}").format(layout.vector.ident)),
                     cast=layout.key.cast,
                     t=layout.ident,
                     k=layout.key.ident,
@@ -447,15 +405,17 @@ class PgvectorColumnSink(PgvectorSink):
             fidelity.refuse_unaccepted(self._flip_losses(conn, oid, incoming), alias, column=True)
             table = _identifier(alias)
             vector = self._vector_name(conn, incoming, current)
-            previous = served_now or f"{_split_last(alias)}__{columns.ADOPTED}"
+            previous = served_now or f"{columns.split_last(alias)}__{columns.ADOPTED}"
             aside = columns.unserved_name(vector, alias, previous)
-            if current is None and _column_exists(conn, oid, aside):
+            if current is None and columns.column_exists(conn, oid, aside):
                 raise CutoverRefused(f"cannot move {vector!r} aside: column {aside!r} already exists")
             rename = sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}")
             views: list[dependents.BoundView] = []
-            if _column_exists(conn, oid, vector):  # a table that had no vectors yet has nothing to move aside
-                views = dependents.capture(conn, oid, _attnum(conn, oid, vector))
-                _carry_column_grants(conn, table, vector, incoming.column.name)
+            if columns.column_exists(
+                conn, oid, vector
+            ):  # a table that had no vectors yet has nothing to move aside
+                views = dependents.capture(conn, oid, columns.attnum(conn, oid, vector))
+                columns.carry_column_grants(conn, table, vector, incoming.column.name)
                 conn.execute(rename.format(table, sql.Identifier(vector), sql.Identifier(aside)))
                 columns.mark(conn, table, aside, previous, False, current.meta if current else {})
             conn.execute(rename.format(table, sql.Identifier(incoming.column.name), sql.Identifier(vector)))
@@ -631,115 +591,3 @@ class PgvectorColumnSink(PgvectorSink):
         if row is None:
             raise ConfigError(f"id column {id_field!r} is not a column of the alias's table")
         return str(row[0])
-
-
-def _digest(layout: _Layout, value: sql.Composable) -> sql.Composable:
-    """A digest of a stored vector's bytes (its type's binary send form): what the tool wrote, to tell it
-    from what the application writes in its place later."""
-    from psycopg import sql
-
-    return sql.SQL("left(md5({}_send({})), 16)").format(sql.SQL(layout.storage.column), value)
-
-
-def _split_last(alias: str) -> str:
-    return alias.rsplit(".", 1)[-1]
-
-
-def _index_partitions(
-    conn: Connection,
-    index: str,
-    parent: sql.Composable,
-    method: sql.Composable,
-    partitions: list[tuple[int, str]],
-) -> None:
-    """The parent's index created ON ONLY it (invalid, writers pass), each partition's CONCURRENTLY, each
-    attached: the parent's becomes valid once all are, and new partitions get theirs from it."""
-    from psycopg import sql
-
-    conn.execute(
-        sql.SQL("CREATE INDEX IF NOT EXISTS {} ON ONLY {} {}").format(sql.Identifier(index), parent, method)
-    )
-    for oid, name in partitions:
-        child = f"{index[:50]}_{oid}"
-        state = conn.execute(_CHILD_INDEX_SQL, [child]).fetchone()
-        if state is not None and state[1]:
-            continue  # built and attached by an earlier finalize
-        if state is not None and not state[0]:  # an interrupted CONCURRENTLY build leaves it invalid
-            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY {}").format(sql.Identifier(child)))
-        if state is None or not state[0]:
-            conn.execute(
-                sql.SQL("CREATE INDEX CONCURRENTLY {} ON {} {}").format(
-                    sql.Identifier(child), sql.SQL(name), method
-                )
-            )
-        conn.execute(
-            sql.SQL("ALTER INDEX {} ATTACH PARTITION {}").format(sql.Identifier(index), sql.Identifier(child))
-        )
-
-
-def _attnum(conn: Connection, oid: int, name: str) -> int:
-    row = conn.execute(
-        "SELECT attnum FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped",
-        [oid, name],
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
-def _column_exists(conn: Connection, oid: int, name: str) -> bool:
-    row = conn.execute(
-        "SELECT 1 FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped",
-        [oid, name],
-    ).fetchone()
-    return row is not None
-
-
-def _carry_column_grants(conn: Connection, table: sql.Composable, served: str, incoming: str) -> None:
-    """Roles granted the served vector column get the same on the column that takes its place."""
-    from psycopg import sql
-
-    rows = conn.execute(
-        "SELECT CASE WHEN g.grantee = 0 THEN NULL ELSE pg_get_userbyid(g.grantee)::text END, g.privilege_type,"
-        " g.is_grantable FROM pg_attribute a CROSS JOIN LATERAL aclexplode(a.attacl) g"
-        " WHERE a.attrelid = to_regclass(%s) AND a.attname = %s",
-        [table.as_string(conn), served],
-    ).fetchall()
-    for role, privilege, grantable in rows:
-        grantee = sql.SQL("PUBLIC") if role is None else sql.Identifier(role)
-        conn.execute(
-            sql.SQL("GRANT {} ({}) ON {} TO {}{}").format(
-                sql.SQL(privilege),
-                sql.Identifier(incoming),
-                table,
-                grantee,
-                sql.SQL(" WITH GRANT OPTION" if grantable else ""),
-            )
-        )
-
-
-def _stage_payload(ids: Sequence[str], hashes: Sequence[str], storage: Any, vectors: Any) -> bytes:
-    """Binary COPY of (id text, content hash text, vector) rows."""
-    dim = int(vectors.shape[1]) if len(vectors.shape) == 2 else 0
-    head = storage.copy_head(dim)
-    body = storage.copy_body(vectors)
-    big = body.astype(body.dtype.newbyteorder(">"), copy=False) if body.dtype.itemsize > 1 else body
-    parts = [_COPY_HEADER]
-    for i, (key, digest) in enumerate(zip(ids, hashes, strict=True)):
-        key_bytes, digest_bytes = key.encode(), digest.encode()
-        parts.append(
-            b"\x00\x03"
-            + struct.pack(">i", len(key_bytes))
-            + key_bytes
-            + struct.pack(">i", len(digest_bytes))
-            + digest_bytes
-            + head
-            + big[i].tobytes()
-        )
-    parts.append(b"\xff\xff")
-    return b"".join(parts)
-
-
-def os_cpus() -> int:
-    import os
-
-    return os.cpu_count() or 1

@@ -77,9 +77,15 @@ def test_a_plain_table_is_named_as_becoming_a_view(app_table: str, tmp_path: Pat
     losses = assert_refused_untouched(app_table, config(tmp_path, app_table), *ALWAYS)
     # the primary key on the id column and the ANN index on the vector column are carried: not losses
     assert set(losses) == set(ALWAYS)
-    code, stdout, _ = reindex("plan", "-c", str(config(tmp_path, app_table)), "--no-calibrate")
+    page = tmp_path / "plan.html"
+    code, stdout, _ = reindex(
+        "plan", "-c", str(config(tmp_path, app_table)), "--no-calibrate", "--html", str(page)
+    )
     assert code == 2 and "The first cutover would not keep what docs has" in stdout
     assert 'accept = ["table_statements", "column_order"]' in " ".join(stdout.split())
+    html = page.read_text()  # the page names each loss and the line that accepts them
+    assert '<table id="losses">' in html and "<code>table_statements</code>" in html
+    assert "accept = [&quot;table_statements&quot;, &quot;column_order&quot;]" in html
 
 
 def test_row_level_security_is_refused_and_tenants_still_see_only_their_rows(
