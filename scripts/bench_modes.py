@@ -124,7 +124,7 @@ def measure(dsn: str, mode: str, rows: int, repeat: int) -> dict[str, float]:
     source = PostgresSource(dsn, table=table, id_column="id", text_column="body")
     accept = ["extra_column"] if mode == "column" else ["table_statements", "column_order", "indexes"]
     sink = PgvectorSink.from_config(
-        PgvectorSink.Config(kind="pgvector", dsn=dsn, alias=table, mode=mode, index="none", accept=accept)  # type: ignore[arg-type]
+        PgvectorSink.Config(kind="pgvector", dsn=dsn, alias=table, mode=mode, index="none", accept=accept)
     )
     spec = TargetSpec(f"{table}__bench001", table, NEW_DIM, "f" * 16, {"model": "bench"}, source.schema())
     rng = np.random.default_rng(repeat)
