@@ -60,6 +60,17 @@ class PgvectorColumnSink(PgvectorSink):
             vector = self._served_column(conn, oid, spec.source.vector_field)
             return fidelity.losses(conn, oid, spec.source.id_field, vector, self.accept, column=True)
 
+    def layout(self, spec: TargetSpec) -> dict[str, Any]:
+        """What `plan` states of the mode: where the new vectors go and how the flip moves them."""
+        vector = spec.source.vector_field or "embedding"
+        column = columns.unserved_name(vector, spec.alias, spec.name)
+        book = columns.bookkeeping_table(spec.alias, spec.name)
+        line = (
+            f"mode column: the new vectors go in {spec.alias}.{column} beside {vector}, their text hashes in"
+            f" {book}; the flip renames the two columns"
+        )
+        return {"mode": "column", "table": spec.alias, "column": column, "hashes": book, "summary": [line]}
+
     def prepare(self, spec: TargetSpec) -> None:
         """Add the target's column and its bookkeeping table (idempotent); refuse first what the table has
         that the column mode would not keep, unless accepted."""

@@ -59,6 +59,9 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
     _losses(s, p["alias"], p.get("losses") or [])
     refused = _routes(s, p.get("routes") or [], p.get("route") or {})
     s.line("Nothing was changed.")
+    if any(not loss["accepted"] for loss in p.get("losses") or []):
+        s.line("Next: name what it would not keep in [target] accept, or change the table; then plan again")
+        return
     if refused:
         s.line("Next: raise [run] deadline or max_cost_usd, or declare another [[routes]] table")
         return
@@ -160,7 +163,7 @@ def _losses(s: Screen, alias: str, losses: list[dict[str, Any]]) -> None:
     refused = [f'"{loss["key"]}"' for loss in losses if not loss["accepted"]]
     if refused:
         s.warn(
-            f"run and cutover refuse this table; to adopt it anyway, losing them, set [target] accept ="
+            f"run and cutover refuse this table; to go ahead anyway, losing them, set [target] accept ="
             f" [{', '.join(refused)}]"
         )
 
@@ -176,8 +179,8 @@ def _plan_target(p: dict[str, Any]) -> str:
 def _plan_alias(p: dict[str, Any]) -> str:
     if p["alias_is_physical"]:
         return (
-            f"{p['alias']} is a plain table or collection today; the first cutover keeps it for rollback "
-            "and turns the name into an alias"
+            f"{p['alias']} is a plain table or collection today; the first cutover keeps its vectors for "
+            "rollback"
         )
     if not p["alias_target"]:
         return f"{p['alias']} does not exist yet; cutover creates it"
