@@ -32,7 +32,7 @@ from reindex_adapters.postgres.catalog import _json_object, _Layout, _read_layou
 from reindex_adapters.postgres.connection import _identifier, _one
 from reindex_adapters.postgres.reads import _cursor_names
 from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
-from reindex_adapters.postgres.storage import check_server, choose
+from reindex_adapters.postgres.storage import Storage, check_server, choose
 from reindex_adapters.postgres.write import _rejections
 
 if TYPE_CHECKING:
@@ -74,8 +74,6 @@ class PgvectorColumnSink(PgvectorSink):
     def prepare(self, spec: TargetSpec) -> None:
         """Add the target's column and its bookkeeping table (idempotent); refuse first what the table has
         that the column mode would not keep, unless accepted."""
-        from psycopg import sql
-
         _identifier(spec.name)
         self._layouts.pop(spec.name, None)
         storage = choose(self.storage, self.full_vector, spec.dim, index=self.build_index)
@@ -85,6 +83,12 @@ class PgvectorColumnSink(PgvectorSink):
                 hint='set [target] storage or mode = "table"',
             )
         fidelity.refuse_unaccepted(self.losses(spec), spec.alias, column=True)
+        retry_locked(self, lambda: self._add_column(spec, storage), spec.alias)
+
+    def _add_column(self, spec: TargetSpec, storage: Storage) -> None:
+        """One short transaction: the hash table and the column (ADD COLUMN waits at most lock_timeout)."""
+        from psycopg import sql
+
         vector = spec.source.vector_field or "embedding"
         name = columns.unserved_name(vector, spec.alias, spec.name)
         book = columns.bookkeeping_table(spec.alias, spec.name)
@@ -96,6 +100,7 @@ class PgvectorColumnSink(PgvectorSink):
                 return
             check_server(conn, storage)
             key = self._key_type(conn, oid, spec.source.id_field)
+            self._key_type(conn, oid, spec.source.text_field)  # the source is this table: its text is here
             conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
             conn.execute(
                 sql.SQL(
@@ -173,9 +178,9 @@ class PgvectorColumnSink(PgvectorSink):
         )
         with self._db.transaction() as conn, _rejections(target):
             conn.execute(
-                "CREATE TEMP TABLE reindex_column_stage (id text, h text, v {}) ON COMMIT DROP".replace(
-                    "{}", "vector" if layout.storage.column == "vector" else "halfvec"
-                )
+                sql.SQL(
+                    "CREATE TEMP TABLE reindex_column_stage (id text, h text, v {}) ON COMMIT DROP"
+                ).format(sql.SQL(layout.storage.column))
             )
             with conn.cursor().copy("COPY reindex_column_stage FROM STDIN (FORMAT BINARY)") as copy:
                 copy.write(payload)
@@ -422,9 +427,8 @@ class PgvectorColumnSink(PgvectorSink):
                 raise CutoverRefused(f"cannot move {vector!r} aside: column {aside!r} already exists")
             rename = sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}")
             views: list[dependents.BoundView] = []
-            if columns.column_exists(
-                conn, oid, vector
-            ):  # a table that had no vectors yet has nothing to move aside
+            # a table that had no vectors yet has nothing to move aside
+            if columns.column_exists(conn, oid, vector):
                 views = dependents.capture(conn, oid, columns.attnum(conn, oid, vector))
                 columns.carry_column_grants(conn, table, vector, incoming.column.name)
                 conn.execute(rename.format(table, sql.Identifier(vector), sql.Identifier(aside)))
@@ -600,5 +604,9 @@ class PgvectorColumnSink(PgvectorSink):
             [oid, id_field],
         ).fetchone()
         if row is None:
-            raise ConfigError(f"id column {id_field!r} is not a column of the alias's table")
+            raise ConfigError(
+                f"column {id_field!r} of the source is not a column of the alias's table",
+                hint='mode = "column" migrates the table the source reads: point [target] alias at it,'
+                ' or set mode = "table"',
+            )
         return str(row[0])
