@@ -88,3 +88,44 @@ def test_a_table_migration_killed_at_a_shard_point_ends_with_every_column_and_ve
         )
     status = tool.json("status")
     assert status["reconciled"] and status["state"] == "complete"
+
+
+@pytest.mark.parametrize("point", ["after_embed", "mid_write", "after_write"])
+def test_a_column_mode_migration_killed_at_a_shard_point_leaves_the_table_exact_and_ends_complete(
+    tmp_path: Path, pg_dsn: str, point: str
+) -> None:
+    """`mode = "column"`, killed with SIGKILL at a shard point and run again: the application's columns are
+    untouched, the new column holds a fresh embedding of every row's text, and the rows are the same rows."""
+    texts = make_table(pg_dsn)
+    state, config = tmp_path / "state.db", tmp_path / "reindex.toml"
+    config.write_text(
+        f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "articles"\ntext_column = "body"\n\n'
+        '[embedder]\nkind = "hash"\ndim = 16\nmax_tokens = 128\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "articles"\nmode = "column"\n'
+        'accept = ["extra_column"]\n\n'
+        f'[run]\nstate = "{state}"\nshard_size = {SHARD}\n'
+    )
+    tool = Tool(config, state)
+    rows = sql.SQL("SELECT {}, embedding::text FROM articles ORDER BY id").format(COLUMNS)
+    with psycopg.connect(pg_dsn) as conn:
+        before = conn.execute(rows).fetchall()
+    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:3"})
+    assert_crashed(code, err)
+    code, _, err = tool.run("run")
+    assert code == 0, err
+
+    report = tool.json("verify")
+    assert report["complete"], report
+    column = sql.Identifier(f"embedding__{report['target'].split('__')[1]}")
+    with psycopg.connect(pg_dsn) as conn:
+        register_vector(conn)
+        after = conn.execute(rows).fetchall()
+        vectors = conn.execute(sql.SQL("SELECT id, {} FROM articles").format(column)).fetchall()
+    assert after == before  # the application's own columns and vectors, every row, none twice
+    embedder = HashEmbedder(dim=16, max_tokens=128)
+    for doc_id, vector in vectors:
+        got = np.asarray(vector, dtype=np.float32)
+        np.testing.assert_allclose(
+            got / np.linalg.norm(got), fresh_vector(embedder, texts[doc_id]), atol=1e-5
+        )
+    assert tool.json("status")["reconciled"]
