@@ -13,7 +13,8 @@ the vector column, carried across a flip).
 
 from __future__ import annotations
 
+from reindex_adapters.postgres.side_by_side import PgvectorColumnSink
 from reindex_adapters.postgres.sink import PgvectorSink
 from reindex_adapters.postgres.source import PostgresSource
 
-__all__ = ["PgvectorSink", "PostgresSource"]
+__all__ = ["PgvectorColumnSink", "PgvectorSink", "PostgresSource"]

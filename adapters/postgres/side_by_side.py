@@ -31,7 +31,7 @@ from reindex_adapters.postgres.alias import _lock_alias
 from reindex_adapters.postgres.catalog import _json_object, _Layout, _read_layout, _regclass
 from reindex_adapters.postgres.connection import _identifier, _one
 from reindex_adapters.postgres.reads import _cursor_names
-from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
+from reindex_adapters.postgres.sink import MODES, PgvectorSink, retry_locked
 from reindex_adapters.postgres.storage import Storage, check_server, choose
 from reindex_adapters.postgres.write import _rejections
 
@@ -610,3 +610,6 @@ class PgvectorColumnSink(PgvectorSink):
                 ' or set mode = "table"',
             )
         return str(row[0])
+
+
+MODES["column"] = PgvectorColumnSink

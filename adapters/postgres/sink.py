@@ -77,6 +77,9 @@ if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
 
 _T = TypeVar("_T")
+# `[target] mode` -> the sink for it, where it is not this module's: side_by_side.py registers "column" as it
+# is imported (the package's __init__ imports it), so this module imports none of its subclasses
+MODES: dict[str, type[PgvectorSink]] = {}
 
 
 class PgvectorSink(_Reads):
@@ -144,10 +147,8 @@ class PgvectorSink(_Reads):
 
     @classmethod
     def from_config(cls, config: Config) -> PgvectorSink:
-        if config.mode == "column" and cls is PgvectorSink:
-            from reindex_adapters.postgres.side_by_side import PgvectorColumnSink
-
-            return PgvectorColumnSink.from_config(config)
+        if cls is PgvectorSink and config.mode in MODES:  # the package registers the other modes' sinks
+            return MODES[config.mode].from_config(config)
         return cls(
             config.resolved_dsn("target"),
             lock_timeout_ms=config.lock_timeout_ms,
