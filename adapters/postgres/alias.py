@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -102,6 +102,18 @@ def _lock_alias(
     if _regclass(conn, alias) is not None:
         # On a view this also locks the target it reads; the swap is one short transaction.
         conn.execute(sql.SQL("LOCK TABLE {} IN {} MODE").format(_identifier(alias), sql.SQL(mode)))
+
+
+def _hold(conn: Connection, alias: str, lock_timeout_ms: int, settle: Callable[[], None] | None) -> None:
+    """In the move's transaction: bound every lock wait by `lock_timeout_ms`; with `settle`, hold writers
+    (EXCLUSIVE: readers pass) while it runs; then take the alias for the move itself."""
+    conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout_ms}ms"])
+    if settle is not None:
+        # Writers wait from here to the commit; a writer that waited is sent to what the alias serves after
+        # the move when it gets the lock (Postgres looks the name up again after waiting).
+        _lock_alias(conn, alias, mode="EXCLUSIVE")
+        settle()
+    _lock_alias(conn, alias)
 
 
 def _serves(conn: Connection, resolved: _ResolvedAlias, expected: str | None) -> bool:

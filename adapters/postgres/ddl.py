@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from reindex.errors import ConfigError
 from reindex.ports import TargetSpec
@@ -61,14 +61,19 @@ def _create_target(conn: Connection, spec: TargetSpec, storage: Storage) -> None
             + _first_line(exc),
             hint="create what they use there first (a function, a sequence, an extension)",
         ) from None
-    meta = {
+    meta = target_meta(spec, storage, vector) | {"schemaless": not spec.source.columns}
+    conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(ident, sql.Literal(json.dumps(meta))))
+
+
+def target_meta(spec: TargetSpec, storage: Storage, vector: str) -> dict[str, Any]:
+    """What a target's table comment records: its identity, what it was built from, how it stores."""
+    return {
         "fingerprint": spec.fingerprint,
         "dim": spec.dim,
         "alias": spec.alias,
         "model": dict(spec.model),
         "distance": spec.source.distance,
         "created_at": datetime.now(UTC).isoformat(),
-        "schemaless": not spec.source.columns,
         "id_field": spec.source.id_field,
         "text_field": spec.source.text_field,
         "plan_id": spec.plan_id,  # the migration that built it; never re-stamped (prepare only creates)
@@ -77,7 +82,6 @@ def _create_target(conn: Connection, spec: TargetSpec, storage: Storage) -> None
         "full_vector": storage.full_vector,
         "vector_column": vector,
     }
-    conn.execute(sql.SQL("COMMENT ON TABLE {} IS {}").format(ident, sql.Literal(json.dumps(meta))))
 
 
 def _schema_columns(conn: Connection, spec: TargetSpec, storage: Storage) -> list[sql.Composable]:

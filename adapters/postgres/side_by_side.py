@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from reindex import crashpoints
@@ -27,9 +26,10 @@ from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.ports import AliasInfo, IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
 from reindex_adapters.postgres import column_index, column_write, dependents, fidelity
 from reindex_adapters.postgres import column_targets as columns
-from reindex_adapters.postgres.alias import _lock_alias
+from reindex_adapters.postgres.alias import _hold
 from reindex_adapters.postgres.catalog import _json_object, _Layout, _read_layout, _regclass
 from reindex_adapters.postgres.connection import _identifier, _one
+from reindex_adapters.postgres.ddl import target_meta
 from reindex_adapters.postgres.reads import _cursor_names
 from reindex_adapters.postgres.sink import MODES, PgvectorSink, retry_locked
 from reindex_adapters.postgres.storage import Storage, check_server, choose
@@ -108,7 +108,7 @@ class PgvectorColumnSink(PgvectorSink):
                     " vector_digest text NOT NULL)"
                 ).format(_identifier(book), sql.SQL(key))
             )
-            meta = self._meta(spec, storage.kind, vector)
+            meta = target_meta(spec, storage, vector) | {"mode": "column"}
             conn.execute(
                 sql.SQL("COMMENT ON TABLE {} IS {}").format(_identifier(book), sql.Literal(json.dumps(meta)))
             )
@@ -117,24 +117,6 @@ class PgvectorColumnSink(PgvectorSink):
                 sql.SQL("ALTER TABLE {} ADD COLUMN {}").format(table, storage.column_sql(name, spec.dim))
             )
             columns.mark(conn, table, name, spec.name, False, {})
-
-    def _meta(self, spec: TargetSpec, storage: str, vector: str) -> dict[str, Any]:
-        return {
-            "mode": "column",
-            "fingerprint": spec.fingerprint,
-            "dim": spec.dim,
-            "alias": spec.alias,
-            "model": dict(spec.model),
-            "distance": spec.source.distance,
-            "created_at": datetime.now(UTC).isoformat(),
-            "id_field": spec.source.id_field,
-            "text_field": spec.source.text_field,
-            "vector_column": vector,
-            "plan_id": spec.plan_id,
-            "nonce": spec.nonce,
-            "storage": storage,
-            "full_vector": False,
-        }
 
     def _check_same(self, conn: Connection, spec: TargetSpec, book: str) -> None:
         meta = self._book_meta(conn, book)
@@ -402,11 +384,7 @@ class PgvectorColumnSink(PgvectorSink):
 
         conn = self._db.connection()
         with conn.transaction():
-            conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
-            if settle is not None:
-                _lock_alias(conn, alias, mode="EXCLUSIVE")
-                settle()
-            _lock_alias(conn, alias)
+            _hold(conn, alias, self.lock_timeout_ms, settle)
             oid = self._table_oid(conn, alias)
             incoming = columns.find(conn, alias, target)
             if incoming is None:

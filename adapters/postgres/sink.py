@@ -36,7 +36,7 @@ from reindex_adapters.postgres.alias import (
     _adopt,
     _grant,
     _grants_of,
-    _lock_alias,
+    _hold,
     _replace_view,
     _resolve_alias,
     _serves,
@@ -427,13 +427,7 @@ class PgvectorSink(_Reads):
     ) -> str | None:
         conn = self._db.connection()
         with conn.transaction():
-            conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
-            if settle is not None:
-                # Writers wait from here to the commit; a writer that waited on the old table is sent to
-                # the new view when it gets the lock (Postgres looks the name up again after waiting).
-                _lock_alias(conn, alias, mode="EXCLUSIVE")
-                settle()
-            _lock_alias(conn, alias)
+            _hold(conn, alias, self.lock_timeout_ms, settle)
             if _regclass(conn, target) is None:
                 raise CutoverRefused(f"target {target!r} does not exist")
             resolved = _resolve_alias(conn, alias)  # re-read under the lock: what it serves now
