@@ -499,10 +499,11 @@ class PgvectorColumnSink(PgvectorSink):
         return self._layouts[target]
 
     def _find_layout(self, conn: Connection, target: str) -> _Layout | None:
-        """The alias's table seen as this target: its key, the target's column as the vector, its meta."""
+        """The alias's table seen as this target: its key, the target's column as the vector, its meta. The
+        alias's own name is the index it serves now (`reindex compare` reads the live index by it)."""
         alias = self._alias_for(target)
         if alias is None:
-            return None
+            return self._served_layout(conn, target)
         found = columns.find(conn, alias, target)
         table = _read_layout(conn, alias)
         if found is None or table is None:
@@ -515,6 +516,18 @@ class PgvectorColumnSink(PgvectorSink):
             vector=found.column,
             meta={**meta, "storage": meta.get("storage") or found.column.type_name[1]},
         )
+
+    def _served_layout(self, conn: Connection, alias: str) -> _Layout | None:
+        """The table `alias` as the index it serves: its served column, or before any flip its own vectors."""
+        table = _read_layout(conn, alias)
+        if table is None:
+            return None
+        served = columns.served(conn, table.oid)
+        if served is not None:
+            return self._find_layout(conn, served.target)
+        aside = {t.column.name for t in columns.column_targets(conn, table.oid)}
+        vector = next((a for a in table.columns if a.is_vector and a.name not in aside), None)
+        return replace(table, vector=vector, meta={"storage": vector.type_name[1] if vector else "vector"})
 
     def _alias_for(self, target: str) -> str | None:
         """The alias a target belongs to: the table its name starts with (`docs__3f9a1c2e` → `docs`)."""

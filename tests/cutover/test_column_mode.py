@@ -371,3 +371,29 @@ def test_cutover_sync_with_a_provider_batch_embedder_never_holds_writers_for_a_j
     monkeypatch.undo()
     assert reindex_json("cutover", "-c", str(path), "--sync")["changed"]
     assert sql(pg_dsn, "SELECT count(*) FROM docs WHERE embedding IS NULL") == [(0,)]
+
+
+def test_compare_reads_the_live_index_by_the_alias_before_and_after_the_flip(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """`reindex compare` measures the new column against what the table serves: its own vectors before
+    the first flip, the served column after it."""
+    sql(
+        pg_dsn,
+        "CREATE EXTENSION IF NOT EXISTS vector",
+        "CREATE TABLE docs (id bigint PRIMARY KEY, body text NOT NULL, embedding vector(8))",
+    )
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for i in range(60):
+            body = f"doc {i} on topic {i % 7}"
+            conn.execute("INSERT INTO docs VALUES (%s, %s, %s::vector)", [i, body, vector(body, OLD)])
+    path = config(tmp_path, pg_dsn, ["extra_column"])
+    path.write_text(
+        path.read_text() + '[compare]\nk = 5\nsample = 20\nembedder = { kind = "hash", dim = 8 }\n'
+    )
+    assert reindex_json("run", "-c", str(path))["reconciled"]
+    before = reindex_json("compare", "-c", str(path))
+    assert before["live"] == "docs" and before["sample"] == 20 and before["neighbours"] is not None
+    assert reindex_json("cutover", "-c", str(path))["changed"]
+    after = reindex_json("compare", "-c", str(path))  # the alias serves the target itself now
+    assert after["target"] == "docs__5286ea7c" and after["live"] is None
