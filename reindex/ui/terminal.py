@@ -368,9 +368,9 @@ def alias_move(s: Screen, m: dict[str, Any]) -> None:
     _after_flip(s, m.get("after_flip"))
     if m.get("unserved"):
         s.warn(
-            f"{count(m['unserved'], 'document')} written while {m['previous']} was live have no vector of the"
-            f" model {m['target']} holds: vector search does not find them until the next cutover"
-            f" ({m['previous']} keeps their vectors; ids in --json)"
+            f"{count(m['unserved'], 'document')} written while {m['previous']} was live have no vector in"
+            f" {m['target']}: the alias does not serve them by vector until the next cutover, and"
+            f" {m['previous']} keeps theirs (ids in --json)"
         )
     if m["action"] == "rollback":
         s.line(f"Roll forward with: reindex cutover --sync -c {s.config}")
