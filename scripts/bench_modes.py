@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -62,23 +60,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 @contextmanager
 def postgres() -> Iterator[str]:
-    """An embedded Postgres with pgvector, owned by this process."""
+    """scripts/bench's embedded Postgres, with room for a million-row fill's WAL between checkpoints."""
     import psycopg
-    from pgserver.postgres_server import get_server
+    from bench import postgres as embedded
 
-    data = Path(tempfile.mkdtemp(prefix="reindex-bench-modes-"))
-    data.chmod(0o755)
-    server = get_server(data, cleanup_mode="stop")
-    try:
-        uri: str = server.get_uri()
+    with embedded(ROOT / ".bench") as uri:
         with psycopg.connect(uri, autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
             conn.execute("ALTER SYSTEM SET max_wal_size = '8GB'")  # checkpoints do not time the fill
             conn.execute("SELECT pg_reload_conf()")
         yield uri
-    finally:
-        server.cleanup()
-        shutil.rmtree(data, ignore_errors=True)
 
 
 def application_table(dsn: str, table: str, rows: int) -> None:
@@ -250,4 +240,5 @@ def show(results: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # scripts/bench.py's helpers
     sys.exit(main())
