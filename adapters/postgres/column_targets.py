@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reindex.errors import ConfigError
-from reindex_adapters.postgres.catalog import _Attribute, _attributes, _json_object, _regclass
+from reindex_adapters.postgres.catalog import (
+    _TARGET_COLUMNS_SQL,
+    _Attribute,
+    _attributes,
+    _json_object,
+    _regclass,
+)
 from reindex_adapters.postgres.connection import MAX_IDENTIFIER_BYTES, _split
 
 if TYPE_CHECKING:
@@ -27,10 +33,6 @@ if TYPE_CHECKING:
 
 
 ADOPTED = "adopted"  # the suffix of the application's own vectors once the first flip has moved them aside
-
-_COLUMN_COMMENTS_SQL = """
-SELECT a.attname, col_description(a.attrelid, a.attnum) FROM pg_attribute a
-WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +77,7 @@ def column_targets(conn: Connection, table_oid: int) -> list[ColumnTarget]:
     """Every column of the table that holds a target, as its comment says."""
     attributes = {a.name: a for a in _attributes(conn, table_oid)}
     found = []
-    for name, comment in conn.execute(_COLUMN_COMMENTS_SQL, [table_oid]).fetchall():
+    for name, comment in conn.execute(_TARGET_COLUMNS_SQL, [table_oid]).fetchall():
         mark = _json_object(comment).get("reindex")
         if isinstance(mark, dict) and isinstance(mark.get("target"), str) and name in attributes:
             found.append(ColumnTarget(mark["target"], attributes[name], bool(mark.get("served")), mark))

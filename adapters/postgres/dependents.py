@@ -72,8 +72,10 @@ def recreate(conn: Connection, views: list[BoundView]) -> None:
     from psycopg import sql
 
     for view in views:
-        name = sql.SQL(view.name)  # regclass output: already quoted
-        options = sql.SQL(f" WITH ({view.options})" if view.options else "")
+        # The server's own text, spliced as it gave it: the name as regclass prints it (quoted where needed),
+        # the options as reloptions holds them (validated names and values), the definition pg_get_viewdef's.
+        name = sql.SQL(view.name)
+        options = sql.SQL(" WITH ({})").format(sql.SQL(view.options)) if view.options else sql.SQL("")
         conn.execute(sql.SQL("DROP VIEW {}").format(name))
         conn.execute(sql.SQL("CREATE VIEW {}{} AS {}").format(name, options, sql.SQL(view.definition)))
         _grant(conn, name, view.grants)  # type: ignore[arg-type]

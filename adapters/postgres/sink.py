@@ -433,8 +433,8 @@ class PgvectorSink(_Reads):
             resolved = _resolve_alias(conn, alias)  # re-read under the lock: what it serves now
             if resolved.info.is_physical:
                 # re-read under the lock: what the table has now, not what it had when `run` began
-                target_meta = _read_layout(conn, target)
-                meta_of = target_meta.meta if target_meta is not None else {}
+                built = _read_layout(conn, target)
+                meta_of = built.meta if built is not None else {}
                 found = self._losses(conn, alias, str(meta_of.get("id_field") or "id"), _vector_of(meta_of))
                 fidelity.refuse_unaccepted(found, alias)
                 previous = _adopt(conn, resolved, target, expected, meta)

@@ -5,6 +5,7 @@ row exactly as the source holds it, each vector a fresh embedding of its text, a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -55,19 +56,34 @@ def tool_for(tmp_path: Path, dsn: str) -> Tool:
     return Tool(config, state)
 
 
+def killed_then_rerun(tool: Tool, point: str) -> dict[str, Any]:
+    """`run` killed at the third shard's `point`, run again to the end; then verify's report, complete."""
+    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:3"})
+    assert_crashed(code, err)
+    code, _, err = tool.run("run")
+    assert code == 0, err
+    report: dict[str, Any] = tool.json("verify")
+    assert report["complete"], report
+    return report
+
+
+def assert_fresh(vectors: list[tuple[Any, Any]], texts: dict[int, str]) -> None:
+    """Each stored vector is a fresh embedding of its row's text."""
+    embedder = HashEmbedder(dim=16, max_tokens=128)
+    for doc_id, vector in vectors:
+        got = np.asarray(vector, dtype=np.float32)
+        np.testing.assert_allclose(
+            got / np.linalg.norm(got), fresh_vector(embedder, texts[doc_id]), atol=1e-5
+        )
+
+
 @pytest.mark.parametrize("point", ["after_embed", "mid_write", "after_write"])
 def test_a_table_migration_killed_at_a_shard_point_ends_with_every_column_and_vector_exact(
     tmp_path: Path, pg_dsn: str, point: str
 ) -> None:
     texts = make_table(pg_dsn)
     tool = tool_for(tmp_path, pg_dsn)
-    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:3"})
-    assert_crashed(code, err)
-    code, _, err = tool.run("run")
-    assert code == 0, err
-
-    report = tool.json("verify")
-    assert report["complete"], report
+    report = killed_then_rerun(tool, point)
     target = sql.Identifier(report["target"])
     with psycopg.connect(pg_dsn) as conn:
         register_vector(conn)
@@ -80,12 +96,7 @@ def test_a_table_migration_killed_at_a_shard_point_ends_with_every_column_and_ve
         ).fetchone()
     assert stored == source  # every column of every row, NULLs and arrays included, and no row twice
     assert origins == (0,)
-    embedder = HashEmbedder(dim=16, max_tokens=128)
-    for doc_id, vector in vectors:
-        got = np.asarray(vector, dtype=np.float32)
-        np.testing.assert_allclose(
-            got / np.linalg.norm(got), fresh_vector(embedder, texts[doc_id]), atol=1e-5
-        )
+    assert_fresh(vectors, texts)
     status = tool.json("status")
     assert status["reconciled"] and status["state"] == "complete"
 
@@ -109,23 +120,12 @@ def test_a_column_mode_migration_killed_at_a_shard_point_leaves_the_table_exact_
     rows = sql.SQL("SELECT {}, embedding::text FROM articles ORDER BY id").format(COLUMNS)
     with psycopg.connect(pg_dsn) as conn:
         before = conn.execute(rows).fetchall()
-    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:3"})
-    assert_crashed(code, err)
-    code, _, err = tool.run("run")
-    assert code == 0, err
-
-    report = tool.json("verify")
-    assert report["complete"], report
+    report = killed_then_rerun(tool, point)
     column = sql.Identifier(f"embedding__{report['target'].split('__')[1]}")
     with psycopg.connect(pg_dsn) as conn:
         register_vector(conn)
         after = conn.execute(rows).fetchall()
         vectors = conn.execute(sql.SQL("SELECT id, {} FROM articles").format(column)).fetchall()
     assert after == before  # the application's own columns and vectors, every row, none twice
-    embedder = HashEmbedder(dim=16, max_tokens=128)
-    for doc_id, vector in vectors:
-        got = np.asarray(vector, dtype=np.float32)
-        np.testing.assert_allclose(
-            got / np.linalg.norm(got), fresh_vector(embedder, texts[doc_id]), atol=1e-5
-        )
+    assert_fresh(vectors, texts)
     assert tool.json("status")["reconciled"]
