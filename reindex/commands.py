@@ -26,7 +26,7 @@ from reindex.flip.sync import (
 )
 from reindex.plan import routing
 from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread, stored
-from reindex.ports import DeferredEmbedder, DescribingSink, NamesLosses, PlansStorage
+from reindex.ports import DeferredEmbedder, DescribingSink, NamesLosses, PlansStorage, RestoresTable
 from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
@@ -541,11 +541,28 @@ def cutover(
         sample: also re-embed this many documents as part of the verification.
     """
     with ledger_of(config) as ledger, ledger.alias_lock(config.alias):
+        restored = _restore_table(config, ledger)
+        if restored is not None:
+            return restored
         if sync:
             with ledger.lease(lease_key(config)), open_migration(config) as m:
                 return _cutover(attach(m, ledger), ledger, force, sample, sync=True)
         with open_migration(config) as m:
             return _cutover(m, ledger, force, sample)
+
+
+def _restore_table(config: Config, ledger: Ledger) -> alias_moves.AliasMove | None:
+    """A sink that can move an earlier version's view back into the application's table does so before
+    anything else (`RestoresTable`): the alias serves the same target, from the table; no model is loaded.
+    The history gains no move (rollback goes where it went before)."""
+    with open_backends(config) as (_, sink):
+        if not isinstance(sink, RestoresTable):
+            return None
+        alias_moves.settle_pending(sink, ledger, config.alias)
+        served = sink.restore_table(config.alias)
+    if served is None:
+        return None
+    return alias_moves.AliasMove(config.alias, served, served, changed=True, action="restore")
 
 
 def _cutover(

@@ -458,6 +458,18 @@ class NamesUnserved(Protocol):
 
 
 @runtime_checkable
+class RestoresTable(Protocol):
+    """A sink whose earlier version put a view in the application's table's place, and that can move it
+    back into the table, serving the same vectors (pgvector `mode = "column"` over a 0.2 installation).
+    `cutover` does it first, with the application writing on until one short transaction."""
+
+    def restore_table(self, alias: str) -> str | None:
+        """Move the alias back into the application's table: the target it serves, or None when the alias
+        is not such a view (nothing was done)."""
+        ...
+
+
+@runtime_checkable
 class NamesLosses(Protocol):
     """A sink whose first cutover replaces the live index by another kind of object (pgvector: a table by a
     view over the new target), and can say before anything is built what the live one has that it would

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from reindex import crashpoints
 from reindex.errors import BackendError, ConfigError, CutoverRefused
-from reindex.ports import AliasInfo, IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
-from reindex_adapters.postgres import column_index, column_write, dependents, fidelity
+from reindex.ports import AliasInfo, Distance, IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
+from reindex_adapters.postgres import column_index, column_write, dependents, fidelity, restore
 from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres.alias import _hold
 from reindex_adapters.postgres.catalog import _json_object, _Layout, _read_layout, _regclass
@@ -197,11 +197,7 @@ class PgvectorColumnSink(PgvectorSink):
         layout = self._layout(spec.name)
         self.index_seconds = None
         if self.build_index and layout.vector is not None:
-            method = sql.SQL("USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
-                layout.storage.index_target(layout.vector.ident, spec.dim, spec.source.distance),
-                sql.Literal(self.hnsw[0]),
-                sql.Literal(self.hnsw[1]),
-            )
+            method = self.hnsw_method(layout, spec.dim, spec.source.distance)
             index = f"{columns.split_last(spec.name)[:57]}_hnsw"
             with self._db.errors():
                 conn = self._db.connection()
@@ -210,6 +206,35 @@ class PgvectorColumnSink(PgvectorSink):
                 )
         with self._db.errors():
             self._db.connection().execute(sql.SQL("VACUUM (ANALYZE) {}").format(layout.ident))
+
+    def hnsw_method(self, layout: _Layout, dim: int, distance: Distance) -> sql.Composable:
+        """`USING hnsw (<column> <opclass>) WITH (...)` for the layout's vector column."""
+        from psycopg import sql
+
+        assert layout.vector is not None
+        return sql.SQL("USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
+            layout.storage.index_target(layout.vector.ident, dim, distance),
+            sql.Literal(self.hnsw[0]),
+            sql.Literal(self.hnsw[1]),
+        )
+
+    def restore_table(self, alias: str) -> str | None:
+        """Move a 0.2 installation (a view over a target table, the application's table renamed
+        `<alias>__adopted`) back into the application's table, serving the same vectors (restore.py): the
+        target it serves, or None where the alias is no such view."""
+        _identifier(alias)
+        with self._db.errors():
+            found = restore.find(self._db.connection(), alias)
+        if found is None:
+            return None
+        try:
+            restore.restore(self, found)
+        finally:
+            self._layouts.clear()
+        served = self.alias(alias).target
+        if served != (found.served if found.meta else None):
+            raise BackendError(f"alias {alias!r} serves {served!r} after it was moved back into its table")
+        return found.served if found.meta else alias  # rolled back to its own vectors: the table serves them
 
     # reading -------------------------------------------------------------------------------------------
 
@@ -341,6 +366,8 @@ class PgvectorColumnSink(PgvectorSink):
             oid = _regclass(conn, alias)
             if oid is None:
                 return AliasInfo(alias, None)
+            if _relkind(conn, oid) == "v":  # a view 0.2 made, until cutover moves it back into the table
+                return super().alias(alias)
             served = columns.served(conn, oid)
             if served is None:
                 return AliasInfo(alias, None, is_physical=True)
@@ -572,7 +599,11 @@ class PgvectorColumnSink(PgvectorSink):
                     if row is None
                     else f" (it is a {'view' if row[1] == 'v' else 'relation'} of kind {row[1]!r})"
                 ),
-                hint='point [target] alias at the source table, or set mode = "table"',
+                hint=(
+                    "`reindex cutover` moves a view the tool made (0.2's mode table) back into the table"
+                    if row is not None and row[1] == "v"
+                    else 'point [target] alias at the source table, or set mode = "table"'
+                ),
             )
         return int(row[0])
 
@@ -601,6 +632,10 @@ class PgvectorColumnSink(PgvectorSink):
                 ' or set mode = "table"',
             )
         return str(row[0])
+
+
+def _relkind(conn: Connection, oid: int) -> str:
+    return str(_one(conn.execute("SELECT relkind::text FROM pg_class WHERE oid = %s::oid", [oid]).fetchone()))
 
 
 MODES["column"] = PgvectorColumnSink

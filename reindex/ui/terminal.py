@@ -357,6 +357,13 @@ def _quality_metrics(q: dict[str, Any]) -> list[tuple[str, float | None, str | N
 
 
 def alias_move(s: Screen, m: dict[str, Any]) -> None:
+    if m["action"] == "restore":
+        s.headline(
+            f"Alias {m['alias']} is the application's table again, serving {m['target']} (was a view over it).",
+            ok=True,
+        )
+        s.line(f"Next: reindex run -c {s.config}, then reindex cutover -c {s.config}")
+        return
     verb = "rolled back to" if m["action"] == "rollback" else "now serves"
     if not m["changed"]:
         s.headline(f"Alias {m['alias']} already serves {m['target']}: nothing changed.", ok=True)
