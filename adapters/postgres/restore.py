@@ -34,13 +34,13 @@ from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.alias import _DEPENDENT_VIEWS_SQL, _grant, _grants_of, _hold, _resolve_alias
 from reindex_adapters.postgres.catalog import _ORIGIN, _RESERVED, _comment, _read_layout, _regclass
 from reindex_adapters.postgres.connection import _identifier, _split
+from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
 
 if TYPE_CHECKING:
     from psycopg import sql
 
     from reindex_adapters.postgres.catalog import _Layout
     from reindex_adapters.postgres.connection import Connection
-    from reindex_adapters.postgres.side_by_side import PgvectorColumnSink
 
 
 # Every table named like a target of the alias (`docs__%`), in its schema.
@@ -166,10 +166,8 @@ def find(conn: Connection, alias: str) -> Restore | None:
     )
 
 
-def restore(sink: PgvectorColumnSink, found: Restore) -> None:
+def restore(sink: PgvectorSink, found: Restore) -> None:
     """Steps 1-3 with the application writing on, then the move in one short transaction (retried)."""
-    from reindex_adapters.postgres.sink import retry_locked
-
     with sink._db.errors():
         conn = sink._db.connection()
         losses = fidelity.losses(conn, found.table_oid, found.key, found.vector, sink.accept, column=True)
@@ -182,7 +180,7 @@ def restore(sink: PgvectorColumnSink, found: Restore) -> None:
     retry_locked(sink, lambda: _move(sink, found), found.alias)
 
 
-def _record_writes(sink: PgvectorColumnSink, found: Restore) -> None:
+def _record_writes(sink: PgvectorSink, found: Restore) -> None:
     """Step 1 and the column of step 2, in one short transaction: from its commit on, every write through
     the view leaves its key in the log (a writer that began earlier finishes before the trigger exists)."""
     from psycopg import sql
@@ -328,7 +326,7 @@ def _book(conn: Connection, found: Restore, served: _Layout, *, logged: bool) ->
     )
 
 
-def _index(sink: PgvectorColumnSink, found: Restore) -> None:
+def _index(sink: PgvectorSink, found: Restore) -> None:
     """Step 3: the served vectors' HNSW index on their column of the adopted table, CONCURRENTLY."""
     from dataclasses import replace
 
@@ -345,7 +343,7 @@ def _index(sink: PgvectorColumnSink, found: Restore) -> None:
             column_index.build_concurrently(conn, layout, index, method, sink.maintenance_work_mem)
 
 
-def _move(sink: PgvectorColumnSink, found: Restore) -> None:
+def _move(sink: PgvectorSink, found: Restore) -> None:
     """The last step, in one transaction with the alias held: carry what was written since the copy, drop
     the view and the target table, give the adopted table its name back, flip its vector columns."""
     from psycopg import sql

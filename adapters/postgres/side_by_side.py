@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from reindex import crashpoints
 from reindex.errors import BackendError, ConfigError, CutoverRefused
-from reindex.ports import AliasInfo, Distance, IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
+from reindex.ports import AliasInfo, IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
 from reindex_adapters.postgres import column_index, column_write, dependents, fidelity, restore
 from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres.alias import _hold
@@ -206,17 +206,6 @@ class PgvectorColumnSink(PgvectorSink):
                 )
         with self._db.errors():
             self._db.connection().execute(sql.SQL("VACUUM (ANALYZE) {}").format(layout.ident))
-
-    def hnsw_method(self, layout: _Layout, dim: int, distance: Distance) -> sql.Composable:
-        """`USING hnsw (<column> <opclass>) WITH (...)` for the layout's vector column."""
-        from psycopg import sql
-
-        assert layout.vector is not None
-        return sql.SQL("USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
-            layout.storage.index_target(layout.vector.ident, dim, distance),
-            sql.Literal(self.hnsw[0]),
-            sql.Literal(self.hnsw[1]),
-        )
 
     def restore_table(self, alias: str) -> str | None:
         """Move a 0.2 installation (a view over a target table, the application's table renamed

@@ -57,6 +57,7 @@ from reindex_adapters.postgres.ddl import (
     _check_same_target,
     _create_target,
 )
+from reindex_adapters.postgres.kept_writes import keep_writes
 from reindex_adapters.postgres.reads import _Reads
 from reindex_adapters.postgres.storage import Kind, check_server, choose
 from reindex_adapters.postgres.storage import plan as plan_storage
@@ -74,6 +75,8 @@ from reindex_adapters.postgres.write import (
 )
 
 if TYPE_CHECKING:
+    from psycopg import sql
+
     from reindex_adapters.postgres.connection import Connection
 
 _T = TypeVar("_T")
@@ -393,17 +396,25 @@ class PgvectorSink(_Reads):
             self._layouts[target] = layout
         return self._layouts[target]
 
+    def hnsw_method(self, layout: _Layout, dim: int, distance: Distance) -> sql.Composable:
+        """`USING hnsw (<column> <opclass>) WITH (...)` for the layout's vector column."""
+        from psycopg import sql
+
+        assert layout.vector is not None
+        return sql.SQL("USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
+            layout.storage.index_target(layout.vector.ident, dim, distance),
+            sql.Literal(self.hnsw[0]),
+            sql.Literal(self.hnsw[1]),
+        )
+
     def _build_index(self, layout: _Layout, dim: int, distance: Distance) -> float | None:
         """CREATE INDEX with `maintenance_work_mem` and parallel workers for the cores; its wall seconds,
         commit included, or None when the index was already there (a resumed finalize)."""
         from psycopg import sql
 
         assert layout.vector is not None
-        statement = sql.SQL("CREATE INDEX ON {} USING hnsw ({}) WITH (m = {}, ef_construction = {})").format(
-            layout.ident,
-            layout.storage.index_target(layout.vector.ident, dim, distance),
-            sql.Literal(self.hnsw[0]),
-            sql.Literal(self.hnsw[1]),
+        statement = sql.SQL("CREATE INDEX ON {} {}").format(
+            layout.ident, self.hnsw_method(layout, dim, distance)
         )
         with self._db.transaction() as conn:
             if conn.execute(_HNSW_SQL, [layout.oid]).fetchone() is not None:
@@ -445,6 +456,11 @@ class PgvectorSink(_Reads):
                     f"alias {alias!r} serves {resolved.info.target!r}, expected {expected!r}",
                     hint="another cutover moved it meanwhile; check `reindex status`",
                 )
+            if meta.get("action") == "rollback" and resolved.info.target is not None:
+                # what the application wrote while the newer target was live stays served (kept_writes.py)
+                served, older = _read_layout(conn, resolved.info.target), _read_layout(conn, target)
+                if served is not None and older is not None:
+                    keep_writes(conn, served, older)
             postgres_rules.continue_numbering(conn, resolved.target_oid, _one_oid(conn, target))
             grants = _grants_of(conn, resolved.oid) if resolved.oid is not None else []
             _replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)

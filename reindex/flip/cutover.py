@@ -77,7 +77,13 @@ def move(
         alias, previous, target, fingerprint=fingerprint, action=action, forced=forced, report=report
     )
     crashpoints.crash_if_armed("cutover_after_intent")
-    meta = {"target": target, "fingerprint": fingerprint, "model": model, "moved_at": time.time()}
+    meta = {
+        "target": target,
+        "fingerprint": fingerprint,
+        "model": model,
+        "moved_at": time.time(),
+        "action": action,  # a sink keeps on a rollback what the application wrote meanwhile (pgvector)
+    }
     try:
         previous = sink.move_alias(alias, target, expected=current, meta=meta, settle=settle)
     except BaseException:
