@@ -33,6 +33,7 @@ from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.alias import _DEPENDENT_VIEWS_SQL, _grant, _grants_of, _hold, _resolve_alias
 from reindex_adapters.postgres.catalog import _ORIGIN, _RESERVED, _comment, _read_layout, _regclass
+from reindex_adapters.postgres.change_log import ChangeLog
 from reindex_adapters.postgres.connection import _identifier, _split
 from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
 
@@ -93,14 +94,11 @@ class Restore:
         return sql.Identifier(self.schema, f"{_split(self.alias)[-1]}_reindex_restore_{suffix}")
 
     @property
-    def log(self) -> sql.Identifier:
-        """The keys written through the view since step 1."""
-        return self.beside("log")
-
-    @property
-    def function(self) -> sql.Identifier:
-        """The trigger function that fills the log."""
-        return self.beside("note")
+    def changes(self) -> ChangeLog:
+        """The keys written through the view since step 1 (change_log.py)."""
+        return ChangeLog(
+            _identifier(self.served), self.key, self.beside("log"), self.beside("note"), "reindex_restore"
+        )
 
     @property
     def staged_book(self) -> sql.Identifier:
@@ -188,31 +186,7 @@ def _record_writes(sink: PgvectorSink, found: Restore) -> None:
     with sink._db.transaction() as conn:
         conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{sink.lock_timeout_ms}ms"])
         key_type, vector_type = _types(conn, found)
-        log, function = found.log, found.function
-        conn.execute(
-            sql.SQL("CREATE TABLE IF NOT EXISTS {} (id {} PRIMARY KEY)").format(log, sql.SQL(key_type))
-        )
-        key = sql.Identifier(found.key)
-        body = sql.SQL(
-            "BEGIN IF TG_OP <> 'INSERT' THEN INSERT INTO {log} VALUES (OLD.{k}) ON CONFLICT DO NOTHING; END IF;"
-            " IF TG_OP <> 'DELETE' THEN INSERT INTO {log} VALUES (NEW.{k}) ON CONFLICT DO NOTHING; END IF;"
-            " RETURN NULL; END"
-        ).format(log=log, k=key)
-        # SECURITY DEFINER: the application's roles write through the view and need no right on the log
-        conn.execute(
-            sql.SQL(
-                "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER"
-                " SET search_path = pg_catalog, pg_temp AS {}"
-            ).format(function, sql.Literal(body.as_string(conn)))
-        )
-        served = _identifier(found.served)
-        conn.execute(sql.SQL("DROP TRIGGER IF EXISTS reindex_restore ON {}").format(served))
-        conn.execute(
-            sql.SQL(
-                "CREATE TRIGGER reindex_restore AFTER INSERT OR UPDATE OR DELETE ON {} FOR EACH ROW"
-                " EXECUTE FUNCTION {}()"
-            ).format(served, function)
-        )
+        found.changes.start(conn, key_type)
         conn.execute(
             sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
                 _identifier(found.table), sql.Identifier(found.column), sql.SQL(vector_type)
@@ -246,8 +220,8 @@ def _carry(conn: Connection, found: Restore, *, logged: bool) -> None:
     if found.key not in names:
         raise BackendError(f"{found.table!r} has no column {found.key!r} to match {found.served!r} by")
     k = sql.Identifier(found.key)
-    only = sql.SQL(" AND t.{} IN (SELECT id FROM {})").format(k, found.log) if logged else sql.SQL("")
-    gone = sql.SQL(" AND a.{} IN (SELECT id FROM {})").format(k, found.log) if logged else sql.SQL("")
+    only = sql.SQL(" AND t.{} IN (SELECT id FROM {})").format(k, found.changes.log) if logged else sql.SQL("")
+    gone = sql.SQL(" AND a.{} IN (SELECT id FROM {})").format(k, found.changes.log) if logged else sql.SQL("")
     settable = [
         sql.SQL("{} = t.{}").format(sql.Identifier(n), sql.Identifier(n)) for n, a in writable if not a
     ]
@@ -301,7 +275,9 @@ def _book(conn: Connection, found: Restore, served: _Layout, *, logged: bool) ->
     assert served.vector is not None
     book, k = found.staged_book, sql.Identifier(found.key)
     if logged:
-        conn.execute(sql.SQL("DELETE FROM {} WHERE id IN (SELECT id FROM {})").format(book, found.log))
+        conn.execute(
+            sql.SQL("DELETE FROM {} WHERE id IN (SELECT id FROM {})").format(book, found.changes.log)
+        )
     else:
         conn.execute(sql.SQL("TRUNCATE {}").format(book))
     mine = (
@@ -309,7 +285,7 @@ def _book(conn: Connection, found: Restore, served: _Layout, *, logged: bool) ->
         if any(a.name == _ORIGIN for a in served.columns)
         else sql.SQL("")
     )
-    only = sql.SQL(" AND t.{} IN (SELECT id FROM {})").format(k, found.log) if logged else sql.SQL("")
+    only = sql.SQL(" AND t.{} IN (SELECT id FROM {})").format(k, found.changes.log) if logged else sql.SQL("")
     conn.execute(
         sql.SQL(
             "INSERT INTO {} (id, content_hash, vector_digest) SELECT t.{}, t.reindex_content_hash, {} FROM {} AS t"
@@ -364,9 +340,8 @@ def _move(sink: PgvectorSink, found: Restore) -> None:
         if found.meta:
             _carry(conn, found, logged=True)
             postgres_rules.continue_numbering(conn, found.served_oid, found.table_oid, scan=True)
+            found.changes.stop(conn)
             conn.execute(sql.SQL("DROP TABLE {}").format(_identifier(found.served)))
-            conn.execute(sql.SQL("DROP FUNCTION {}()").format(found.function))
-            conn.execute(sql.SQL("DROP TABLE {}").format(found.log))
         conn.execute(
             sql.SQL("ALTER TABLE {} RENAME TO {}").format(table, sql.Identifier(_split(found.alias)[-1]))
         )

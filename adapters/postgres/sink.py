@@ -49,6 +49,7 @@ from reindex_adapters.postgres.catalog import (
     _regclass,
     _server_identity,
 )
+from reindex_adapters.postgres.change_log import ChangeLog
 from reindex_adapters.postgres.connection import _Database, _DsnConfig, _identifier, _one, _split
 from reindex_adapters.postgres.ddl import (
     _HNSW_SQL,
@@ -327,10 +328,55 @@ class PgvectorSink(_Reads):
         With `settle`, writers are held first (EXCLUSIVE: readers pass), then settle runs, then the swap."""
         _identifier(alias)
         _identifier(target)
-        previous = retry_locked(self, lambda: self._swap(alias, target, expected, meta, settle), alias)
+        ahead = self._keep_writes_ahead(alias, target) if meta.get("action") == "rollback" else None
+        try:
+            previous = retry_locked(
+                self, lambda: self._swap(alias, target, expected, meta, settle, ahead=ahead), alias
+            )
+        except BaseException:
+            if ahead is not None:  # the move did not happen: the trigger must not outlive it
+                with self._db.transaction() as conn:
+                    conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
+                    ahead[1].stop(conn, table_exists=_exists(conn, ahead[0]))
+            raise
         with self._db.errors():
             self._read_back(alias, target)
         return previous
+
+    def _keep_writes_ahead(self, alias: str, target: str) -> tuple[int, ChangeLog] | None:
+        """A rollback's first pass of kept_writes.py, with writers running: a log of the keys written to the
+        served table from now on (one short transaction), then the whole comparison; the pass under the lock
+        then compares only the keys logged."""
+        with self._db.errors():
+            conn = self._db.connection()
+            resolved = _resolve_alias(conn, alias)
+            served = None if resolved.info.target is None else _read_layout(conn, resolved.info.target)
+        if resolved.info.is_physical or served is None:
+            return None
+        from psycopg import sql
+
+        with self._db.errors():
+            schema = str(_one(self._db.connection().execute(_SCHEMA_SQL, [served.oid]).fetchone()))
+        name = _split(alias)[-1]  # beside the alias, not named like a target; schema-qualified, as the
+        log = ChangeLog(  # function's search_path is pg_catalog only
+            served.ident,
+            served.key.name,
+            sql.Identifier(schema, f"{name}_reindex_rollback_log"),
+            sql.Identifier(schema, f"{name}_reindex_rollback_note"),
+            "reindex_rollback",
+        )
+
+        def start() -> None:
+            with self._db.transaction() as conn:
+                conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
+                log.start(conn, served.key.type)
+
+        retry_locked(self, start, alias)
+        with self._db.transaction() as conn:
+            older = _read_layout(conn, target)
+            if older is not None:
+                keep_writes(conn, served, older)
+        return served.oid, log
 
     def unserved(self, alias: str, served: str, replaced: str) -> list[str]:
         """Documents of the replaced target's table that the served one lacks or holds no vector for."""
@@ -435,6 +481,8 @@ class PgvectorSink(_Reads):
         expected: str | None,
         meta: Mapping[str, Any],
         settle: Callable[[], None] | None = None,
+        *,
+        ahead: tuple[int, ChangeLog] | None = None,
     ) -> str | None:
         conn = self._db.connection()
         with conn.transaction():
@@ -460,7 +508,10 @@ class PgvectorSink(_Reads):
                 # what the application wrote while the newer target was live stays served (kept_writes.py)
                 served, older = _read_layout(conn, resolved.info.target), _read_layout(conn, target)
                 if served is not None and older is not None:
-                    keep_writes(conn, served, older)
+                    logged = ahead is not None and ahead[0] == served.oid
+                    keep_writes(conn, served, older, only=ahead[1] if logged and ahead else None)
+            if ahead is not None:
+                ahead[1].stop(conn, table_exists=_exists(conn, ahead[0]))
             postgres_rules.continue_numbering(conn, resolved.target_oid, _one_oid(conn, target))
             grants = _grants_of(conn, resolved.oid) if resolved.oid is not None else []
             _replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)
@@ -471,6 +522,15 @@ class PgvectorSink(_Reads):
         conn = self._db.connection()
         if _resolve_alias(conn, alias).target_oid != _regclass(conn, target):
             raise BackendError(f"alias {alias!r} does not serve {target!r} after the swap")
+
+
+_SCHEMA_SQL = (
+    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s"
+)
+
+
+def _exists(conn: Connection, oid: int) -> bool:
+    return conn.execute("SELECT 1 FROM pg_class WHERE oid = %s::oid", [oid]).fetchone() is not None
 
 
 def retry_locked(sink: PgvectorSink, attempt: Callable[[], _T], alias: str) -> _T:
