@@ -10,24 +10,26 @@ was live) keeps no vector here: the old vector belongs to the old text. `rollbac
 sink's `unserved`), verify counts them missing, and they are served by vector again after the next
 cutover. A vector of the older model stays where the row's text is unchanged.
 
-It runs twice, the shadow-table way (change_log.py). First with the application writing on (the older table
-is served by nothing, so nothing waits for it): a trigger on the served table starts noting the keys
-written, then the whole comparison runs, one join of the two tables. Then in the rollback's transaction,
-with the alias held: only the rows the log names. `scripts/bench rollback` measures both. The column mode
-has none of this: the rows never leave the application's table.
+The writes are known from the start: from the move that makes a target live on, a trigger on it notes the
+key of each row written (change_log.py; the application's writes through the alias, and `sync`'s), and the
+next move drops it. A rollback carries exactly the noted rows, in its own transaction with the alias held:
+the work is the rows written while the newer target was live, not the table (`scripts/bench rollback`).
+A row the newer target never held because it could not be embedded (a dead letter, still in the older
+table) was never written there, so it stays. Each write to a live target pays one more row insert into the
+log. A target made live by an earlier version has no log: its rollback keeps nothing and names what it can.
+The column mode has none of this: the rows never leave the application's table.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from reindex_adapters.postgres.catalog import _BOOKKEEPING
+from reindex_adapters.postgres.catalog import _BOOKKEEPING, _Layout, _read_layout
+from reindex_adapters.postgres.change_log import ChangeLog
+from reindex_adapters.postgres.connection import _split
 
 if TYPE_CHECKING:
-    from psycopg import sql
-
-    from reindex_adapters.postgres.catalog import _Layout
-    from reindex_adapters.postgres.change_log import ChangeLog
     from reindex_adapters.postgres.connection import Connection
 
 
@@ -38,13 +40,61 @@ WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgene
 ORDER BY a.attnum"""
 
 
-def keep_writes(
-    conn: Connection, served: _Layout, older: _Layout, *, only: ChangeLog | None = None
-) -> tuple[int, int, int]:
-    """Make `older`'s rows `served`'s, but the vectors (cleared where the text changed); rows (deleted,
-    changed, added). `only`: compare only the rows whose keys the log names."""
+@dataclass(frozen=True, slots=True)
+class Writes:
+    """The live target of an alias, and the log of the keys written to it since it became live."""
+
+    served: _Layout
+    log: ChangeLog
+
+    def start(self, conn: Connection) -> None:
+        self.log.start(conn, self.served.key.type)
+
+    def started(self, conn: Connection) -> bool:
+        return (
+            conn.execute(
+                "SELECT 1 FROM pg_trigger WHERE tgrelid = %s::oid AND tgname = %s",
+                [self.served.oid, self.log.trigger],
+            ).fetchone()
+            is not None
+        )
+
+    def stop(self, conn: Connection) -> None:
+        self.log.stop(conn)
+
+
+def writes_of(conn: Connection, alias: str, oid: int) -> Writes:
+    """The writes log of the target `oid` that `alias` serves (or is about to): beside the alias, named after
+    it, not like a target; schema-qualified, as the trigger's function runs with `search_path` pg_catalog."""
     from psycopg import sql
 
+    row = conn.execute(
+        "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE c.oid = %s::oid",
+        [oid],
+    ).fetchone()
+    assert row is not None
+    served = _read_layout(conn, f"{row[0]}.{row[1]}")
+    assert served is not None
+    name = _split(alias)[-1]
+    log = ChangeLog(
+        served.ident,
+        served.key.name,
+        sql.Identifier(row[0], f"{name}_reindex_writes"),
+        sql.Identifier(row[0], f"{name}_reindex_writes_note"),
+        "reindex_writes",
+    )
+    return Writes(served, log)
+
+
+def keep_writes(conn: Connection, live: Writes, older: _Layout | None) -> tuple[int, int, int]:
+    """Make the rows of `older` that the log names the live target's, but the vectors (cleared where the
+    text changed); rows (deleted, changed, added)."""
+    from psycopg import sql
+
+    served = live.served
+    if older is None:
+        return 0, 0, 0
     present = {a.name for a in served.columns}
     vectors = {a.name for a in (*served.columns, *older.columns) if a.is_vector or a.named_vector}
     names = [
@@ -56,15 +106,11 @@ def keep_writes(
     if key not in names:
         return 0, 0, 0
     k = sql.Identifier(key)
-    theirs_only: sql.Composable = sql.SQL("")
-    mine_only: sql.Composable = sql.SQL("")
-    if only is not None:
-        theirs_only = sql.SQL(" AND s.{} IN {}").format(k, only.keys())
-        mine_only = sql.SQL(" AND o.{} IN {}").format(k, only.keys())
+    theirs_only = sql.SQL(" AND s.{} IN {}").format(k, live.log.keys())
     deleted = conn.execute(
-        sql.SQL("DELETE FROM {} AS o WHERE NOT EXISTS (SELECT 1 FROM {} AS s WHERE s.{k} = o.{k}){}").format(
-            older.ident, served.ident, mine_only, k=k
-        )
+        sql.SQL(
+            "DELETE FROM {} AS o WHERE o.{k} IN {} AND NOT EXISTS (SELECT 1 FROM {} AS s WHERE s.{k} = o.{k})"
+        ).format(older.ident, live.log.keys(), served.ident, k=k)
     ).rowcount
     carried = [n for n in names if n != key]
     changed = 0

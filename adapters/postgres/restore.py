@@ -35,6 +35,7 @@ from reindex_adapters.postgres.alias import _DEPENDENT_VIEWS_SQL, _grant, _grant
 from reindex_adapters.postgres.catalog import _ORIGIN, _RESERVED, _comment, _read_layout, _regclass
 from reindex_adapters.postgres.change_log import ChangeLog
 from reindex_adapters.postgres.connection import _identifier, _split
+from reindex_adapters.postgres.kept_writes import writes_of
 from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
 
 if TYPE_CHECKING:
@@ -341,6 +342,7 @@ def _move(sink: PgvectorSink, found: Restore) -> None:
             _carry(conn, found, logged=True)
             postgres_rules.continue_numbering(conn, found.served_oid, found.table_oid, scan=True)
             found.changes.stop(conn)
+            writes_of(conn, found.alias, found.served_oid).stop(conn)  # a table-mode rollback's log
             conn.execute(sql.SQL("DROP TABLE {}").format(_identifier(found.served)))
         conn.execute(
             sql.SQL("ALTER TABLE {} RENAME TO {}").format(table, sql.Identifier(_split(found.alias)[-1]))

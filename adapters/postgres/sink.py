@@ -49,7 +49,6 @@ from reindex_adapters.postgres.catalog import (
     _regclass,
     _server_identity,
 )
-from reindex_adapters.postgres.change_log import ChangeLog
 from reindex_adapters.postgres.connection import _Database, _DsnConfig, _identifier, _one, _split
 from reindex_adapters.postgres.ddl import (
     _HNSW_SQL,
@@ -58,7 +57,7 @@ from reindex_adapters.postgres.ddl import (
     _check_same_target,
     _create_target,
 )
-from reindex_adapters.postgres.kept_writes import keep_writes
+from reindex_adapters.postgres.kept_writes import keep_writes, writes_of
 from reindex_adapters.postgres.reads import _Reads
 from reindex_adapters.postgres.storage import Kind, check_server, choose
 from reindex_adapters.postgres.storage import plan as plan_storage
@@ -328,55 +327,10 @@ class PgvectorSink(_Reads):
         With `settle`, writers are held first (EXCLUSIVE: readers pass), then settle runs, then the swap."""
         _identifier(alias)
         _identifier(target)
-        ahead = self._keep_writes_ahead(alias, target) if meta.get("action") == "rollback" else None
-        try:
-            previous = retry_locked(
-                self, lambda: self._swap(alias, target, expected, meta, settle, ahead=ahead), alias
-            )
-        except BaseException:
-            if ahead is not None:  # the move did not happen: the trigger must not outlive it
-                with self._db.transaction() as conn:
-                    conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
-                    ahead[1].stop(conn, table_exists=_exists(conn, ahead[0]))
-            raise
+        previous = retry_locked(self, lambda: self._swap(alias, target, expected, meta, settle), alias)
         with self._db.errors():
             self._read_back(alias, target)
         return previous
-
-    def _keep_writes_ahead(self, alias: str, target: str) -> tuple[int, ChangeLog] | None:
-        """A rollback's first pass of kept_writes.py, with writers running: a log of the keys written to the
-        served table from now on (one short transaction), then the whole comparison; the pass under the lock
-        then compares only the keys logged."""
-        with self._db.errors():
-            conn = self._db.connection()
-            resolved = _resolve_alias(conn, alias)
-            served = None if resolved.info.target is None else _read_layout(conn, resolved.info.target)
-        if resolved.info.is_physical or served is None:
-            return None
-        from psycopg import sql
-
-        with self._db.errors():
-            schema = str(_one(self._db.connection().execute(_SCHEMA_SQL, [served.oid]).fetchone()))
-        name = _split(alias)[-1]  # beside the alias, not named like a target; schema-qualified, as the
-        log = ChangeLog(  # function's search_path is pg_catalog only
-            served.ident,
-            served.key.name,
-            sql.Identifier(schema, f"{name}_reindex_rollback_log"),
-            sql.Identifier(schema, f"{name}_reindex_rollback_note"),
-            "reindex_rollback",
-        )
-
-        def start() -> None:
-            with self._db.transaction() as conn:
-                conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{self.lock_timeout_ms}ms"])
-                log.start(conn, served.key.type)
-
-        retry_locked(self, start, alias)
-        with self._db.transaction() as conn:
-            older = _read_layout(conn, target)
-            if older is not None:
-                keep_writes(conn, served, older)
-        return served.oid, log
 
     def unserved(self, alias: str, served: str, replaced: str) -> list[str]:
         """Documents of the replaced target's table that the served one lacks or holds no vector for."""
@@ -481,8 +435,6 @@ class PgvectorSink(_Reads):
         expected: str | None,
         meta: Mapping[str, Any],
         settle: Callable[[], None] | None = None,
-        *,
-        ahead: tuple[int, ChangeLog] | None = None,
     ) -> str | None:
         conn = self._db.connection()
         with conn.transaction():
@@ -497,6 +449,7 @@ class PgvectorSink(_Reads):
                 found = self._losses(conn, alias, str(meta_of.get("id_field") or "id"), _vector_of(meta_of))
                 fidelity.refuse_unaccepted(found, alias)
                 previous = _adopt(conn, resolved, target, expected, meta)
+                writes_of(conn, alias, _one_oid(conn, target)).start(conn)
                 crashpoints.crash_if_armed("cutover_before_commit")
                 return previous
             if not _serves(conn, resolved, expected):
@@ -504,14 +457,12 @@ class PgvectorSink(_Reads):
                     f"alias {alias!r} serves {resolved.info.target!r}, expected {expected!r}",
                     hint="another cutover moved it meanwhile; check `reindex status`",
                 )
-            if meta.get("action") == "rollback" and resolved.info.target is not None:
-                # what the application wrote while the newer target was live stays served (kept_writes.py)
-                served, older = _read_layout(conn, resolved.info.target), _read_layout(conn, target)
-                if served is not None and older is not None:
-                    logged = ahead is not None and ahead[0] == served.oid
-                    keep_writes(conn, served, older, only=ahead[1] if logged and ahead else None)
-            if ahead is not None:
-                ahead[1].stop(conn, table_exists=_exists(conn, ahead[0]))
+            if resolved.target_oid is not None:
+                live = writes_of(conn, alias, resolved.target_oid)
+                if meta.get("action") == "rollback" and live.started(conn):
+                    keep_writes(conn, live, _read_layout(conn, target))  # kept_writes.py
+                live.stop(conn)
+            writes_of(conn, alias, _one_oid(conn, target)).start(conn)
             postgres_rules.continue_numbering(conn, resolved.target_oid, _one_oid(conn, target))
             grants = _grants_of(conn, resolved.oid) if resolved.oid is not None else []
             _replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)
@@ -522,15 +473,6 @@ class PgvectorSink(_Reads):
         conn = self._db.connection()
         if _resolve_alias(conn, alias).target_oid != _regclass(conn, target):
             raise BackendError(f"alias {alias!r} does not serve {target!r} after the swap")
-
-
-_SCHEMA_SQL = (
-    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s"
-)
-
-
-def _exists(conn: Connection, oid: int) -> bool:
-    return conn.execute("SELECT 1 FROM pg_class WHERE oid = %s::oid", [oid]).fetchone() is not None
 
 
 def retry_locked(sink: PgvectorSink, attempt: Callable[[], _T], alias: str) -> _T:

@@ -447,7 +447,8 @@ class PgvectorApplication(_Application):
     """One live table the application reads and writes by its own name, migrated with the source named like
     the alias (the first cutover adopts the table and puts a view in its place). pgvector holds the writers
     through `cutover --sync`'s final catch-up and flip, so the application writes between commands; its
-    writes are upserts with the model the name serves, text-only updates, and deletes by id and by text."""
+    writes are upserts with the model the name serves, text-only updates, and deletes by id and by text.
+    `rollback` is a step too: what the application wrote while the newer target was live stays served."""
 
     DSN = ""
 
@@ -499,6 +500,18 @@ class PgvectorApplication(_Application):
 
     def served_texts(self) -> dict[int, str]:
         return {n: t for n, (t, _, _) in self.rows(self.table).items()}
+
+    def _acknowledged_writes_stand(self, after: str) -> None:
+        """As for every machine; and a blank text a rollback carried into the newer target stays served,
+        without a vector (kept_writes.py): the application wrote it, while a catch-up dead-letters it
+        instead. Only with the text the application last wrote."""
+        served, expected = self.served_texts(), self.expected_served()
+        extra = {n: t for n, t in served.items() if n not in expected}
+        assert all(poison(t) and self.truth.get(n) == t for n, t in extra.items()), (
+            f"after {after}: the alias serves {served}, the truth {expected}"
+        )
+        kept = {n: t for n, t in served.items() if n in expected}
+        assert kept == expected, f"after {after}: the alias serves {served}, the truth {expected}"
 
     def _write(self, op: tuple[Any, ...]) -> None:
         kind, name, text = op
@@ -612,6 +625,17 @@ class PgvectorApplication(_Application):
         dead = sum(poison(t) for t in self.truth.values())
         assert coverage.dead_letters == dead, f"dead letters {coverage.dead_letters}, the truth has {dead}"
 
+    @precondition(lambda self: self.ran)
+    @rule()
+    def rollback(self) -> None:
+        try:
+            moved = commands.rollback(self.config())
+        except CutoverRefused:
+            event("nothing to roll back")
+            return
+        event(f"rolled back, {moved.unserved} unserved")
+        self._acknowledged_writes_stand("rollback")
+
     @invariant()
     def the_name_serves_every_acknowledged_write(self) -> None:
         if self.ran:
@@ -724,17 +748,6 @@ class PgvectorColumnApplication(PgvectorApplication):
             assert np.allclose(vector, NEW.vector(text), atol=1e-6), f"{name}: complete with a stale vector"
         dead = sum(poison(t) for t in self.truth.values())
         assert coverage.dead_letters == dead, f"dead letters {coverage.dead_letters}, the truth has {dead}"
-
-    @precondition(lambda self: self.ran)
-    @rule()
-    def rollback(self) -> None:
-        try:
-            moved = commands.rollback(self.config())
-        except CutoverRefused:
-            event("nothing to roll back")
-            return
-        event(f"rolled back, {moved.unserved} unserved")
-        self._acknowledged_writes_stand("rollback")
 
 
 def test_in_column_mode_writes_survive_rollback_and_roll_forward_and_complete_means_fresh(
