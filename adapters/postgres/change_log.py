@@ -28,6 +28,7 @@ class ChangeLog:
     log: sql.Identifier
     function: sql.Identifier
     trigger: str
+    tool_too: bool = True  # False: the tool's own writes (`reindex.writer`, ddl.py) are not noted
 
     def start(self, conn: Connection, key_type: str) -> None:
         """Create the log, the function and the trigger (idempotent); in a short transaction of its own."""
@@ -37,11 +38,16 @@ class ChangeLog:
             sql.SQL("CREATE TABLE IF NOT EXISTS {} (id {} PRIMARY KEY)").format(self.log, sql.SQL(key_type))
         )
         key = sql.Identifier(self.key)
+        skip = sql.SQL(
+            ""
+            if self.tool_too
+            else "IF current_setting('reindex.writer', true) = 'reindex' THEN RETURN NULL; END IF;"
+        )
         body = sql.SQL(
-            "BEGIN IF TG_OP <> 'INSERT' THEN INSERT INTO {log} VALUES (OLD.{k}) ON CONFLICT DO NOTHING; END IF;"
+            "BEGIN {skip} IF TG_OP <> 'INSERT' THEN INSERT INTO {log} VALUES (OLD.{k}) ON CONFLICT DO NOTHING; END IF;"
             " IF TG_OP <> 'DELETE' THEN INSERT INTO {log} VALUES (NEW.{k}) ON CONFLICT DO NOTHING; END IF;"
             " RETURN NULL; END"
-        ).format(log=self.log, k=key)
+        ).format(skip=skip, log=self.log, k=key)
         conn.execute(
             sql.SQL(
                 "CREATE OR REPLACE FUNCTION {}() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER"

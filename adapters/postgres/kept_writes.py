@@ -11,8 +11,9 @@ sink's `unserved`), verify counts them missing, and they are served by vector ag
 cutover. A vector of the older model stays where the row's text is unchanged.
 
 The writes are known from the start: from the move that makes a target live on, a trigger on it notes the
-key of each row written (change_log.py; the application's writes through the alias, and `sync`'s), and the
-next move drops it. A rollback carries exactly the noted rows, in its own transaction with the alias held:
+key of each row the application writes through the alias (change_log.py; not the tool's own writes, which
+set `reindex.writer`: a document `sync` removes from the live target because it cannot be embedded stays in
+the older table), and the next move drops it. A rollback carries exactly the noted rows, in its own transaction with the alias held:
 the work is the rows written while the newer target was live, not the table (`scripts/bench rollback`).
 A row the newer target never held because it could not be embedded (a dead letter, still in the older
 table) was never written there, so it stays. Each write to a live target pays one more row insert into the
@@ -83,6 +84,7 @@ def writes_of(conn: Connection, alias: str, oid: int) -> Writes:
         sql.Identifier(row[0], f"{name}_reindex_writes"),
         sql.Identifier(row[0], f"{name}_reindex_writes_note"),
         "reindex_writes",
+        tool_too=False,  # a document sync deletes as a dead letter stays in the older table
     )
     return Writes(served, log)
 

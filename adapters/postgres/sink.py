@@ -51,6 +51,7 @@ from reindex_adapters.postgres.catalog import (
 )
 from reindex_adapters.postgres.connection import _Database, _DsnConfig, _identifier, _one, _split
 from reindex_adapters.postgres.ddl import (
+    _AS_THE_TOOL,
     _HNSW_SQL,
     _INDEX_SETTINGS_SQL,
     _accept_application_writes,
@@ -262,8 +263,9 @@ class PgvectorSink(_Reads):
         statement = sql.SQL("DELETE FROM {} WHERE {} = ANY(%s::{}[])").format(
             layout.ident, layout.key.ident, layout.key.cast
         )
-        with self._db.errors():
-            self._db.connection().execute(statement, [list(ids)])
+        with self._db.transaction() as conn:
+            conn.execute(_AS_THE_TOOL)  # the tool's: a rollback does not carry it (kept_writes.py)
+            conn.execute(statement, [list(ids)])
 
     def finalize(self, spec: TargetSpec) -> None:
         """Build the HNSW index after the load, ANALYZE, carry the live table's grants over, and let the
