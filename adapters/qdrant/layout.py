@@ -12,21 +12,48 @@ its own, so they keep it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reindex.ports import Distance
+from reindex.errors import ConfigError
+from reindex.ports import Distance, Loss
 from reindex_adapters.qdrant.points import _qdrant_distance
 
 if TYPE_CHECKING:
     from qdrant_client import models
 
 # settings a collection holds as a whole, copied from the source unless [target] sets them
-_COLLECTION_KEYS = ("on_disk_payload", "shard_number", "replication_factor", "write_consistency_factor")
-# what of the old vector's own params the new vector keeps: not its size, datatype or multivector layout
-_KEPT_VECTOR_KEYS = ("on_disk", "hnsw_config", "quantization_config")
+_COLLECTION_KEYS = (
+    "on_disk_payload",
+    "shard_number",
+    "sharding_method",
+    "replication_factor",
+    "write_consistency_factor",
+    "payload",  # payload storage: its memory placement
+)
+# the collection's own configs, copied from the source: (as CollectionConfig reports it, create's argument)
+_CONFIGS = (
+    ("strict_mode_config", "strict_mode_config"),
+    ("optimizer_config", "optimizers_config"),
+    ("wal_config", "wal_config"),
+)
+# what of the old vector's own params the new vector keeps: not its size or multivector layout; its datatype
+# where the new model's float vectors can be stored in it (all but uint8: `losses`)
+_KEPT_VECTOR_KEYS = ("on_disk", "memory", "datatype", "hnsw_config", "quantization_config")
+_FLOAT_DATATYPES = ("float32", "float16", "turbo4", "turbo8", "turbo16")
+# what `[target] accept` may name: what the new collection cannot keep of the source's
+Kept = Literal["vector_datatype", "shard_keys"]
+_LOSSES: dict[str, str] = {
+    "vector_datatype": "the re-embedded vector's datatype holds integers (uint8); the new model's vectors are"
+    " floats, stored as float32",
+    "shard_keys": "custom sharding: the new collection is sharded automatically (its points carry no shard"
+    " key, and the source's shard keys are not read)",
+}
+# payload indexes on fields the tool writes: finalize makes its own
+_OWN_FIELDS = ("reindex_id", "reindex_content_hash", "reindex_fingerprint")
 LOCAL_NOTE = (
     "local mode keeps these settings in the collection's config but searches by brute force and has one"
     " shard: quantization, HNSW, on_disk, shard_number and replication_factor take effect on a server"
@@ -77,6 +104,7 @@ class TargetOptions(BaseModel):
     quantization: Quantization | None = None
     shard_number: int | None = Field(None, ge=1)  # server only
     replication_factor: int | None = Field(None, ge=1)  # server only
+    accept: list[Kept] = Field(default_factory=list)  # what the new collection may lose (`losses`)
 
     def chosen(self) -> dict[str, Any]:
         """The settings `[target]` sets, as JSON: recorded on the target, so a resumed run with others stops."""
@@ -86,24 +114,102 @@ class TargetOptions(BaseModel):
         )
 
 
-def source_layout(config: models.CollectionConfig, chosen: str | None) -> dict[str, Any]:
+def source_layout(
+    config: models.CollectionConfig, chosen: str | None, payload_schema: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The source collection's layout as JSON (`SourceSchema.layout`): the old vector's params, the other
-    named vectors' (carried), and its collection-wide settings."""
+    named vectors' (carried), its collection-wide settings and configs, its metadata (not the tool's), and
+    its payload indexes (`get_collection().payload_schema`; local mode reports none)."""
+    from reindex_adapters.qdrant.bookkeeping import META_KEY
+
     params = config.params
     vectors = params.vectors
     named = dict(vectors) if isinstance(vectors, Mapping) else {}
     old = named.get(chosen or "") if named else vectors
-    collection = {key: getattr(params, key) for key in _COLLECTION_KEYS if getattr(params, key) is not None}
+    collection = {
+        key: _json(getattr(params, key)) for key in _COLLECTION_KEYS if getattr(params, key) is not None
+    }
     if config.hnsw_config is not None:
         collection["hnsw_config"] = _json(config.hnsw_config)
     if config.quantization_config is not None:
         collection["quantization_config"] = _json(config.quantization_config)
+    for reported, _ in _CONFIGS:
+        if getattr(config, reported, None) is not None:
+            collection[reported] = _json(getattr(config, reported))
+    metadata = {k: v for k, v in (config.metadata or {}).items() if k != META_KEY}
+    indexes = {
+        field: _json(info) for field, info in (payload_schema or {}).items() if field not in _OWN_FIELDS
+    }
     return {
         "vector": None if old is None else _json(old),
         "dense": {name: _json(p) for name, p in named.items() if name != chosen},
         "sparse": {name: _json(p) for name, p in (params.sparse_vectors or {}).items()},
         "collection": collection,
+        "metadata": metadata,
+        "payload_schema": indexes,
     }
+
+
+def losses(layout: Mapping[str, Any], name: str | None, accepted: Sequence[str]) -> list[Loss]:
+    """What the new collection cannot keep of the source's (`[target] accept` names the ones given up)."""
+    found: dict[str, tuple[str, ...]] = {}
+    if (layout.get("vector") or {}).get("datatype") == "uint8":
+        found["vector_datatype"] = (name or "(the collection's one vector)",)
+    if layout.get("collection", {}).get("sharding_method") == "custom":
+        found["shard_keys"] = ("sharding_method custom",)
+    return [Loss(key, _LOSSES[key], objects, key in accepted) for key, objects in sorted(found.items())]
+
+
+def local_payload_schema(client: Any, collection: str) -> dict[str, Any]:
+    """Local mode reports no payload indexes (its `payload_schema` is always empty), yet keeps and uses one
+    kind: a text index with `scoring`, which its BM25 text queries need (`text_indexes` of its collection,
+    qdrant_client/local/local_collection.py). Read those, as a server would report them, so a target keeps
+    what the application's text queries need; {} where the client holds no such collection."""
+    local = getattr(client, "_client", None)
+    collections = getattr(local, "collections", None)
+    if not isinstance(collections, Mapping):
+        return {}
+    aliases = getattr(local, "aliases", None) or {}
+    found = collections.get(aliases.get(collection, collection))
+    indexes = getattr(found, "text_indexes", None) or {}
+    return {field: {"data_type": "text", "params": _json(params)} for field, params in indexes.items()}
+
+
+def refuse_unaccepted(found: Sequence[Loss], source: str) -> None:
+    """A ConfigError naming what `[target] accept` must name before the new collection is created."""
+    refused = [loss.key for loss in found if not loss.accepted]
+    if refused:
+        keys = ", ".join(f'"{key}"' for key in refused)
+        raise ConfigError(
+            f"the new collection would not keep what {source!r} has: {', '.join(refused)}"
+            " (`reindex plan` lists each)",
+            hint=f"to go ahead anyway, losing them, set [target] accept = [{keys}]",
+        )
+
+
+def payload_indexes(layout: Mapping[str, Any]) -> dict[str, Any]:
+    """The source's payload indexes as `create_payload_index` takes them: the parameters where the server
+    reported them (tokenizer, `is_tenant`, `is_principal`, on-disk, ...), else the type."""
+    from qdrant_client import models
+
+    kinds: dict[str, Any] = {
+        "keyword": models.KeywordIndexParams,
+        "integer": models.IntegerIndexParams,
+        "float": models.FloatIndexParams,
+        "geo": models.GeoIndexParams,
+        "text": models.TextIndexParams,
+        "bool": models.BoolIndexParams,
+        "datetime": models.DatetimeIndexParams,
+        "uuid": models.UuidIndexParams,
+    }
+    made: dict[str, Any] = {}
+    for field, info in sorted(layout.get("payload_schema", {}).items()):
+        params = info.get("params")
+        if isinstance(params, Mapping) and params.get("type") in kinds:
+            made[field] = kinds[params["type"]].model_validate(params)
+        else:
+            made[field] = models.PayloadSchemaType(info["data_type"])
+    return made
 
 
 def carried_names(layout: Mapping[str, Any]) -> list[str]:
@@ -127,6 +233,13 @@ def creation(
     vectors = {n: models.VectorParams.model_validate(p) for n, p in dense.items()}
     sparse = {n: models.SparseVectorParams.model_validate(p) for n, p in layout.get("sparse", {}).items()}
     hnsw = collection.pop("hnsw_config", None)
+    configs = {argument: collection.pop(reported, None) for reported, argument in _CONFIGS}
+    if collection.get("sharding_method") == "custom":  # refused unless accepted (`losses`): auto sharding
+        collection.pop("sharding_method")
+    if "sharding_method" in collection:
+        collection["sharding_method"] = models.ShardingMethod(collection["sharding_method"])
+    if "payload" in collection:
+        collection["payload"] = models.PayloadStorageParams.model_validate(collection["payload"])
     settings = collection | options.model_dump(
         include={"shard_number", "replication_factor"}, exclude_none=True
     )
@@ -135,8 +248,18 @@ def creation(
         "sparse_vectors_config": sparse or None,
         "hnsw_config": None if hnsw is None else models.HnswConfigDiff.model_validate(_diff(hnsw)),
         "quantization_config": None if wide is None else _quantization_of_json(wide),
+        "strict_mode_config": _config_of(models.StrictModeConfig, configs["strict_mode_config"]),
+        "optimizers_config": _config_of(models.OptimizersConfigDiff, configs["optimizers_config"]),
+        "wal_config": _config_of(models.WalConfigDiff, configs["wal_config"]),
         **settings,
     }
+
+
+def _config_of(model: type[BaseModel], value: Mapping[str, Any] | None) -> Any:
+    """A reported config as the diff a new collection takes: the fields that model has, set."""
+    if value is None:
+        return None
+    return model.model_validate({k: v for k, v in value.items() if k in model.model_fields and v is not None})
 
 
 def _new_vector(layout: Mapping[str, Any], options: TargetOptions) -> dict[str, Any]:
@@ -145,6 +268,8 @@ def _new_vector(layout: Mapping[str, Any], options: TargetOptions) -> dict[str, 
 
     old = layout.get("vector") or {}
     kept: dict[str, Any] = {key: old[key] for key in _KEPT_VECTOR_KEYS if old.get(key) is not None}
+    if kept.get("datatype") not in (None, *_FLOAT_DATATYPES):
+        kept.pop("datatype")  # uint8: the new model's floats are stored as float32 (a named loss)
     if options.on_disk is not None:
         kept["on_disk"] = options.on_disk
     if options.hnsw is not None:
@@ -218,6 +343,7 @@ def _quantization_of_json(value: Mapping[str, Any]) -> Any:
     kinds: dict[str, type[BaseModel]] = {
         "scalar": models.ScalarQuantization,
         "binary": models.BinaryQuantization,
+        "turbo": models.TurboQuantization,
     }
     kind = next(iter(value))
     return kinds.get(kind, models.ProductQuantization).model_validate(value)
@@ -235,4 +361,6 @@ def _json(value: Any) -> Any:
         return value.model_dump(mode="json", exclude_none=True)
     if isinstance(value, Mapping):
         return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, Enum):
+        return value.value
     return value

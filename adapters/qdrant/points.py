@@ -206,16 +206,28 @@ def _vector_params(vectors: Any, name: str | None) -> Any:
     return next(iter(vectors.values())) if len(vectors) == 1 else None
 
 
-def _distance(params: Any, collection: str) -> Distance:
+def _distance(params: Any, collection: str, name: str | None = None) -> Distance:
+    """The distance of the vector the tool re-embeds; one it cannot embed for is refused (a vector it
+    carries keeps whatever distance it has: `is_cosine`)."""
     if params is None:
         return "cosine"
-    distance = _DISTANCES.get(str(getattr(params.distance, "value", params.distance)))
+    reported = str(getattr(params.distance, "value", params.distance))
+    distance = _DISTANCES.get(reported)
     if distance is None:
+        vector = (
+            f"vector {name!r} of collection {collection!r}"
+            if name
+            else f"the vector of collection {collection!r}"
+        )
         raise ConfigError(
-            f"collection {collection!r} uses distance {params.distance}",
-            hint="reindex supports Cosine, Dot and Euclid",
+            f"{vector} uses distance {reported}: the re-embedded vector must use Cosine, Dot or Euclid",
+            hint="re-embed another vector ([source] vector_name); this one can be carried unchanged",
         )
     return distance
+
+
+def is_cosine(params: Any) -> bool:
+    return str(getattr(params.distance, "value", params.distance)) == "Cosine"
 
 
 def _qdrant_distance(distance: Distance) -> Any:

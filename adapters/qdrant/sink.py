@@ -3,6 +3,7 @@ served through a collection alias (its moves: alias.py)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -14,6 +15,7 @@ from reindex.columns import documents
 from reindex.errors import ConfigError, CutoverRefused
 from reindex.ports import (
     IndexEntry,
+    Loss,
     Rows,
     TargetInfo,
     TargetSpec,
@@ -39,7 +41,7 @@ from reindex_adapters.qdrant.connection import (
     _release,
     _translated,
 )
-from reindex_adapters.qdrant.layout import TargetOptions
+from reindex_adapters.qdrant.layout import TargetOptions, losses, payload_indexes, refuse_unaccepted
 from reindex_adapters.qdrant.points import (
     NATIVE_IDS,
     _document_id,
@@ -116,6 +118,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves):
         if existing is not None:
             _check_existing(existing, spec)
             self._check_layout(spec)
+            self._index_payload(spec)  # idempotent: a target an earlier version built gets them too
             return
         name = spec.source.vector_field
         meta = {
@@ -131,8 +134,24 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves):
             "point_ids": NATIVE_IDS,
             "options": self.options.chosen(),
         }
+        refuse_unaccepted(self.losses(spec), spec.source.layout.get("source") or spec.alias)
+        metadata = {**spec.source.layout.get("metadata", {}), META_KEY: meta}  # the application's kept
         with _translated():
-            self._client.create_collection(spec.name, **self._creation(spec), metadata={META_KEY: meta})
+            self._client.create_collection(spec.name, **self._creation(spec), metadata=metadata)
+        self._index_payload(spec)  # before the first point: a tenant index shapes how points are stored
+
+    def _index_payload(self, spec: TargetSpec) -> None:
+        """The source's payload indexes, with their parameters (layout.payload_indexes)."""
+        for field, schema in payload_indexes(spec.source.layout).items():
+            with _translated(), warnings.catch_warnings():
+                # local mode warns that payload indexes do nothing there (text indexes with `scoring`
+                # do: its text queries need them); on a server they are what filtered searches use
+                warnings.filterwarnings("ignore", "Payload indexes have no effect", UserWarning)
+                self._client.create_payload_index(spec.name, field, schema, wait=True)
+
+    def losses(self, spec: TargetSpec) -> list[Loss]:
+        """What the new collection cannot keep of the source's (layout.py), `[target] accept` applied."""
+        return losses(spec.source.layout, spec.source.vector_field, self.options.accept)
 
     def write(self, target: str, rows: Rows) -> None:
         """Upsert by point id, `upsert_batch` points per request, each a columnar `models.Batch`.

@@ -12,7 +12,7 @@ from reindex.errors import ConfigError
 from reindex.ports import Record, Sink, SourceSchema
 from reindex_adapters.qdrant.carried import PointPayload, carried_vectors, digests
 from reindex_adapters.qdrant.connection import _acquire, _Connection, _location, _release, _translated
-from reindex_adapters.qdrant.layout import carried_names, source_layout
+from reindex_adapters.qdrant.layout import carried_names, local_payload_schema, source_layout
 from reindex_adapters.qdrant.points import (
     _candidate_points,
     _distance,
@@ -84,9 +84,11 @@ class QdrantSource:
 
     def schema(self) -> SourceSchema:
         with _translated():
-            config = self._client.get_collection(self._require()).config
+            info = self._client.get_collection(self._require())
+        config = info.config
         name, params = self._pick_vector(config.params.vectors)
-        layout = source_layout(config, name)
+        indexes = info.payload_schema or local_payload_schema(self._client, self._require())
+        layout = source_layout(config, name, indexes)
         if not self.carry_vectors:
             layout |= {"dense": {}, "sparse": {}}
         self._carried = carried_names(layout)
@@ -94,7 +96,7 @@ class QdrantSource:
             id_field="id",
             text_field=self.text_field,
             vector_field=name,
-            distance=_distance(params, self.collection),
+            distance=_distance(params, self.collection, name),
             layout=layout,
             carried=tuple(self._carried),
         )

@@ -20,7 +20,7 @@ from reindex_adapters.qdrant.layout import (
     in_words,
     words,
 )
-from reindex_adapters.qdrant.points import _distance
+from reindex_adapters.qdrant.points import is_cosine
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
@@ -54,6 +54,12 @@ class _Layouts:
         summary.append(f"set in [target]: {_settings(chosen)}" if chosen else "nothing set in [target]")
         if copied:
             summary.append(f"copied from the source: {', '.join(copied)}")
+        indexes = spec.source.layout.get("payload_schema", {})
+        if indexes:
+            summary.append(f"payload indexes: {', '.join(sorted(indexes))}, created before the first point")
+        metadata = spec.source.layout.get("metadata", {})
+        if metadata:
+            summary.append(f"collection metadata kept: {', '.join(sorted(metadata))}")
         local = _is_local(self._client)
         if local and (chosen or copied):
             summary.append(LOCAL_NOTE)
@@ -63,6 +69,8 @@ class _Layouts:
             "collection": arguments,
             "set_in_target": chosen,
             "copied_from_source": copied,
+            "payload_indexes": indexes,
+            "metadata": metadata,
             "local_mode": local,
             "summary": summary,
         }
@@ -123,7 +131,7 @@ def _carried_layout(config: models.CollectionConfig, name: str | None) -> tuple[
     """The names of a collection's vectors other than `name` (carried), and those compared as cosine."""
     vectors = config.params.vectors
     dense = {n: p for n, p in vectors.items() if n != name} if isinstance(vectors, Mapping) else {}
-    cosine = {n for n, p in dense.items() if _distance(p, n) == "cosine"}
+    cosine = {n for n, p in dense.items() if is_cosine(p)}
     return sorted([*dense, *(config.params.sparse_vectors or {})]), cosine
 
 

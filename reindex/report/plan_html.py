@@ -144,7 +144,8 @@ def _target(p: PlanReport) -> str:
 
 
 def _losses(p: PlanReport) -> str:
-    """What the first cutover would not keep of the table; `run` and `cutover` refuse what is not accepted."""
+    """What the target would not keep of what the alias serves now; `run` and `cutover` refuse what is not
+    accepted."""
     if not p.losses:
         return ""
     rows = "".join(
@@ -155,13 +156,13 @@ def _losses(p: PlanReport) -> str:
     )
     refused = ", ".join(f'"{key}"' for key in p.refused)
     fix = (
-        f'<p class="callout">Run and cutover refuse this table. To adopt it anyway, losing them, set'
+        f'<p class="callout">Run and cutover refuse it. To go ahead anyway, losing them, set'
         f" <code>[target] accept = [{h.text(refused)}]</code>.</p>"
         if refused
         else ""
     )
     return (
-        f'<h3>What the first cutover would not keep</h3><table id="losses">'
+        f'<h3>What the target would not keep</h3><table id="losses">'
         "<thead><tr><th>accept key</th><th>what is lost</th><th>found</th><th></th></tr></thead>"
         f"<tbody>{rows}</tbody></table>{fix}"
     )

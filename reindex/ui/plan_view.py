@@ -144,11 +144,12 @@ def _cost(p: dict[str, Any]) -> str:
 
 
 def _losses(s: Screen, alias: str, losses: list[dict[str, Any]]) -> None:
-    """What the first cutover would not keep of the table, each accepted or refused (`plan` then exits 2)."""
+    """What the target would not keep of what the alias serves now (a table's row security, a collection's
+    shard keys), each accepted or refused (`plan` then exits 2)."""
     if not losses:
         return
     s.table(
-        f"The first cutover would not keep what {alias} has",
+        f"The target would not keep what {alias} has",
         ("accept key", "what is lost", "found", ""),
         [
             (
@@ -163,7 +164,7 @@ def _losses(s: Screen, alias: str, losses: list[dict[str, Any]]) -> None:
     refused = [f'"{loss["key"]}"' for loss in losses if not loss["accepted"]]
     if refused:
         s.warn(
-            f"run and cutover refuse this table; to go ahead anyway, losing them, set [target] accept ="
+            f"run and cutover refuse it; to go ahead anyway, losing them, set [target] accept ="
             f" [{', '.join(refused)}]"
         )
 

@@ -81,7 +81,7 @@ def test_a_plain_table_is_named_as_becoming_a_view(app_table: str, tmp_path: Pat
     code, stdout, _ = reindex(
         "plan", "-c", str(config(tmp_path, app_table)), "--no-calibrate", "--html", str(page)
     )
-    assert code == 2 and "The first cutover would not keep what docs has" in stdout
+    assert code == 2 and "The target would not keep what docs has" in stdout
     assert 'accept = ["table_statements", "column_order"]' in " ".join(stdout.split())
     html = page.read_text()  # the page names each loss and the line that accepts them
     assert '<table id="losses">' in html and "<code>table_statements</code>" in html
