@@ -107,12 +107,14 @@ def keep_writes(conn: Connection, live: Writes, older: _Layout | None) -> tuple[
     key, text = older.key.name, str(older.meta.get("text_field") or "")
     if key not in names:
         return 0, 0, 0
-    k = sql.Identifier(key)
-    theirs_only = sql.SQL(" AND s.{} IN {}").format(k, live.log.keys())
+    k, log = sql.Identifier(key), live.log.log
+    # driven from the log, which statistics make known as small: index lookups into both tables, not scans
+    conn.execute(sql.SQL("ANALYZE {}").format(log))
     deleted = conn.execute(
         sql.SQL(
-            "DELETE FROM {} AS o WHERE o.{k} IN {} AND NOT EXISTS (SELECT 1 FROM {} AS s WHERE s.{k} = o.{k})"
-        ).format(older.ident, live.log.keys(), served.ident, k=k)
+            "DELETE FROM {o} AS o USING {log} AS l WHERE o.{k} = l.id"
+            " AND NOT EXISTS (SELECT 1 FROM {s} AS s WHERE s.{k} = l.id)"
+        ).format(o=older.ident, log=log, s=served.ident, k=k)
     ).rowcount
     carried = [n for n in names if n != key]
     changed = 0
@@ -130,20 +132,28 @@ def keep_writes(conn: Connection, live: Writes, older: _Layout | None) -> tuple[
             )
         changed = conn.execute(
             sql.SQL(
-                "UPDATE {} AS o SET {} FROM {} AS s WHERE o.{k} = s.{k} AND {} IS DISTINCT FROM {}{}"
-            ).format(older.ident, sql.SQL(", ").join(settings), served.ident, mine, theirs, theirs_only, k=k)
+                "UPDATE {o} AS o SET {set} FROM {log} AS l JOIN {s} AS s ON s.{k} = l.id"
+                " WHERE o.{k} = l.id AND {mine} IS DISTINCT FROM {theirs}"
+            ).format(
+                o=older.ident,
+                set=sql.SQL(", ").join(settings),
+                log=log,
+                s=served.ident,
+                mine=mine,
+                theirs=theirs,
+                k=k,
+            )
         ).rowcount
     added = conn.execute(
         sql.SQL(
-            "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} AS s"
-            " WHERE NOT EXISTS (SELECT 1 FROM {} AS o WHERE o.{k} = s.{k}){}"
+            "INSERT INTO {o} ({names}) OVERRIDING SYSTEM VALUE SELECT {values} FROM {log} AS l"
+            " JOIN {s} AS s ON s.{k} = l.id WHERE NOT EXISTS (SELECT 1 FROM {o} AS o WHERE o.{k} = l.id)"
         ).format(
-            older.ident,
-            sql.SQL(", ").join(sql.Identifier(n) for n in names),
-            sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(n)) for n in names),
-            served.ident,
-            older.ident,
-            theirs_only,
+            o=older.ident,
+            names=sql.SQL(", ").join(sql.Identifier(n) for n in names),
+            values=sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(n)) for n in names),
+            log=log,
+            s=served.ident,
             k=k,
         )
     ).rowcount
