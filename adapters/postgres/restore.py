@@ -221,8 +221,8 @@ def _carry(conn: Connection, found: Restore, *, logged: bool) -> None:
     if found.key not in names:
         raise BackendError(f"{found.table!r} has no column {found.key!r} to match {found.served!r} by")
     k = sql.Identifier(found.key)
-    only = sql.SQL(" AND t.{} IN (SELECT id FROM {})").format(k, found.changes.log) if logged else sql.SQL("")
-    gone = sql.SQL(" AND a.{} IN (SELECT id FROM {})").format(k, found.changes.log) if logged else sql.SQL("")
+    only = sql.SQL(" AND t.{} IN {}").format(k, found.changes.keys()) if logged else sql.SQL("")
+    gone = sql.SQL(" AND a.{} IN {}").format(k, found.changes.keys()) if logged else sql.SQL("")
     settable = [
         sql.SQL("{} = t.{}").format(sql.Identifier(n), sql.Identifier(n)) for n, a in writable if not a
     ]
@@ -276,9 +276,7 @@ def _book(conn: Connection, found: Restore, served: _Layout, *, logged: bool) ->
     assert served.vector is not None
     book, k = found.staged_book, sql.Identifier(found.key)
     if logged:
-        conn.execute(
-            sql.SQL("DELETE FROM {} WHERE id IN (SELECT id FROM {})").format(book, found.changes.log)
-        )
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id IN {}").format(book, found.changes.keys()))
     else:
         conn.execute(sql.SQL("TRUNCATE {}").format(book))
     mine = (
@@ -286,7 +284,7 @@ def _book(conn: Connection, found: Restore, served: _Layout, *, logged: bool) ->
         if any(a.name == _ORIGIN for a in served.columns)
         else sql.SQL("")
     )
-    only = sql.SQL(" AND t.{} IN (SELECT id FROM {})").format(k, found.changes.log) if logged else sql.SQL("")
+    only = sql.SQL(" AND t.{} IN {}").format(k, found.changes.keys()) if logged else sql.SQL("")
     conn.execute(
         sql.SQL(
             "INSERT INTO {} (id, content_hash, vector_digest) SELECT t.{}, t.reindex_content_hash, {} FROM {} AS t"
@@ -339,6 +337,7 @@ def _move(sink: PgvectorSink, found: Restore) -> None:
         grants = _grants_of(conn, found.view_oid)
         conn.execute(sql.SQL("DROP VIEW {}").format(_identifier(found.alias)))
         if found.meta:
+            conn.execute(sql.SQL("ANALYZE {}").format(found.changes.log))  # known small: index lookups
             _carry(conn, found, logged=True)
             postgres_rules.continue_numbering(conn, found.served_oid, found.table_oid, scan=True)
             found.changes.stop(conn)
