@@ -79,6 +79,9 @@ _WHAT: dict[str, str] = {
     " others, then the tool's bookkeeping columns",
 }
 
+# The tool's own triggers: the write log of a live target and of a 0.2 move-back (change_log.py), and the
+# content hash a table-mode target fills for the application's writes (ddl.py). Not the application's.
+_TOOL_TRIGGERS = "('reindex_writes', 'reindex_restore', 'reindex_content_hash')"
 # One query per key; each returns the objects found as text. %(oid)s: the table; %(id)s: the id column's
 # attnum (the one key the new table gets); %(vector)s: the vector column's attnum or 0 (the tool builds its
 # own ANN index on it).
@@ -102,8 +105,9 @@ WHERE i.indrelid = %(oid)s AND NOT i.indisunique AND NOT i.indisexclusion
   AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
                   AND d.refobjid = %(oid)s AND d.refobjsubid = %(vector)s)
 ORDER BY 1""",
-    "triggers": """
-SELECT quote_ident(tgname) FROM pg_trigger WHERE tgrelid = %(oid)s AND NOT tgisinternal ORDER BY 1""",
+    "triggers": f"""
+SELECT quote_ident(tgname) FROM pg_trigger WHERE tgrelid = %(oid)s AND NOT tgisinternal
+  AND tgname NOT IN {_TOOL_TRIGGERS} ORDER BY 1""",
     "column_grants": """
 SELECT quote_ident(attname) || ' (' || array_to_string(attacl, ', ') || ')' FROM pg_attribute
 WHERE attrelid = %(oid)s AND attnum > 0 AND NOT attisdropped AND attacl IS NOT NULL ORDER BY attnum""",
@@ -193,10 +197,10 @@ WHERE i.indrelid = %(oid)s AND am.amname NOT IN ('hnsw', 'ivfflat')
   AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
   AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
               AND d.refobjid = %(oid)s AND d.refobjsubid = %(vector)s)""",
-    "update_triggers": """
+    "update_triggers": f"""
 SELECT quote_ident(tgname) FROM pg_trigger
 WHERE tgrelid = %(oid)s AND NOT tgisinternal AND tgenabled <> 'D' AND (tgtype & 16) <> 0
-  AND cardinality(tgattr::int2[]) = 0 ORDER BY 1""",
+  AND cardinality(tgattr::int2[]) = 0 AND tgname NOT IN {_TOOL_TRIGGERS} ORDER BY 1""",
 }
 
 _ATTNUM_SQL = "SELECT attnum FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped"

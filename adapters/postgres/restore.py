@@ -336,12 +336,12 @@ def _move(sink: PgvectorSink, found: Restore) -> None:
         conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
         grants = _grants_of(conn, found.view_oid)
         conn.execute(sql.SQL("DROP VIEW {}").format(_identifier(found.alias)))
+        writes_of(conn, found.alias, found.served_oid).stop(conn)  # the table mode's log of the live target
         if found.meta:
             conn.execute(sql.SQL("ANALYZE {}").format(found.changes.log))  # known small: index lookups
             _carry(conn, found, logged=True)
             postgres_rules.continue_numbering(conn, found.served_oid, found.table_oid, scan=True)
             found.changes.stop(conn)
-            writes_of(conn, found.alias, found.served_oid).stop(conn)  # a table-mode rollback's log
             conn.execute(sql.SQL("DROP TABLE {}").format(_identifier(found.served)))
         conn.execute(
             sql.SQL("ALTER TABLE {} RENAME TO {}").format(table, sql.Identifier(_split(found.alias)[-1]))

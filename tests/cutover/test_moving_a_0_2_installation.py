@@ -15,7 +15,7 @@ import pytest
 
 from reindex_adapters.postgres import restore
 from tests.cutover.support import reindex, reindex_json, sql
-from tests.cutover.test_column_mode import COLUMNS, NEW, behaves, owner_dsn, vector
+from tests.cutover.test_column_mode import COLUMNS, NEW, OLD, behaves, owner_dsn, vector
 from tests.durability.support import Tool, assert_crashed
 
 __all__ = ["owner_dsn"]  # the fixture, shared
@@ -49,12 +49,12 @@ def installed_by_0_2(tmp_path: Path, dsn: str) -> tuple[str, str]:
     return str(path), str(moved["target"])
 
 
-def write_through_the_view(dsn: str, tag: str) -> None:
+def write_through_the_view(dsn: str, tag: str, dim: int = MID) -> None:
     """What the application did under 0.2: an insert, an edit of a text, a delete, through the view."""
     sql(
         dsn,
         f"INSERT INTO docs (body, tenant, url, embedding) VALUES ('{tag} added', 'tenant_a', '{tag}-v',"
-        f" '{vector(f'{tag} added', MID)}')",
+        f" '{vector(f'{tag} added', dim)}')",
         f"UPDATE docs SET body = '{tag} edited' WHERE url = 'u5'",
         "DELETE FROM docs WHERE url = 'u7'",
     )
@@ -166,3 +166,25 @@ def test_a_move_back_killed_before_its_last_commit_leaves_0_2_serving_and_finish
     assert reindex_json("cutover", "-c", str(column))["target"] == served
     assert sql(pg_dsn, "SELECT id, body, url FROM docs ORDER BY id") == rows_before
     behaves(pg_dsn, MID, "finished")
+
+
+def test_a_0_2_view_rolled_back_to_the_application_table_becomes_that_table_again(
+    owner_dsn: str, pg_dsn: str, tmp_path: Path
+) -> None:
+    table, served = installed_by_0_2(tmp_path, owner_dsn)
+    reindex_json("rollback", "-c", table)  # the view reads docs__adopted, the application's own vectors
+    write_through_the_view(pg_dsn, "rolled", OLD)
+    rows_before = sql(pg_dsn, "SELECT id, body, url, tenant FROM docs ORDER BY id")
+    column = str(config(tmp_path, owner_dsn, "column", dim=NEW, mode="column", accept=["extra_column"]))
+    code, _, stderr = reindex("cutover", "-c", column)
+    assert code == 2 and served in stderr  # the 0.2 target would be left behind: named
+    sql(pg_dsn, f"DROP TABLE {served}")
+
+    moved = reindex_json("cutover", "-c", column)
+    assert (moved["action"], moved["target"]) == ("restore", "docs")
+    assert sql(pg_dsn, "SELECT relkind::text FROM pg_class WHERE relname = 'docs'") == [("r",)]
+    assert sql(pg_dsn, "SELECT id, body, url, tenant FROM docs ORDER BY id") == rows_before
+    assert sql(pg_dsn, "SELECT count(*) FROM pg_class WHERE relname LIKE 'docs_reindex_%'") == [(0,)]
+    behaves(pg_dsn, OLD, "back")
+    assert reindex_json("run", "-c", column)["reconciled"]  # the column mode from here
+    assert reindex_json("cutover", "-c", column)["previous"] == "docs__adopted"

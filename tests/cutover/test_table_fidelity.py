@@ -38,6 +38,16 @@ def app_table(pg_dsn: str) -> Iterator[str]:
         "CREATE INDEX docs_embedding ON docs USING hnsw (embedding vector_cosine_ops)",
     )
     yield pg_dsn
+    # roles belong to the whole server: the ones a test made go with it, or the next test that makes them
+    # (test_column_mode's application) fails on this worker
+    made = [
+        r
+        for (r,) in sql(
+            pg_dsn, "SELECT rolname FROM pg_roles WHERE rolname IN ('tenant_a', 'tenant_b', 'reader')"
+        )
+    ]
+    if made:
+        sql(pg_dsn, f"DROP OWNED BY {', '.join(made)} CASCADE", *(f"DROP ROLE {role}" for role in made))
 
 
 def config(tmp_path: Path, dsn: str, accept: list[str] | None = None) -> Path:
