@@ -97,21 +97,30 @@ def _timed(step: Any) -> float:
 
 
 def build(conn: Any, rows: int) -> None:
+    from psycopg import sql
+
     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    for table, dim in (("older", 256), ("newer", 384)):
-        conn.execute(f"DROP TABLE IF EXISTS {table}")
+    for name, dim in (("older", 256), ("newer", 384)):
+        table, size = sql.Identifier(name), sql.Literal(dim)
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
         conn.execute(
-            f"CREATE TABLE {table} (id bigint PRIMARY KEY, body text, tag text, meta jsonb, embedding vector({dim}),"
-            " reindex_fingerprint text NOT NULL DEFAULT 'f', reindex_content_hash text NOT NULL DEFAULT 'h',"
-            " reindex_origin text)"
+            sql.SQL(
+                "CREATE TABLE {} (id bigint PRIMARY KEY, body text, tag text, meta jsonb, embedding vector({}),"
+                " reindex_fingerprint text NOT NULL DEFAULT 'f', reindex_content_hash text NOT NULL DEFAULT 'h',"
+                " reindex_origin text)"
+            ).format(table, size)
         )
         conn.execute(
-            f"INSERT INTO {table} (id, body, tag, meta, embedding) SELECT i, 'document ' || i || repeat(' words', 48),"
-            f" 't' || (i %% 50), jsonb_build_object('n', i), array_fill(0.5, ARRAY[{dim}])::vector"
-            " FROM generate_series(1, %s) AS i",
+            sql.SQL(
+                "INSERT INTO {} (id, body, tag, meta, embedding) SELECT i, 'document ' || i || repeat(' words', 48),"
+                " 't' || mod(i, 50), jsonb_build_object('n', i), array_fill(0.5, ARRAY[{}])::vector"
+                " FROM generate_series(1, %s) AS i"
+            ).format(table, size),
             [rows],
         )
-        conn.execute(f"""COMMENT ON TABLE {table} IS '{{"text_field": "body"}}'""")
+        conn.execute(
+            sql.SQL("COMMENT ON TABLE {} IS {}").format(table, sql.Literal('{"text_field": "body"}'))
+        )
     conn.execute("VACUUM ANALYZE older")
     conn.execute("VACUUM ANALYZE newer")
 
