@@ -138,6 +138,27 @@ def _server_identity(conn: Connection) -> str:
     return f"{system}/{_one(conn.execute('SELECT current_database()').fetchone())}"
 
 
+def _writable_columns(conn: Connection, oid: int) -> list[tuple[str, bool]]:
+    """The columns a row copy may write, in order: not generated (the table computes them), each with
+    whether it is an identity GENERATED ALWAYS (an INSERT overrides it; an UPDATE may not set it)."""
+    rows = conn.execute(
+        "SELECT a.attname::text, a.attidentity = 'a' FROM pg_attribute a WHERE a.attrelid = %s::oid"
+        " AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum",
+        [oid],
+    ).fetchall()
+    return [(str(name), bool(always)) for name, always in rows]
+
+
+def _column_type(conn: Connection, oid: int, column: str) -> str | None:
+    """`format_type` of a column (`bigint`, `vector(384)`), or None where the relation has no such column."""
+    row = conn.execute(
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s"
+        " AND NOT attisdropped",
+        [oid, column],
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
 def _qualified_name(conn: Connection, oid: int) -> str:
     row = conn.execute(
         "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"

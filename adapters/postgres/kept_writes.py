@@ -26,19 +26,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from reindex_adapters.postgres.catalog import _BOOKKEEPING, _Layout, _read_layout
+from reindex_adapters.postgres.catalog import (
+    _BOOKKEEPING,
+    _Layout,
+    _qualified_name,
+    _read_layout,
+    _writable_columns,
+)
 from reindex_adapters.postgres.change_log import ChangeLog
 from reindex_adapters.postgres.connection import _split
 
 if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
-
-
-# The older table's columns a row copy may write (not generated: the table computes them).
-_WRITABLE_SQL = """
-SELECT a.attname::text FROM pg_attribute a
-WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
-ORDER BY a.attnum"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,20 +68,16 @@ def writes_of(conn: Connection, alias: str, oid: int) -> Writes:
     it, not like a target; schema-qualified, as the trigger's function runs with `search_path` pg_catalog."""
     from psycopg import sql
 
-    row = conn.execute(
-        "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE c.oid = %s::oid",
-        [oid],
-    ).fetchone()
-    assert row is not None
-    served = _read_layout(conn, f"{row[0]}.{row[1]}")
+    qualified = _qualified_name(conn, oid)
+    served = _read_layout(conn, qualified)
     assert served is not None
+    schema = _split(qualified)[0]
     name = _split(alias)[-1]
     log = ChangeLog(
         served.ident,
         served.key.name,
-        sql.Identifier(row[0], f"{name}_reindex_writes"),
-        sql.Identifier(row[0], f"{name}_reindex_writes_note"),
+        sql.Identifier(schema, f"{name}_reindex_writes"),
+        sql.Identifier(schema, f"{name}_reindex_writes_note"),
         "reindex_writes",
         tool_too=False,  # a document sync deletes as a dead letter stays in the older table
     )
@@ -100,8 +95,8 @@ def keep_writes(conn: Connection, live: Writes, older: _Layout | None) -> tuple[
     present = {a.name for a in served.columns}
     vectors = {a.name for a in (*served.columns, *older.columns) if a.is_vector or a.named_vector}
     names = [
-        str(name)
-        for (name,) in conn.execute(_WRITABLE_SQL, [older.oid]).fetchall()
+        name
+        for name, _ in _writable_columns(conn, older.oid)
         if name in present and name not in vectors and name not in _BOOKKEEPING
     ]
     key, text = older.key.name, str(older.meta.get("text_field") or "")

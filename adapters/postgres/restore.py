@@ -32,7 +32,16 @@ from reindex_adapters.postgres import column_index, column_write, dependents, fi
 from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.alias import _DEPENDENT_VIEWS_SQL, _grant, _grants_of, _hold, _resolve_alias
-from reindex_adapters.postgres.catalog import _ORIGIN, _RESERVED, _comment, _read_layout, _regclass
+from reindex_adapters.postgres.catalog import (
+    _ORIGIN,
+    _RESERVED,
+    _column_type,
+    _comment,
+    _qualified_name,
+    _read_layout,
+    _regclass,
+    _writable_columns,
+)
 from reindex_adapters.postgres.change_log import ChangeLog
 from reindex_adapters.postgres.connection import _identifier, _split
 from reindex_adapters.postgres.kept_writes import writes_of
@@ -48,13 +57,7 @@ if TYPE_CHECKING:
 # Every table named like a target of the alias (`docs__%`), in its schema.
 _NAMED_LIKE_SQL = r"""
 SELECT c.relname::text FROM pg_class c
-WHERE c.relnamespace = %s::oid AND c.relkind IN ('r', 'p') AND c.relname LIKE %s ESCAPE '\'"""
-# The adopted table's columns a row copy may write: not generated (the table computes them), with whether
-# the column is an identity GENERATED ALWAYS (an INSERT overrides it; an UPDATE may not set it).
-_WRITABLE_SQL = """
-SELECT a.attname::text, a.attidentity = 'a' FROM pg_attribute a
-WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
-ORDER BY a.attnum"""
+WHERE c.relnamespace = quote_ident(%s)::regnamespace AND c.relkind IN ('r', 'p') AND c.relname LIKE %s ESCAPE '\'"""
 _USER_TRIGGERS_SQL = """
 SELECT tgname::text, tgenabled::text FROM pg_trigger
 WHERE tgrelid = %s::oid AND NOT tgisinternal AND tgenabled <> 'D' ORDER BY 1"""
@@ -136,9 +139,9 @@ def find(conn: Connection, alias: str) -> Restore | None:
             f"target {served!r} stores bit vectors, which mode column does not",
             hint='keep mode = "table" for this alias, or cut over to a vector or halfvec target first',
         )
-    schema_oid, schema = _namespace(conn, resolved.oid)
+    schema = _split(_qualified_name(conn, resolved.oid))[0]
     pattern = re.sub(r"([\\%_])", r"\\\1", _split(alias)[-1]) + r"\_\_%"
-    named = conn.execute(_NAMED_LIKE_SQL, [schema_oid, pattern]).fetchall()
+    named = conn.execute(_NAMED_LIKE_SQL, [schema, pattern]).fetchall()
     others = sorted({str(n) for (n,) in named} - {_split(served)[-1], _split(adopted)[-1]})
     if others:
         raise ConfigError(
@@ -214,7 +217,7 @@ def _carry(conn: Connection, found: Restore, *, logged: bool) -> None:
     present = {a.name for a in served.columns}
     writable = [
         (name, always)
-        for name, always in conn.execute(_WRITABLE_SQL, [found.table_oid]).fetchall()
+        for name, always in _writable_columns(conn, found.table_oid)
         if name in present and name not in (found.vector, found.column, *_RESERVED, _ORIGIN)
     ]
     names = [name for name, _ in writable]
@@ -387,24 +390,10 @@ def _flip_columns(conn: Connection, found: Restore, table: sql.Identifier) -> No
 
 def _types(conn: Connection, found: Restore) -> tuple[str, str]:
     """The key's type in the adopted table and the served vector column's type (`vector(384)`)."""
-    query = (
-        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
-        " WHERE attrelid = %s::oid AND attname = %s AND NOT attisdropped"
-    )
-    key = conn.execute(query, [found.table_oid, found.key]).fetchone()
-    vector = conn.execute(query, [found.served_oid, found.vector]).fetchone()
+    key = _column_type(conn, found.table_oid, found.key)
+    vector = _column_type(conn, found.served_oid, found.vector)
     if key is None or vector is None:
         raise BackendError(
             f"{found.table!r} has no column {found.key!r}, or {found.served!r} no vector column {found.vector!r}"
         )
-    return str(key[0]), str(vector[0])
-
-
-def _namespace(conn: Connection, oid: int) -> tuple[int, str]:
-    row = conn.execute(
-        "SELECT n.oid::int8, n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE c.oid = %s::oid",
-        [oid],
-    ).fetchone()
-    assert row is not None
-    return int(row[0]), str(row[1])
+    return key, vector

@@ -28,7 +28,7 @@ from reindex.errors import BackendError, ConfigError
 from reindex.ports import IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
 from reindex_adapters.postgres import column_index, column_write, fidelity
 from reindex_adapters.postgres import column_targets as columns
-from reindex_adapters.postgres.catalog import _json_object, _Layout, _read_layout, _regclass
+from reindex_adapters.postgres.catalog import _column_type, _json_object, _Layout, _read_layout, _regclass
 from reindex_adapters.postgres.column_alias import _ColumnAlias
 from reindex_adapters.postgres.connection import _identifier, _one
 from reindex_adapters.postgres.ddl import target_meta
@@ -437,18 +437,14 @@ class PgvectorColumnSink(_ColumnAlias):
         return str(book.get("vector_column") or "embedding")
 
     def _key_type(self, conn: Connection, oid: int, id_field: str) -> str:
-        row = conn.execute(
-            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s"
-            " AND NOT attisdropped",
-            [oid, id_field],
-        ).fetchone()
-        if row is None:
+        found = _column_type(conn, oid, id_field)
+        if found is None:
             raise ConfigError(
                 f"column {id_field!r} of the source is not a column of the alias's table",
                 hint='mode = "column" migrates the table the source reads: point [target] alias at it,'
                 ' or set mode = "table"',
             )
-        return str(row[0])
+        return found
 
 
 MODES["column"] = PgvectorColumnSink

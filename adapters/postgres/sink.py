@@ -459,13 +459,14 @@ class PgvectorSink(_Reads):
                     f"alias {alias!r} serves {resolved.info.target!r}, expected {expected!r}",
                     hint="another cutover moved it meanwhile; check `reindex status`",
                 )
+            target_oid = _one_oid(conn, target)
             if resolved.target_oid is not None:
                 live = writes_of(conn, alias, resolved.target_oid)
                 if meta.get("action") == "rollback" and live.started(conn):
                     keep_writes(conn, live, _read_layout(conn, target))  # kept_writes.py
                 live.stop(conn)
-            writes_of(conn, alias, _one_oid(conn, target)).start(conn)
-            postgres_rules.continue_numbering(conn, resolved.target_oid, _one_oid(conn, target))
+            writes_of(conn, alias, target_oid).start(conn)
+            postgres_rules.continue_numbering(conn, resolved.target_oid, target_oid)
             grants = _grants_of(conn, resolved.oid) if resolved.oid is not None else []
             _replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)
             crashpoints.crash_if_armed("cutover_before_commit")
