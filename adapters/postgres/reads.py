@@ -95,7 +95,9 @@ class _Reads:
         if layout.vector is None:
             return [[] for _ in vectors]
         storage, operator = layout.storage, _OPERATORS[self.distance(target)]
-        candidates = max(4 * k, 40) if storage.full_vector else k
+        candidates = (
+            _candidates(k, int(layout.meta.get("dim") or layout.vector.typmod)) if storage.full_vector else k
+        )
         query = _search_query(layout, operator)
         found: list[list[str]] = []
         with self._db.transaction() as conn:
@@ -138,6 +140,12 @@ def _index_query(layout: _Layout, dim: int) -> tuple[sql.Composed, list[int]]:
         layout.key.ident, digest, fingerprint, problem, origin, layout.ident
     )
     return query, [dim] if layout.vector is not None else []
+
+
+def _candidates(k: int, dim: int) -> int:
+    """How many nearest by bits are re-ranked exactly: fewer bits tie more often, so a short vector needs
+    more (96 bits at 4k found 0.95 of the exact top 5 before the index's own loss, at 11k 0.98)."""
+    return max(k * max(4, -(-1024 // max(dim, 1))), 40)
 
 
 def _search_query(layout: _Layout, operator: str) -> sql.Composed:
