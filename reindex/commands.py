@@ -20,6 +20,7 @@ from reindex.flip.sync import (
     after_flip,
     catch_up,
     fetch_records,
+    keep_dead_letters,
     mark_after_flip,
     pending_after_flip,
     settled_path,
@@ -590,6 +591,7 @@ def _cutover(
         def check() -> None:
             if sync and not m.sink.holds_writers:
                 catch_up(m, ledger, keep=settled)  # what came since; writers go on
+                keep_dead_letters(m, ledger)  # the alias goes on serving their points (Qdrant)
                 checked.append(_complete_but_later_writes_or_refused(m, ledger, force, sample, settled))
                 previous = m.sink.alias(m.spec.alias).target
                 settled.take(m, previous)  # what the flip will serve, to tell a write that missed it after
@@ -597,6 +599,7 @@ def _cutover(
                 return
             if sync:
                 catch_up(m, ledger, held=True)  # what came since, writers held (no provider batch job)
+            keep_dead_letters(m, ledger)
             checked.append(_complete_or_refused(m, ledger, force, sample, held=sync))
 
         if not sync:

@@ -390,11 +390,35 @@ class GuardedSink(Protocol):
 
     def write_guarded(self, target: str, rows: Rows, expected: Mapping[str, str | None]) -> None:
         """Upsert a row only where its document's stored content hash is the expected one, or, for None,
-        where it has no vector at all."""
+        where it has no point or a point without the migration's vector (`KeepsDocuments.keep`)."""
         ...
 
     def delete_guarded(self, target: str, expected: Mapping[str, str]) -> None:
         """Delete a document's vector only where its stored content hash is the expected one."""
+        ...
+
+    def scan_states(self, target: str, dim: int) -> Iterator[tuple[IndexEntry, str]]:
+        """`Sink.scan_index`, each entry with a digest of everything the application can change of its
+        point (payload, every vector): what `reindex.flip.sync.Settled` compares across a flip."""
+        ...
+
+
+@runtime_checkable
+class KeepsDocuments(Protocol):
+    """A sink whose target keeps every document of the index it replaces, one that cannot be embedded too:
+    its point stays, payload and carried vectors, without the migration's vector (Qdrant). After the flip
+    the alias then serves each of the application's points, and what it serves is the whole truth: a dead
+    letter is judged by the point the application can change or delete, never by the index the run read."""
+
+    def keep(self, target: str, records: Sequence[Record], expected: Mapping[str, str] | None = None) -> None:
+        """Store these documents without the migration's vector: where the target holds no point of theirs
+        or one without that vector, or, for the ids `expected` names, only where the point still stores that
+        content hash."""
+        ...
+
+    def unserve(self, target: str, ids: Sequence[str], expected: Mapping[str, str] | None = None) -> None:
+        """Remove the migration's vector of these documents and keep their points (payload, carried
+        vectors); for the ids `expected` names, only where the point still stores that content hash."""
         ...
 
 

@@ -8,6 +8,7 @@ core carries payloads untouched, and every other sink sees a plain mapping of th
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -73,3 +74,16 @@ def same(ours: Any, theirs: Any, *, cosine: bool) -> bool:
         return False
     left, right = np.asarray(ours, dtype=np.float32), np.asarray(theirs, dtype=np.float32)
     return left.shape == right.shape and bool(np.all(np.abs(left - right) <= COSINE_TOLERANCE))
+
+
+def point_version(point: Any) -> str:
+    """A digest of a whole point as stored: its payload (less the tool's own `reindex_*` keys) and every
+    vector, by name. Two reads of a point differ in it whenever anything of the application's changed."""
+    hashed = hashlib.sha256()
+    payload = {k: v for k, v in (point.payload or {}).items() if not k.startswith("reindex_")}
+    hashed.update(json.dumps(payload, sort_keys=True, default=str).encode())
+    held = point.vector if isinstance(point.vector, Mapping) else {"": point.vector}
+    for name in sorted(held):
+        if held[name] is not None:
+            hashed.update(f"|{name}:{digest(held[name])}".encode())
+    return hashed.hexdigest()[:32]

@@ -43,7 +43,8 @@ class _Reads:
             points = self._client.retrieve(
                 target, point_ids, with_payload=False, with_vectors=_with_vector(name)
             )
-        return {by_point[str(p.id)]: _stored_vector(p, name) for p in points}
+        stored = ((by_point[str(p.id)], _stored_vector(p, name)) for p in points)
+        return {doc_id: vector for doc_id, vector in stored if vector.size}  # a kept point has none
 
     def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
         """Only ids whose stored content hash is the expected one: a copy never takes a stale vector."""
@@ -61,8 +62,9 @@ class _Reads:
                 )
             for point in points:
                 doc_id = by_point[str(point.id)]
-                if (point.payload or {}).get("reindex_content_hash") == expected[doc_id]:
-                    found[doc_id] = _stored_vector(point, name)
+                vector = _stored_vector(point, name)
+                if (point.payload or {}).get("reindex_content_hash") == expected[doc_id] and vector.size:
+                    found[doc_id] = vector
         return found
 
     def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
@@ -94,19 +96,20 @@ class _Reads:
         return _distance(_vector_params(config.params.vectors, self._vector_name(target)), target)
 
     def _pages(
-        self, target: str, name: str | None, limit: int, carried: Sequence[str] = ()
+        self, target: str, name: str | None, limit: int, carried: Sequence[str] = (), *, whole: bool = False
     ) -> Iterator[list[models.Record]]:
-        """Every point with the index keys and its vector (and the carried ones), a scroll page at a time."""
+        """Every point with the index keys and its vector (and the carried ones), a scroll page at a time;
+        `whole`: with its whole payload and every vector."""
         offset: Any = None
-        wanted = [name or "", *carried] if carried else _with_vector(name)
+        wanted: bool | list[str] = [name or "", *carried] if carried else _with_vector(name)
         while True:
             with _translated():
                 points, offset = self._client.scroll(
                     target,
                     limit=limit,
                     offset=offset,
-                    with_payload=INDEX_KEYS,
-                    with_vectors=wanted,
+                    with_payload=True if whole else INDEX_KEYS,
+                    with_vectors=True if whole else wanted,
                 )
             yield points
             if offset is None:

@@ -30,7 +30,7 @@ from reindex_adapters.qdrant.bookkeeping import (
     _reindex_meta,
     _unhashed,
 )
-from reindex_adapters.qdrant.carried import carried_vectors, digests, of_payload
+from reindex_adapters.qdrant.carried import carried_vectors, digests, of_payload, point_version
 from reindex_adapters.qdrant.connection import (
     _NAME_MAX,
     _acquire,
@@ -41,6 +41,7 @@ from reindex_adapters.qdrant.connection import (
     _release,
     _translated,
 )
+from reindex_adapters.qdrant.kept import _Kept
 from reindex_adapters.qdrant.layout import TargetOptions, losses, payload_indexes, refuse_unaccepted
 from reindex_adapters.qdrant.points import (
     NATIVE_IDS,
@@ -59,7 +60,7 @@ if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
 
 
-class QdrantSink(_Reads, _Layouts, _AliasMoves):
+class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept):
     """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata; a source's
     other named vectors (sparse ones, a second dense one) are carried to the target unchanged."""
 
@@ -167,8 +168,9 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves):
     def write_guarded(self, target: str, rows: Rows, expected: Mapping[str, str | None]) -> None:
         """Upsert each row only while its point holds what `expected` says (by document id): a point whose
         stored content hash is that hash is updated, and one deleted meanwhile is not re-created; None
-        (no point) inserts, and never over a point written meanwhile. One request per expected hash: meant
-        for the few documents of a cutover's window (`reindex.flip.sync.after_flip`), not a bulk load."""
+        (no point) inserts, or writes over a point kept without the migration's vector (`keep`), and never
+        over a point written meanwhile. One request per expected hash: meant for the few documents of a
+        cutover's window (`reindex.flip.sync.after_flip`), not a bulk load."""
         from qdrant_client import models
 
         groups: dict[str | None, list[int]] = {}
@@ -177,6 +179,9 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves):
         for digest, picked in groups.items():
             part = _rows_at(rows, picked)
             if digest is None:
+                self._upsert(
+                    target, part, mode=models.UpdateMode.UPDATE_ONLY, only=self._without_vector(target)
+                )
                 self._upsert(target, part, mode=models.UpdateMode.INSERT_ONLY)
             else:
                 self._upsert(target, part, mode=models.UpdateMode.UPDATE_ONLY, only=_hash_is(digest))
@@ -273,22 +278,36 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves):
         """Points the application upserted through the alias lost the reindex keys (an upsert replaces the
         whole payload): their hash and fingerprint are derived (`_Bookkeeping`), and they are marked. Only
         their texts are read, one extra request per page that holds any: the tool's points cost no text."""
+        for entry, _ in self._entries(target, dim, whole=False):
+            yield entry
+
+    def scan_states(self, target: str, dim: int) -> Iterator[tuple[IndexEntry, str]]:
+        """Each entry with a digest of its whole point, payload and every vector (`GuardedSink`): after a
+        flip, a write through the alias that leaves the text as it was (`set_payload` of another field,
+        `update_vectors` of a carried vector) still reads as the application's change."""
+        for entry, version in self._entries(target, dim, whole=True):
+            yield entry, version or ""
+
+    def _entries(self, target: str, dim: int, *, whole: bool) -> Iterator[tuple[IndexEntry, str | None]]:
         name = self._vector_name(target)
         carried, _ = self._carried_of(target)
         with _translated():
             bookkeeping = _Bookkeeping.of(_reindex_meta(self._client.get_collection(target).config))
-        for points in self._pages(target, name, self.upsert_batch, carried):
-            texts = self._texts_of_unhashed(target, points, bookkeeping)
+        for points in self._pages(target, name, self.upsert_batch, carried, whole=whole):
+            texts = {} if whole else self._texts_of_unhashed(target, points, bookkeeping)
             for point in points:
+                vector = _stored_vector(point, name)
+                if not vector.size:  # a document kept without a vector (`keep`): no entry, as a dead letter
+                    continue
                 payload = texts.get(str(point.id), point.payload or {})
                 digest, fingerprint, application = bookkeeping.read(payload)
-                vector = _stored_vector(point, name)
                 derived = "reindex_content_hash" not in payload
                 problem = vector_problem(vector, dim)
                 parts = digests(carried_vectors(point, carried)) if carried else None
-                yield IndexEntry(
+                entry = IndexEntry(
                     _document_id(point), digest, fingerprint, problem, application, derived, parts
                 )
+                yield entry, point_version(point) if whole else None
 
     def _texts_of_unhashed(
         self, target: str, points: Sequence[models.Record], bookkeeping: _Bookkeeping

@@ -10,7 +10,7 @@ import sqlite3
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import chain
 from pathlib import Path
@@ -24,13 +24,14 @@ from reindex.ports import (
     DeferredEmbedder,
     GuardedSink,
     IndexSource,
+    KeepsDocuments,
     Record,
     Rows,
     Sink,
     Source,
     Vectors,
 )
-from reindex.prove.served import as_served
+from reindex.prove.served import ServedSource, as_served
 from reindex.prove.verify import Category, Comparison, compare, load_rows
 from reindex.retry import retrying
 from reindex.run.synchronous import online
@@ -114,10 +115,13 @@ def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None, *, held: bool 
             # A document whose current text is a dead letter must not keep the vector of its old text.
             gone = sorted({d.doc_id for d in shard.dead})
             if gone:
-                retrying(m.sink.delete, m.spec.name, gone)
+                retrying(_unserving(m), m.spec.name, gone)
         for chunk in chunks(comparison.ids("orphaned"), DELETE_CHUNK):
             retrying(m.sink.delete, m.spec.name, chunk)
-    ledger.settle_retry(m.plan_id, written=[i for i in written if i in previous], vanished=[], dead=[])
+        # a dead letter whose document is gone from the source (deleted through the alias) is cleared
+        present = {doc_id for doc_id, _ in comparison.source_hashes(sorted(previous))}
+        vanished = sorted(previous - present)
+    ledger.settle_retry(m.plan_id, written=[i for i in written if i in previous], vanished=vanished, dead=[])
     ledger.record_dead_letters(m.plan_id, dead)
     reasons = dict(Counter(letter.reason for letter in dead))
     return SyncReport(
@@ -132,6 +136,15 @@ def _catch_up(m: Migration, ledger: Ledger, keep: Settled | None, *, held: bool 
         adopted=adopted,
         carried=counts["carried"],
     )
+
+
+def _unserving(m: Migration) -> Callable[[str, Sequence[str]], None]:
+    """How a document that became a dead letter loses its vector: after the flip, where the target keeps
+    every document (`KeepsDocuments`), its point is the application's and stays, less the vector; else
+    the target is the tool's own and its point goes (the cutover keeps the dead letters' points)."""
+    if isinstance(m.source, ServedSource) and isinstance(m.sink, KeepsDocuments):
+        return m.sink.unserve
+    return m.sink.delete
 
 
 def _adopt(m: Migration, comparison: Comparison) -> int:
@@ -390,8 +403,15 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
     _, dead_edits = _rewrite(m, ledger, served, sink, sorted(edited), stored)
     # a text that failed must not keep the vector of the one before; a point never stored has none to delete
     failed = {d.doc_id for d in dead}
-    doomed = {i: expected[i] for i in sorted({*gone, *failed}) if expected.get(i) is not None}
-    doomed |= {d.doc_id: h for d in dead_edits if (h := stored.get(d.doc_id)) is not None}
+    edits = {d.doc_id: h for d in dead_edits if (h := stored.get(d.doc_id)) is not None}
+    if isinstance(
+        sink, KeepsDocuments
+    ):  # the points stay (the old index's, the application's edit), unserved
+        _keep(m, sink, old, sorted(failed), expected)
+        for chunk in chunks(list(edits.items()), DELETE_CHUNK):
+            retrying(sink.unserve, m.spec.name, [i for i, _ in chunk], dict(chunk))
+        failed, edits = set(), {}
+    doomed = {i: h for i in sorted({*gone, *failed}) if (h := expected.get(i)) is not None} | edits
     for chunk in chunks(list(doomed.items()), DELETE_CHUNK):
         retrying(sink.delete_guarded, m.spec.name, dict(chunk))
     ledger.record_dead_letters(m.plan_id, [*dead, *dead_edits])
@@ -429,6 +449,40 @@ def _rewrite(
         written += shard.written_ids
         dead += shard.dead
     return written, dead
+
+
+def keep_dead_letters(m: Migration, ledger: Ledger) -> int:
+    """Before a flip from the index the source reads, onto a target that keeps every document
+    (`KeepsDocuments`, Qdrant): the dead letters' points go into the target as that index holds them,
+    without the migration's vector, so the alias goes on serving each of the application's points and
+    after the flip a dead letter is judged by the point it serves. Returns how many were kept."""
+    if not isinstance(m.sink, KeepsDocuments) or not isinstance(m.source, IndexSource):
+        return 0
+    previous = m.sink.alias(m.spec.alias).target
+    if previous is None or previous == m.spec.name:
+        return 0
+    old = m.source.reading(m.sink, m.spec.alias, previous)
+    if old is None:  # the source is not the index the alias serves: the application's points are not here
+        return 0
+    try:
+        ids = sorted({letter.doc_id for letter in ledger.dead_letters(m.plan_id)})
+        return _keep(m, m.sink, old, ids, {})
+    finally:
+        old.close()
+
+
+def _keep(
+    m: Migration, sink: KeepsDocuments, source: Source, ids: Sequence[str], expected: Mapping[str, str | None]
+) -> int:
+    """Keep these documents, as `source` holds them now, in the target without a vector; guarded by the
+    content hash `expected` names, where it names one."""
+    kept = 0
+    for chunk in chunks(ids, DELETE_CHUNK):
+        records = fetch_records(source, list(chunk))
+        guards = {r.id: h for r in records if (h := expected.get(r.id)) is not None}
+        retrying(sink.keep, m.spec.name, records, guards)
+        kept += len(records)
+    return kept
 
 
 def mark_after_flip(m: Migration, ledger: Ledger, *, previous: str | None) -> None:
@@ -503,8 +557,14 @@ def _hashes(db: sqlite3.Connection, table: str, ids: Sequence[str]) -> Iterator[
 def _states(m: Migration, *, derived: bool = True) -> Iterator[tuple[str, str | None, str]]:
     """(id, content hash, state) of every vector in the target (less those whose bookkeeping was derived as
     read, unless `derived`): state also tells the application's from the tool's, so the application
-    rewriting a point with the same text still reads as a change."""
-    for entry in m.sink.scan_index(m.spec.name, m.spec.dim):
+    rewriting a point with the same text still reads as a change, and, where the sink digests whole points
+    (`GuardedSink.scan_states`), so does a write of another field or of a carried vector."""
+    if isinstance(m.sink, GuardedSink):
+        states = m.sink.scan_states(m.spec.name, m.spec.dim)
+    else:
+        states = ((entry, "") for entry in m.sink.scan_index(m.spec.name, m.spec.dim))
+    for entry, version in states:
         if entry.derived and not derived:
             continue
-        yield entry.id, entry.content_hash, f"{entry.content_hash}|{entry.fingerprint}|{entry.application}"
+        state = f"{entry.content_hash}|{entry.fingerprint}|{entry.application}|{version}"
+        yield entry.id, entry.content_hash, state

@@ -9,8 +9,11 @@ collection holds the documents that could not be embedded.
 
 So `verify`, `sync` and `dlq retry` read, once the alias serves this migration's target, a source made
 of both: every document the target serves, as it serves it now, and each dead letter of the run that the
-target does not hold, as the index the run read holds it. A source that reads anything else (a file,
-a table not named like the alias) still holds every write, and is read as it is.
+target does not hold, as the index the run read holds it. A sink whose target keeps the dead letters'
+points itself (`KeepsDocuments`: Qdrant, where the cutover copies them in without a vector) needs no old
+index: a dead letter the application deleted through the alias is gone, one it fixed is embedded. A source
+that reads anything else (a file, a table not named like the alias) still holds every write, and is read
+as it is.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from reindex.errors import ConfigError
-from reindex.ports import IndexSource, Record, Sink, Source, SourceSchema
+from reindex.ports import IndexSource, KeepsDocuments, Record, Sink, Source, SourceSchema
 from reindex.state.ledger import Ledger
 
 if TYPE_CHECKING:
@@ -71,6 +74,9 @@ def _served(m: Migration, ledger: Ledger) -> ServedSource | None:
         previous = None
     if previous is not None and m.sink.describe(moved.old) is None:  # pruned (a lazy source)
         previous.close()
+        previous = None
+    if previous is not None and isinstance(m.sink, KeepsDocuments):
+        previous.close()  # the target holds the dead letters' points: the old index is no truth any more
         previous = None
     dead = [letter.doc_id for letter in ledger.dead_letters(m.plan_id)]
     return ServedSource(m.source, m.source.over(m.spec.name), previous, dead)

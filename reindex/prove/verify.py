@@ -132,11 +132,14 @@ _WHERE: dict[Category, tuple[str, str]] = {  # category -> (id column, FROM ... 
     "stale": (
         "t.id",
         "FROM src s JOIN tgt t ON t.id = s.id WHERE (t.hash IS NOT NULL AND t.hash IS NOT s.hash"
-        " OR t.id IN (SELECT id FROM refuted)) AND NOT s.conflict",
+        " OR t.id IN (SELECT id FROM refuted) OR s.blank) AND NOT s.conflict",
     ),
     "orphaned": ("t.id", "FROM tgt t LEFT JOIN src s ON s.id = t.id WHERE s.id IS NULL"),
     "invalid_vectors": ("t.id", "FROM tgt t WHERE t.problem IS NOT NULL"),
-    "unhashed": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE t.hash IS NULL AND NOT s.conflict"),
+    "unhashed": (
+        "t.id",
+        "FROM tgt t JOIN src s ON s.id = t.id WHERE t.hash IS NULL AND NOT s.conflict AND NOT s.blank",
+    ),
     "conflicting": ("t.id", "FROM tgt t JOIN src s ON s.id = t.id WHERE s.conflict"),
     "carried": ("c.id", "FROM (SELECT DISTINCT id FROM carried) c"),
 }
@@ -156,8 +159,8 @@ _FOREIGN = "SELECT t.id FROM tgt t WHERE coalesce(t.fp, 'none') IS NOT ?"
 
 # A source may hold one id twice (a JSONL file): with two texts, a fresh migration dead-letters the id.
 _INSERT_SOURCE = (
-    "INSERT INTO src (id, hash, carried) VALUES (?,?,?) ON CONFLICT (id) DO UPDATE"
-    " SET conflict = conflict OR (hash IS NOT excluded.hash)"
+    "INSERT INTO src (id, hash, carried, blank) VALUES (?,?,?,?) ON CONFLICT (id) DO UPDATE"
+    " SET conflict = conflict OR (hash IS NOT excluded.hash), blank = blank OR excluded.blank"
 )
 
 
@@ -208,7 +211,7 @@ class Comparison:
         their text is the source's, the vector is sane): a sink that can store that bookkeeping should."""
         rows = self.db.execute(
             "SELECT t.id, t.hash FROM tgt t JOIN src s ON s.id = t.id WHERE t.app = 1 AND t.problem IS NULL"
-            " AND t.hash IS NOT NULL AND t.hash IS s.hash AND NOT s.conflict"
+            " AND t.hash IS NOT NULL AND t.hash IS s.hash AND NOT s.conflict AND NOT s.blank"
             " AND t.id NOT IN (SELECT id FROM refuted) ORDER BY 1"
         )
         yield from rows
@@ -456,7 +459,8 @@ def _scratch_db(path: Path) -> sqlite3.Connection:
     db.executescript("""
         PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;
         CREATE TABLE src (
-            id TEXT PRIMARY KEY, hash TEXT, conflict INTEGER NOT NULL DEFAULT 0, carried TEXT
+            id TEXT PRIMARY KEY, hash TEXT, conflict INTEGER NOT NULL DEFAULT 0, carried TEXT,
+            blank INTEGER NOT NULL DEFAULT 0
         ) WITHOUT ROWID;
         CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
         CREATE TABLE tgt (
@@ -468,9 +472,13 @@ def _scratch_db(path: Path) -> sqlite3.Connection:
     return db
 
 
-def _source_rows(records: Iterable[Record]) -> Iterator[tuple[str, str | None, str | None]]:
+def _source_rows(records: Iterable[Record]) -> Iterator[tuple[str, str | None, str | None, bool]]:
+    """(id, content hash, carried digests, blank): blank where a migration embeds nothing (no text, an
+    empty one, one of another type, undecodable: what `screen` drops), so a vector held for it is stale."""
     for record in records:
-        yield record.id, text_hash(record), _carried(record.carried)
+        digest = text_hash(record)
+        blank = digest is None or record.defect is not None or not record.text or record.text.isspace()
+        yield record.id, digest, _carried(record.carried), blank
 
 
 def _target_rows(

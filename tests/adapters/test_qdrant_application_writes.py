@@ -109,7 +109,8 @@ def test_the_tool_rewriting_an_adopted_point_makes_it_its_own(client: QdrantClie
 
 
 def test_only_sound_application_points_are_adoptable_and_counted(client: QdrantClient) -> None:
-    """After cutover the alias is the source: compared with itself, a point without text stays unhashed."""
+    """After cutover the alias is the source: compared with itself, a point without text is nothing to adopt,
+    and its vector is stale: a migration embeds no text that is not there (issue 41)."""
     sink = built(client)
     upsert(client, TARGET, 3, {"page_content": "text 3"})
     upsert(client, TARGET, 4, {"metadata": {}})  # no text: nothing to hash, nothing to adopt
@@ -117,7 +118,7 @@ def test_only_sound_application_points_are_adoptable_and_counted(client: QdrantC
     with compare(source, sink, TARGET, dim=DIM) as comparison:
         assert list(comparison.adoptable()) == [(uid(3), content_hash("text 3"))]
         report = comparison.report(FINGERPRINT)
-    assert (report.application_rows, report.unhashed, report.stale, report.complete) == (2, 1, 0, False)
+    assert (report.application_rows, report.unhashed, report.stale, report.complete) == (2, 0, 1, False)
 
 
 def test_with_an_embedder_an_application_point_of_another_models_vector_is_stale_never_adoptable(

@@ -1,0 +1,97 @@
+"""Points kept without the migration's vector: a document that cannot be embedded (a blank text, a text that
+is not a string) keeps its point in the target, payload and carried vectors, so that after the flip the
+alias still serves every point the application had, and a dead letter is judged by the point the
+application can change or delete (`reindex.ports.KeepsDocuments`).
+
+What the application sees: the point, found by id, scroll and filter as before, with no vector of the new
+model (a vector search does not return it). A server keeps such a point as local mode does: Qdrant's
+points may lack any of their named vectors, the unnamed one ("") included, and `delete_vectors` removes
+some and keeps the rest (https://api.qdrant.tech/api-reference/points/delete-vectors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from reindex.ports import Record
+from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS, _hash_is
+from reindex_adapters.qdrant.carried import of_payload
+from reindex_adapters.qdrant.connection import _translated
+from reindex_adapters.qdrant.points import _json_safe
+
+if TYPE_CHECKING:
+    from qdrant_client import QdrantClient, models
+
+
+class _Kept:
+    """QdrantSink's points without the migration's vector."""
+
+    _client: QdrantClient
+    upsert_batch: int
+
+    def _vector_name(self, target: str) -> str | None:
+        raise NotImplementedError
+
+    def _point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]:
+        raise NotImplementedError
+
+    def keep(self, target: str, records: Sequence[Record], expected: Mapping[str, str] | None = None) -> None:
+        """Each document's point as its source holds it (payload, carried vectors), without the migration's
+        vector: inserted, or written over a point that has no such vector; for the ids `expected` names,
+        written only over a point that still stores that content hash (a newer write stands)."""
+        from qdrant_client import models
+
+        expected = expected or {}
+        ids_of = self._point_ids(target)
+        groups: dict[str | None, list[models.PointStruct]] = {}
+        for record in records:
+            (point,) = ids_of([record.id])
+            payload = {k: v for k, v in _json_safe(dict(record.payload)).items() if k not in INDEX_KEYS}
+            payload["reindex_id"] = record.id  # names the document where the point id is derived from it
+            struct = models.PointStruct(
+                id=point, vector=dict(of_payload(record.payload) or {}), payload=payload
+            )
+            groups.setdefault(expected.get(record.id), []).append(struct)
+        for digest, points in groups.items():
+            for start in range(0, len(points), self.upsert_batch):
+                part = points[start : start + self.upsert_batch]
+                if digest is not None:
+                    self._upsert_where(target, part, _hash_is(digest))
+                    continue
+                self._upsert_where(target, part, self._without_vector(target))
+                with _translated():
+                    self._client.upsert(target, part, wait=True, update_mode=models.UpdateMode.INSERT_ONLY)
+
+    def unserve(self, target: str, ids: Sequence[str], expected: Mapping[str, str] | None = None) -> None:
+        """Remove the migration's vector of these documents' points, which keep their payload and carried
+        vectors; for the ids `expected` names, only where the point still stores that content hash."""
+        from qdrant_client import models
+
+        expected = expected or {}
+        ids_of = self._point_ids(target)
+        name = self._vector_name(target) or ""
+        groups: dict[str | None, list[Any]] = {}
+        for doc_id in ids:
+            groups.setdefault(expected.get(doc_id), []).append(ids_of([doc_id])[0])
+        for digest, points in groups.items():
+            selector: Any = (
+                models.PointIdsList(points=points)
+                if digest is None
+                else models.FilterSelector(filter=_hash_is(digest, points))
+            )
+            with _translated():
+                self._client.delete_vectors(target, vectors=[name], points=selector, wait=True)
+
+    def _without_vector(self, target: str) -> models.Filter:
+        from qdrant_client import models
+
+        return models.Filter(must_not=[models.HasVectorCondition(has_vector=self._vector_name(target) or "")])
+
+    def _upsert_where(self, target: str, points: list[models.PointStruct], only: models.Filter) -> None:
+        from qdrant_client import models
+
+        with _translated():
+            self._client.upsert(
+                target, points, wait=True, update_mode=models.UpdateMode.UPDATE_ONLY, update_filter=only
+            )
