@@ -37,6 +37,10 @@ class _AliasMoves:
 
         def describe(self, target: str) -> TargetInfo | None: ...
 
+        def carry_back(
+            self, newer: str, older: str, since: Mapping[Any, tuple[str, Any]] | None = None
+        ) -> dict[Any, tuple[str, Any]]: ...
+
     def alias(self, alias: str) -> AliasInfo:
         if alias in self._collections():
             return AliasInfo(alias, None, is_physical=True)
@@ -58,7 +62,8 @@ class _AliasMoves:
         settle: Callable[[], None] | None = None,
     ) -> str | None:
         """Compare-and-swap in ONE update_collection_aliases call, then read back. Qdrant cannot hold
-        writers back: `settle` runs right before the call.
+        writers back: `settle` runs right before the call. A rollback carries what the application wrote
+        into the collection it leaves back into `target`, before the call and again after (rollback.py).
 
         The guard alias `<alias>__reindex_serves__<expected>` is the token: the call first renames it
         to the new target's guard, and a rename of a missing alias fails the whole call before any
@@ -75,6 +80,8 @@ class _AliasMoves:
             raise CutoverRefused(_physical_alias_message(alias))
         if target not in collections:
             raise CutoverRefused(f"target collection {target!r} does not exist")
+        rolling_back = meta.get("action") == "rollback" and expected is not None
+        carried = self.carry_back(expected, target) if rolling_back and expected is not None else None
         if settle is not None:
             settle()
         with self._move_lock():
@@ -88,6 +95,8 @@ class _AliasMoves:
             except ReindexError as exc:
                 self._after_failed_swap(alias, target, expected, exc)
         self._read_back(alias, target)
+        if carried is not None and expected is not None:  # what reached the newer one meanwhile
+            self.carry_back(expected, target, since=carried)
         return expected
 
     def _after_failed_swap(self, alias: str, target: str, expected: str | None, exc: ReindexError) -> None:

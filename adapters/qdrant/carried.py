@@ -76,14 +76,15 @@ def same(ours: Any, theirs: Any, *, cosine: bool) -> bool:
     return left.shape == right.shape and bool(np.all(np.abs(left - right) <= COSINE_TOLERANCE))
 
 
-def point_version(point: Any) -> str:
+def point_version(point: Any, leave: str | None = None) -> str:
     """A digest of a whole point as stored: its payload (less the tool's own `reindex_*` keys) and every
-    vector, by name. Two reads of a point differ in it whenever anything of the application's changed."""
+    vector by name (less `leave`, "" for the unnamed). Two reads of a point differ in it whenever anything
+    of the application's changed."""
     hashed = hashlib.sha256()
     payload = {k: v for k, v in (point.payload or {}).items() if not k.startswith("reindex_")}
     hashed.update(json.dumps(payload, sort_keys=True, default=str).encode())
     held = point.vector if isinstance(point.vector, Mapping) else {"": point.vector}
     for name in sorted(held):
-        if held[name] is not None:
+        if held[name] is not None and name != leave and len(held[name]) > 0:
             hashed.update(f"|{name}:{digest(held[name])}".encode())
     return hashed.hexdigest()[:32]

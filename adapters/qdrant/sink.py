@@ -54,13 +54,14 @@ from reindex_adapters.qdrant.points import (
     _vector_params,
 )
 from reindex_adapters.qdrant.reads import _Reads
+from reindex_adapters.qdrant.rollback import _CarryBack
 from reindex_adapters.qdrant.targets import _carried_layout, _Layouts
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
 
 
-class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept):
+class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
     """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata; a source's
     other named vectors (sparse ones, a second dense one) are carried to the target unchanged."""
 

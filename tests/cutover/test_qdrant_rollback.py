@@ -1,0 +1,93 @@
+"""A Qdrant rollback loses nothing the application wrote through the alias while the newer collection was
+live (issue 41, item 4): adds, edits, field changes and deletes go back with the alias; what the older model
+never embedded is kept without a vector and named; the next `cutover --sync` serves every write again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from qdrant_client import QdrantClient, models
+
+from reindex_adapters.qdrant.sink import QdrantSink
+from tests.cutover.test_qdrant_after_flip import (
+    ALIAS,
+    BOTH_SOURCES,
+    DOCS,
+    NEW,
+    OLD,
+    invoke,
+    migration,
+    served_exactly,
+    upsert,
+    vector,
+    with_client,
+)
+from tests.cutover.test_qdrant_blank_writes import point, served_vector
+
+
+def application(client: QdrantClient) -> None:
+    """Through the alias, with the newer model: an add, a text edit, a field set, a delete."""
+    upsert(client, NEW, {11: "note 11, added after the flip", 4: "note 4, edited after the flip"})
+    client.set_payload(ALIAS, {"acl": ["ops"]}, points=[2], wait=True)
+    client.delete(ALIAS, models.PointIdsList(points=[3]), wait=True)
+
+
+@BOTH_SOURCES
+def test_rollback_keeps_every_write_made_through_the_alias_and_names_what_is_unserved(
+    tmp_path: Path, source: str
+) -> None:
+    config = migration(tmp_path, source)
+    storage = tmp_path / "qdrant"
+    invoke("run", "-c", str(config))
+    invoke("cutover", "-c", str(config))
+    with_client(storage, application)
+
+    back = invoke("rollback", "-c", str(config))
+    assert back["target"] == "notes" and back["changed"]
+    assert (back["unserved"], back["unserved_ids"]) == (2, ["11", "4"])
+    assert point(storage, 3) is None
+    edited, added, tagged = point(storage, 4), point(storage, 11), point(storage, 2)
+    assert edited is not None and (edited.payload or {})["text"] == "note 4, edited after the flip"
+    assert served_vector(edited) is None  # the older model never embedded that text
+    assert added is not None and served_vector(added) is None
+    assert tagged is not None and (tagged.payload or {})["acl"] == ["ops"]
+    assert np.allclose(served_vector(tagged) or [], vector(OLD, "note 2"), atol=1e-6)  # its text is the same
+
+    invoke("sync", "-c", str(config))  # the newer target is level with the older collection, nothing reverted
+    assert invoke("verify", "-c", str(config))["complete"]
+    moved = invoke("cutover", "-c", str(config), "--sync")
+    assert moved["changed"]
+    expected = {i: f"note {i}" for i in range(1, DOCS + 1) if i != 3}
+    expected |= {11: "note 11, added after the flip", 4: "note 4, edited after the flip"}
+    served_exactly(storage, expected)
+    tagged = point(storage, 2)
+    assert tagged is not None and (tagged.payload or {})["acl"] == ["ops"]
+    assert invoke("verify", "-c", str(config), "--sample", "20")["complete"]
+
+
+def test_a_write_that_reaches_the_newer_collection_while_the_alias_moves_back_is_carried_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = migration(tmp_path, ALIAS)
+    storage = tmp_path / "qdrant"
+    invoke("run", "-c", str(config))
+    invoke("cutover", "-c", str(config))
+    original = QdrantSink.carry_back
+
+    def carry_back(self: QdrantSink, newer: str, older: str, since: Any = None) -> Any:
+        done = original(self, newer, older, since)
+        if since is None:  # the alias still serves the newer collection: the application writes on
+            upsert(self._client, NEW, {12: "note 12, written while the alias moved back"})
+        return done
+
+    monkeypatch.setattr(QdrantSink, "carry_back", carry_back)
+    back = invoke("rollback", "-c", str(config))
+    monkeypatch.undo()
+    assert back["unserved_ids"] == ["12"]
+    added = point(storage, 12)
+    assert (
+        added is not None and (added.payload or {})["text"] == "note 12, written while the alias moved back"
+    )
