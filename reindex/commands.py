@@ -14,6 +14,7 @@ from reindex.config import Config
 from reindex.errors import ConfigError, CutoverRefused, VerificationFailed
 from reindex.flip import cutover as alias_moves
 from reindex.flip.sync import (
+    AFTER_FLIP,
     AfterFlip,
     Settled,
     SyncReport,
@@ -27,7 +28,7 @@ from reindex.flip.sync import (
 )
 from reindex.plan import routing
 from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread, stored
-from reindex.ports import DeferredEmbedder, DescribingSink, NamesLosses, PlansStorage, RestoresTable
+from reindex.ports import DeferredEmbedder, DescribingSink, NamesLosses, PlansStorage, RestoresTable, Sink
 from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
@@ -725,7 +726,26 @@ def _compare(m: Migration, ledger: Ledger) -> QualityReport:
 def rollback(config: Config) -> alias_moves.AliasMove:
     """Point the alias back at the target the last move replaced. Needs no model."""
     with ledger_of(config) as ledger, ledger.alias_lock(config.alias), open_backends(config) as (_, sink):
+        _refuse_rollback_while_carrying(config, ledger, sink)
         return alias_moves.rollback(sink, ledger, config.alias)
+
+
+def _refuse_rollback_while_carrying(config: Config, ledger: Ledger, sink: Sink) -> None:
+    """A `cutover --sync` killed between its flip and its carry-over (Qdrant) left writes of the window in
+    the older index that the newer one lacks: a rollback, which carries the newer one's differences back,
+    would write over them. The carry-over comes first."""
+    alias_moves.settle_pending(sink, ledger, config.alias)
+    last = alias_moves.last_move(ledger, config.alias)
+    if last is None or sink.alias(config.alias).target != last.new:
+        return
+    info = sink.describe(last.new)
+    marks = ledger.verifications(info.plan_id, kind=AFTER_FLIP) if info and info.plan_id else []
+    if marks and not marks[-1].passed and marks[-1].report.get("previous") == last.old:
+        raise CutoverRefused(
+            f"the catch-up after the flip from {last.old!r} to {last.new!r} did not finish: a rollback now"
+            " would write over what the application wrote in between",
+            hint=f"run `reindex sync -c {config.path}` (it finishes that catch-up), then rollback",
+        )
 
 
 @dataclass(frozen=True)

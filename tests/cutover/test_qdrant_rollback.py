@@ -91,3 +91,40 @@ def test_a_write_that_reaches_the_newer_collection_while_the_alias_moves_back_is
     assert (
         added is not None and (added.payload or {})["text"] == "note 12, written while the alias moved back"
     )
+
+
+def test_a_rollback_waits_for_the_carry_over_a_killed_cutover_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window's writes are in the older collection only until the carry-over: a rollback before it
+    would write the newer collection's older copy over them."""
+    from reindex import commands
+    from reindex.config import load
+    from reindex.flip import sync
+
+    config = migration(tmp_path, ALIAS)
+    storage = tmp_path / "qdrant"
+    invoke("run", "-c", str(config))
+    original_take = sync.Settled.take
+
+    def take(self: sync.Settled, m: Any, *args: Any) -> None:
+        original_take(self, m, *args)
+        upsert(m.sink._client, OLD, {5: "note 5, edited in the window"})
+
+    def killed(*args: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sync.Settled, "take", take)
+    monkeypatch.setattr(commands, "after_flip", killed)
+    with pytest.raises(KeyboardInterrupt):
+        commands.cutover(load(config), sync=True)
+    monkeypatch.undo()
+
+    refused = invoke("rollback", "-c", str(config), exit_code=4)
+    assert "reindex sync" in refused["error"]["hint"]
+    invoke("sync", "-c", str(config))
+    back = invoke("rollback", "-c", str(config))
+    assert back["changed"] and back["target"] == "notes"
+    edited = point(storage, 5)
+    assert edited is not None and (edited.payload or {})["text"] == "note 5, edited in the window"
+    assert np.allclose(served_vector(edited) or [], vector(OLD, "note 5, edited in the window"), atol=1e-6)

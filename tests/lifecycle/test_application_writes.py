@@ -64,6 +64,7 @@ ALIAS, OLD_COLLECTION = "notes_live", "notes"
 OLD = HashEmbedder(DIM, seed="old")  # the model the application used before: the same dimension
 NEW = HashEmbedder(DIM, seed="new")
 NAMES = tuple(range(1, 9))
+DENSE, SPARSE = "dense", "keywords"  # the named vectors of a collection with named vectors
 WORDS = st.sampled_from(("alpha", "beta", "gamma", "delta"))
 GOOD = st.lists(WORDS, min_size=1, max_size=3).map(" ".join)
 POISON = st.sampled_from(("", "   "))
@@ -77,8 +78,16 @@ KILLS = (
 
 
 def _parts(point: Any) -> tuple[str, list[float], dict[str, Any]]:
+    """(text, the re-embedded vector, payload); the vector [] where the point has none."""
     payload = point.payload or {}
-    return str(payload.get("text")), point.vector, payload
+    vector = point.vector.get(DENSE, []) if isinstance(point.vector, dict) else point.vector
+    return str(payload.get("text")), vector or [], payload
+
+
+def _sparse(point: Any) -> float | None:
+    """The value of the carried sparse vector a named-vector point holds (one index: its name)."""
+    held = point.vector.get(SPARSE) if isinstance(point.vector, dict) else None
+    return None if held is None else float(held.values[0])
 
 
 class Killed(BaseException):
@@ -146,6 +155,9 @@ class QdrantApplication(_Application):
         self.phase: str | None = None  # "window": the application writes between final catch-up and flip
         self.window_written: dict[int, str] = {}  # what it wrote in the window of a carry-over still due
         self.deleted_since_flip: set[int] = set()  # what it deleted through the alias since that flip
+        self.fields: dict[int, str] = {}  # name -> the `acl` field it last set without touching the text
+        self.named = False  # named vectors: the re-embedded DENSE one and a carried SPARSE one
+        self.sparse: dict[int, float] = {}  # name -> the value of its carried sparse vector (named only)
 
     # the world -------------------------------------------------------------------------------------------
 
@@ -163,7 +175,7 @@ class QdrantApplication(_Application):
             "path": str(self.storage),
             "collection": self.source,
             "text_field": "text",
-        }
+        } | ({"vector_name": DENSE} if self.named else {})
         return self.configured(source, {"kind": "qdrant", "path": str(self.storage), "alias": ALIAS})
 
     @property
@@ -185,6 +197,18 @@ class QdrantApplication(_Application):
     def served_texts(self) -> dict[int, str]:
         return {n: t for n, (t, _, _) in self.served().items()}
 
+    def served_sparse(self) -> dict[int, float]:
+        with self.client() as client:
+            points, _ = client.scroll(ALIAS, limit=100, with_vectors=True)
+        return {self.name_of(p.id): value for p in points if (value := _sparse(p)) is not None}
+
+    def vectors(self, name: int, vector: Any) -> Any:
+        """What the application upserts: the vector, and with named vectors a fresh sparse one beside it."""
+        if not self.named:
+            return vector.tolist()
+        self.sparse[name] = 1.0
+        return {DENSE: vector.tolist(), SPARSE: models.SparseVector(indices=[name], values=[1.0])}
+
     def expected_served(self) -> dict[int, str]:
         """Every document, before the flip and after it: a blank one keeps its point, without a vector."""
         return dict(self.truth)
@@ -201,17 +225,29 @@ class QdrantApplication(_Application):
         if kind in ("upsert", "upsert_in_flight"):
             model = OLD if kind == "upsert_in_flight" else model  # embedded before the flip, landing after it
             vector = model.vector(text) if not poison(text) else OLD.vector("blank")
-            client.upsert(ALIAS, [models.PointStruct(id=self.key(name), vector=vector.tolist(), payload={"text": text})], wait=True)  # fmt: skip
+            client.upsert(ALIAS, [models.PointStruct(id=self.key(name), vector=self.vectors(name, vector), payload={"text": text})], wait=True)  # fmt: skip
             self.truth[name] = text
+            self.fields.pop(name, None)  # an upsert replaces the whole payload
+        elif kind == "update_sparse" and name in served and self.named:  # a carried vector, text untouched
+            value = float(len(text) + 2)
+            vectors = {SPARSE: models.SparseVector(indices=[name], values=[value])}
+            client.update_vectors(ALIAS, [models.PointVectors(id=self.key(name), vector=vectors)], wait=True)
+            self.sparse[name] = value
+        elif kind == "set_field" and name in served:  # another field: the text and its vector stay
+            client.set_payload(ALIAS, {"acl": text}, points=[self.key(name)], wait=True)
+            self.fields[name] = text
         elif kind in ("set_payload", "overwrite_payload") and name in served:
             if kind == "set_payload":
                 client.set_payload(ALIAS, {"text": text}, points=[self.key(name)], wait=True)
             else:
                 client.overwrite_payload(ALIAS, {"text": text}, points=[self.key(name)], wait=True)
+                self.fields.pop(name, None)
             self.truth[name] = text
         elif kind == "delete" and name in served:
             client.delete(ALIAS, models.PointIdsList(points=[self.key(name)]), wait=True)
             self.truth.pop(name, None)
+            self.fields.pop(name, None)
+            self.sparse.pop(name, None)
             self.deleted_since_flip |= {name} if flipped else set()
         elif kind == "delete_by_filter" and name in served:
             text = self.truth[name]
@@ -220,6 +256,8 @@ class QdrantApplication(_Application):
             for other in served:
                 if self.truth.get(other) == text:
                     self.truth.pop(other)
+                    self.fields.pop(other, None)
+                    self.sparse.pop(other, None)
                     self.deleted_since_flip |= {other} if flipped else set()
         if self.phase == "window" and name in self.truth:
             self.window_written[name] = self.truth[name]
@@ -236,6 +274,8 @@ class QdrantApplication(_Application):
                 "upsert_in_flight",
                 "set_payload",
                 "overwrite_payload",
+                "set_field",
+                "update_sparse",
                 "delete",
                 "delete_by_filter",
             )
@@ -247,23 +287,31 @@ class QdrantApplication(_Application):
     @initialize(
         integer_ids=st.booleans(),
         by_name=st.booleans(),
+        named=st.booleans(),
         corpus=st.dictionaries(
             st.sampled_from(NAMES), st.one_of(GOOD, GOOD, GOOD, POISON), min_size=1, max_size=6
         ),
     )
-    def live_collection(self, integer_ids: bool, by_name: bool, corpus: dict[int, str]) -> None:
+    def live_collection(self, integer_ids: bool, by_name: bool, named: bool, corpus: dict[int, str]) -> None:
         self.integer_ids, self.source = integer_ids, OLD_COLLECTION if by_name else ALIAS
+        self.named = named
+        dense = models.VectorParams(size=DIM, distance=models.Distance.COSINE)
         with self.client() as client:
-            client.create_collection(
-                OLD_COLLECTION, models.VectorParams(size=DIM, distance=models.Distance.COSINE)
-            )
+            if named:
+                client.create_collection(
+                    OLD_COLLECTION,
+                    {DENSE: dense},
+                    sparse_vectors_config={SPARSE: models.SparseVectorParams()},
+                )
+            else:
+                client.create_collection(OLD_COLLECTION, dense)
             create = models.CreateAlias(collection_name=OLD_COLLECTION, alias_name=ALIAS)
             client.update_collection_aliases(
                 change_aliases_operations=[models.CreateAliasOperation(create_alias=create)]
             )
             for name, text in corpus.items():
                 self._write(client, ("upsert", name, text))
-        event(f"integer ids: {integer_ids}, source by name: {by_name}")
+        event(f"integer ids: {integer_ids}, source by name: {by_name}, named vectors: {named}")
 
     @rule(data=st.data())
     def application_writes(self, data: st.DataObject) -> None:
@@ -313,11 +361,16 @@ class QdrantApplication(_Application):
         """A document written into the old collection in the window and deleted through the alias before
         the carry-over reads it comes back: a delete leaves no trace to read (README). Tolerated in exactly
         that form; the application then has it again."""
-        served = {n: t for n, (t, _, _) in self.served().items()}
+        points = self.served()
+        served = {n: t for n, (t, _, _) in points.items()}
         for name, text in self.window_written.items():
             if name in self.deleted_since_flip and name not in self.truth and served.get(name) == text:
                 event("known gap: a window write deleted through the alias before the carry-over came back")
                 self.truth[name] = text
+                if "acl" in points[name][2]:
+                    self.fields[name] = points[name][2]["acl"]
+                if (value := self.served_sparse().get(name)) is not None:
+                    self.sparse[name] = value
 
     @precondition(lambda self: self.ran)
     @rule()
@@ -345,6 +398,19 @@ class QdrantApplication(_Application):
         dead = sum(poison(t) for t in self.truth.values())
         assert coverage.dead_letters == dead, f"dead letters {coverage.dead_letters}, the truth has {dead}"
 
+    @precondition(lambda self: self.ran)
+    @rule()
+    def rollback(self) -> None:
+        """Back to the older collection: every write made through the alias since the flip goes with it."""
+        try:
+            moved = commands.rollback(self.config())
+        except CutoverRefused as refused:
+            assert self.pending or "nothing to roll back" in str(refused), refused
+            event("rollback refused")
+            return
+        event(f"rolled back, {moved.unserved} unserved")
+        self._acknowledged_writes_stand("rollback")
+
     # after every step ------------------------------------------------------------------------------------
 
     @invariant()
@@ -359,6 +425,14 @@ class QdrantApplication(_Application):
             self._the_one_known_gap()
             self.window_written, self.deleted_since_flip = {}, set()
         super()._acknowledged_writes_stand(after)
+        fields = {n: p["acl"] for n, (_, _, p) in self.served().items() if "acl" in p}
+        assert fields == self.fields, (
+            f"after {after}: the alias serves fields {fields}, the truth {self.fields}"
+        )
+        sparse = self.served_sparse()
+        assert sparse == self.sparse, (
+            f"after {after}: the alias serves sparse {sparse}, the truth {self.sparse}"
+        )
 
     @contextmanager
     def _killed_at(
