@@ -85,6 +85,6 @@ def point_version(point: Any, leave: str | None = None) -> str:
     hashed.update(json.dumps(payload, sort_keys=True, default=str).encode())
     held = point.vector if isinstance(point.vector, Mapping) else {"": point.vector}
     for name in sorted(held):
-        if held[name] is not None and name != leave and len(held[name]) > 0:
+        if name != leave and held[name] is not None and not (isinstance(held[name], list) and not held[name]):
             hashed.update(f"|{name}:{digest(held[name])}".encode())
     return hashed.hexdigest()[:32]

@@ -82,9 +82,8 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_a_hybrid_langchain_store_keeps_its_sparse_vectors_and_finds_through_the_alias(
-    in_tmp: Path, tiny_model: Path
-) -> None:
+def migrated(in_tmp: Path, tiny_model: Path) -> Path:
+    """40 hybrid notes behind `notes_live`, migrated to the tiny model with init's config and cut over."""
     storage = in_tmp / "store"
     created = QdrantVectorStore.from_documents(  # as LangChain creates it: the unnamed dense vector + sparse
         documents(range(40)),
@@ -123,6 +122,13 @@ def test_a_hybrid_langchain_store_keeps_its_sparse_vectors_and_finds_through_the
     assert invoke("run", "-c", "notes.toml")["written"] == 40
     assert invoke("verify", "-c", "notes.toml")["complete"]
     assert invoke("cutover", "-c", "notes.toml")["changed"]
+    return storage
+
+
+def test_a_hybrid_langchain_store_keeps_its_sparse_vectors_and_finds_through_the_alias(
+    in_tmp: Path, tiny_model: Path
+) -> None:
+    storage = migrated(in_tmp, tiny_model)
 
     with hybrid(storage, Tiny(tiny_model)) as (store, client):
         old, _ = client.scroll("notes", limit=100, with_payload=True, with_vectors=True)
@@ -143,3 +149,32 @@ def test_a_hybrid_langchain_store_keeps_its_sparse_vectors_and_finds_through_the
     assert report["carried"] == 0 and report["application_check"]["stale"] == 0
     assert invoke("sync", "-c", "notes.toml")["adopted"] == 2
     assert invoke("verify", "-c", "notes.toml")["complete"]
+
+
+def test_a_rollback_keeps_the_hybrid_writes_made_through_the_alias_and_roll_forward_serves_them(
+    in_tmp: Path, tiny_model: Path
+) -> None:
+    """Issue 41, item 4: the application adds two notes and deletes one through its hybrid store while the
+    new collection is live; `rollback` keeps all three writes, and the next `cutover --sync` serves them."""
+    storage = migrated(in_tmp, tiny_model)
+    with hybrid(storage, Tiny(tiny_model)) as (store, _):
+        store.add_documents(documents((100, 101)), ids=[uid(100), uid(101)])
+        store.delete([uid(5)])
+
+    back = invoke("rollback", "-c", "notes.toml")
+    assert back["target"] == "notes" and back["unserved_ids"] == sorted([uid(100), uid(101)])
+    with hybrid(storage, Hashed(OLD_DIM)) as (_, client):  # the old model again, over the old collection
+        assert not client.retrieve("notes_live", [uid(5)])
+        (added,) = client.retrieve("notes_live", [uid(101)], with_vectors=True)
+        assert isinstance(added.vector, dict) and set(added.vector) == {"langchain-sparse"}  # no old vector
+        probe = WordCounts().embed_query(documents((101,))[0].page_content)
+        sparse = models.SparseVector(indices=probe.indices, values=probe.values)
+        found = client.query_points("notes_live", query=sparse, using="langchain-sparse", limit=1).points
+        assert found[0].id == uid(101)  # the keyword half of its hybrid search still finds it
+
+    assert invoke("cutover", "-c", "notes.toml", "--sync")["changed"]
+    with hybrid(storage, Tiny(tiny_model)) as (store, client):
+        assert not client.retrieve("notes_live", [uid(5)])
+        assert store.similarity_search(documents((100,))[0].page_content, k=1)[0].metadata["n"] == 100
+    report = invoke("verify", "-c", "notes.toml", "--sample", "10")
+    assert report["complete"] and report["target_vectors"] == 41

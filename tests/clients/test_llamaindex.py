@@ -373,3 +373,89 @@ def test_llamaindex_hybrid_halfvec_store_keeps_its_generated_keyword_column_in_c
     assert [node.metadata["n"] for node in found.nodes or []] == [900]
     report = invoke("verify", "-c", str(config))
     assert report["complete"] and report["application_rows"] == 1
+
+
+def word_buckets(texts: list[str]) -> tuple[list[list[int]], list[list[float]]]:
+    """A sparse encoder small enough to write here (LlamaIndex's default one downloads a model): each
+    word's count at its crc32 bucket."""
+    import zlib
+    from collections import Counter
+
+    indices, values = [], []
+    for text in texts:
+        counts = Counter(zlib.crc32(word.encode()) % 50_000 for word in text.lower().split())
+        indices.append(sorted(counts))
+        values.append([float(counts[i]) for i in sorted(counts)])
+    return indices, values
+
+
+@contextmanager
+def hybrid_application(
+    storage: Path, collection: str = ALIAS
+) -> Iterator[tuple[QdrantVectorStore, QdrantClient]]:
+    """LlamaIndex's hybrid store (`enable_hybrid=True`: "text-dense" and "text-sparse-new" per point)."""
+    client = QdrantClient(path=str(storage))
+    try:
+        yield (
+            QdrantVectorStore(
+                collection_name=collection,
+                client=client,
+                enable_hybrid=True,
+                sparse_doc_fn=word_buckets,
+                sparse_query_fn=word_buckets,
+            ),
+            client,
+        )
+    finally:
+        client.close()
+
+
+@pytest.mark.filterwarnings("ignore:Payload indexes have no effect in the local Qdrant")  # its doc_id index
+def test_llamaindex_hybrid_qdrant_keeps_its_writes_across_cutover_rollback_and_roll_forward(
+    tmp_path: Path,
+) -> None:
+    """Issue 41: a hybrid LlamaIndex store migrated with its sparse vectors carried; the application adds
+    and deletes nodes through the alias while the new collection is live, and neither `rollback` nor the
+    roll-forward after it loses them."""
+    from qdrant_client import models
+
+    storage = tmp_path / "qdrant"
+    with hybrid_application(storage, "notes") as (created, client):
+        build(created, OLD_DIM, range(60))
+        client.update_collection_aliases(
+            change_aliases_operations=[
+                models.CreateAliasOperation(
+                    create_alias=models.CreateAlias(collection_name="notes", alias_name=ALIAS)
+                )
+            ]
+        )
+    config = tmp_path / "notes.toml"
+    config.write_text(
+        f'[source]\nkind = "qdrant"\npath = "{storage}"\ncollection = "{ALIAS}"\n'
+        'text_field = "_node_content.text"\nvector_name = "text-dense"\n\n'
+        f'[embedder]\nkind = "hash"\ndim = {NEW_DIM}\n\n'
+        f'[target]\nkind = "qdrant"\npath = "{storage}"\nalias = "{ALIAS}"\n\n'
+        f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 50\n'
+    )
+    assert invoke("run", "-c", str(config))["written"] == 60
+    assert invoke("cutover", "-c", str(config))["changed"]
+    with hybrid_application(storage) as (store, client):
+        assert top(store, NEW_DIM, "note 7 about topic 0") == 7
+        build(store, NEW_DIM, (200, 201))  # added through the alias, both vectors, with the new model
+        store.delete_nodes([uid(9)])  # as LlamaIndex deletes a node
+        assert not client.retrieve(ALIAS, [uid(9)])
+
+    back = invoke("rollback", "-c", str(config))
+    assert back["target"] == "notes" and back["unserved_ids"] == sorted([uid(200), uid(201)])
+    with hybrid_application(storage) as (store, client):
+        assert not client.retrieve(ALIAS, [uid(9)])
+        assert top(store, OLD_DIM, "note 7 about topic 0") == 7
+        (added,) = client.retrieve(ALIAS, [uid(201)], with_vectors=True)
+        assert isinstance(added.vector, dict) and set(added.vector) == {"text-sparse-new"}
+
+    assert invoke("cutover", "-c", str(config), "--sync")["changed"]
+    with hybrid_application(storage) as (store, client):
+        assert top(store, NEW_DIM, "note 201 about topic 5") == 201
+        assert not client.retrieve(ALIAS, [uid(9)])
+    report = invoke("verify", "-c", str(config), "--sample", "20")
+    assert report["complete"] and report["target_vectors"] == 61
