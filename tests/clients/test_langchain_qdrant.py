@@ -134,3 +134,42 @@ def test_langchain_reads_and_writes_through_the_alias_before_and_after_cutover(t
         with pytest.raises(ValueError, match="Vector dimension error"):
             client.upsert(ALIAS, [models.PointStruct(id=uid(900), vector=[1.0] * OLD_DIM, payload={})])
         assert client.count(ALIAS).count == 130
+
+
+def test_langchain_writes_through_the_alias_survive_a_rollback_and_the_roll_forward(tmp_path: Path) -> None:
+    """Issue 41, item 4, with the application's own LangChain calls: adds, an edit and a delete made while
+    the new collection is live go back with `rollback`; the texts the old model never embedded are kept
+    without a vector and named; `cutover --sync` serves them all again, embedded."""
+    storage = tmp_path / "qdrant"
+    aliased_collection(storage, "notes", ALIAS, OLD_DIM)
+    with application(storage, OLD_DIM) as (old, _):
+        add(old, range(40))
+    config = tmp_path / "notes.toml"
+    config.write_text(
+        f'[source]\nkind = "qdrant"\npath = "{storage}"\ncollection = "{ALIAS}"\n\n'
+        f'[embedder]\nkind = "hash"\ndim = {NEW_DIM}\n\n'
+        f'[target]\nkind = "qdrant"\npath = "{storage}"\nalias = "{ALIAS}"\n\n'
+        f'[run]\nstate = "{tmp_path / "state.db"}"\nshard_size = 50\n'
+    )
+    invoke("run", "-c", str(config))
+    invoke("cutover", "-c", str(config))
+    with application(storage, NEW_DIM) as (new, _):
+        add(new, [300, 301])
+        add(new, [3], version=" (edited)")
+        new.delete(ids=[uid(5)])
+
+    back = invoke("rollback", "-c", str(config))
+    assert sorted(back["unserved_ids"]) == sorted([uid(300), uid(301), uid(3)])
+    with application(storage, OLD_DIM) as (old, client):  # the old model again, as it was
+        assert old.similarity_search("note 7 about topic 0", k=1)[0].metadata["n"] == 7
+        assert not client.retrieve(ALIAS, [uid(5)])
+        edited = point(client, 3)
+        assert (edited.payload or {})["page_content"].endswith("(edited)") and not edited.vector
+        assert client.count(ALIAS).count == 41
+
+    assert invoke("cutover", "-c", str(config), "--sync")["changed"]
+    with application(storage, NEW_DIM) as (new, client):
+        assert new.similarity_search("note 301 about topic 0", k=1)[0].metadata["n"] == 301
+        assert new.similarity_search("note 3 about topic 3 (edited)", k=1)[0].metadata["n"] == 3
+        assert not client.retrieve(ALIAS, [uid(5)])
+    assert invoke("verify", "-c", str(config), "--sample", "41")["complete"]

@@ -358,9 +358,13 @@ class QdrantApplication(_Application):
             self._acknowledged_writes_stand("cutover --sync")
 
     def _the_one_known_gap(self) -> None:
-        """A document written into the old collection in the window and deleted through the alias before
-        the carry-over reads it comes back: a delete leaves no trace to read (README). Tolerated in exactly
-        that form; the application then has it again."""
+        """A document inserted into the old collection in the window (after the final catch-up read it,
+        before the flip) and deleted through the alias after the flip, before the carry-over reads the old
+        collection, comes back. Still impossible to close: the insert reached only the old collection and
+        the delete only the new one, where it found no point, so the new collection after it is exactly
+        as it is when the application never deleted anything, and Qdrant keeps no record of a delete of
+        a missing point (docs/backends.md). Tolerated in exactly that form; the application then has it
+        again."""
         points = self.served()
         served = {n: t for n, (t, _, _) in points.items()}
         for name, text in self.window_written.items():
