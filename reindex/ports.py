@@ -421,6 +421,10 @@ class KeepsDocuments(Protocol):
         vectors); for the ids `expected` names, only where the point still stores that content hash."""
         ...
 
+    def kept(self, target: str) -> list[str]:
+        """The documents the target holds without the migration's vector, sorted."""
+        ...
+
 
 @runtime_checkable
 class AdoptingSink(Protocol):

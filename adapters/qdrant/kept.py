@@ -18,7 +18,7 @@ from reindex.ports import Record
 from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS, _hash_is
 from reindex_adapters.qdrant.carried import of_payload
 from reindex_adapters.qdrant.connection import _translated
-from reindex_adapters.qdrant.points import _json_safe
+from reindex_adapters.qdrant.points import _document_id, _json_safe
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
@@ -75,13 +75,32 @@ class _Kept:
         for doc_id in ids:
             groups.setdefault(expected.get(doc_id), []).append(ids_of([doc_id])[0])
         for digest, points in groups.items():
-            selector: Any = (
-                models.PointIdsList(points=points)
+            # by filter: a point deleted meanwhile is no error (a server refuses ids it does not hold)
+            selector = models.FilterSelector(
+                filter=models.Filter(must=[models.HasIdCondition(has_id=points)])
                 if digest is None
-                else models.FilterSelector(filter=_hash_is(digest, points))
+                else _hash_is(digest, points)
             )
             with _translated():
                 self._client.delete_vectors(target, vectors=[name], points=selector, wait=True)
+
+    def kept(self, target: str) -> list[str]:
+        """The documents whose points the target holds without the migration's vector, sorted."""
+        offset: Any = None
+        found: list[str] = []
+        while True:
+            with _translated():
+                points, offset = self._client.scroll(
+                    target,
+                    scroll_filter=self._without_vector(target),
+                    limit=self.upsert_batch,
+                    offset=offset,
+                    with_payload=["reindex_id"],
+                    with_vectors=False,
+                )
+            found += [_document_id(p) for p in points]
+            if offset is None:
+                return sorted(found)
 
     def _without_vector(self, target: str) -> models.Filter:
         from qdrant_client import models

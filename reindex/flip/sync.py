@@ -466,6 +466,11 @@ def keep_dead_letters(m: Migration, ledger: Ledger) -> int:
         return 0
     try:
         ids = sorted({letter.doc_id for letter in ledger.dead_letters(m.plan_id)})
+        # a point kept for a document that is no dead letter now (deleted or fixed since a rollback) goes:
+        # the target is not served yet, and the alias must not bring it back
+        stale = sorted(set(m.sink.kept(m.spec.name)) - set(ids))
+        for chunk in chunks(stale, DELETE_CHUNK):
+            retrying(m.sink.delete, m.spec.name, chunk)
         return _keep(m, m.sink, old, ids, {})
     finally:
         old.close()

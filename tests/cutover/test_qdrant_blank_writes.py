@@ -194,3 +194,20 @@ def test_the_carry_over_after_a_killed_cutover_never_writes_over_a_field_the_app
     text = (kept.payload or {})["text"]
     assert np.allclose(served_vector(kept) or [], vector(NEW, text), atol=1e-6)
     assert invoke("verify", "-c", str(config), "--sample", "20")["complete"]
+
+
+def test_a_blank_note_deleted_while_rolled_back_is_not_served_again_by_the_roll_forward(
+    tmp_path: Path,
+) -> None:
+    texts = {i: f"note {i}" for i in range(1, DOCS + 1)} | {6: ""}
+    config = migration(tmp_path, ALIAS, texts)
+    storage = tmp_path / "qdrant"
+    invoke("run", "-c", str(config))
+    invoke("cutover", "-c", str(config), "--force")  # the blank note's point is kept in the new collection
+    assert invoke("rollback", "-c", str(config))["target"] == "notes"
+    with_client(storage, lambda c: c.delete(ALIAS, models.PointIdsList(points=[6]), wait=True))
+    invoke("sync", "-c", str(config))
+    assert invoke("verify", "-c", str(config))["complete"]  # no dead letter left: max_dead_letters = 0 holds
+    assert invoke("cutover", "-c", str(config), "--sync")["changed"]
+    assert point(storage, 6) is None
+    assert invoke("verify", "-c", str(config))["complete"]
