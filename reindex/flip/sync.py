@@ -400,7 +400,10 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
     # the application's text edited in place since the flip, under the vector of the text before: its
     # text stands, embedded now (guarded by the hash still stored, so a newer write stands in turn)
     stored = dict(_hashes(db, "now", sorted(edited)))
-    _, dead_edits = _rewrite(m, ledger, served, sink, sorted(edited), stored)
+    fixed, dead_edits = _rewrite(m, ledger, served, sink, sorted(edited), stored)
+    lettered = {letter.doc_id for letter in ledger.dead_letters(m.plan_id)}
+    embedded = [i for i in [*written, *fixed] if i in lettered]  # a dead letter fixed in the window
+    ledger.settle_retry(m.plan_id, written=embedded, vanished=[], dead=[])
     # a text that failed must not keep the vector of the one before; a point never stored has none to delete
     failed = {d.doc_id for d in dead}
     edits = {d.doc_id: h for d in dead_edits if (h := stored.get(d.doc_id)) is not None}

@@ -211,3 +211,33 @@ def test_a_blank_note_deleted_while_rolled_back_is_not_served_again_by_the_roll_
     assert invoke("cutover", "-c", str(config), "--sync")["changed"]
     assert point(storage, 6) is None
     assert invoke("verify", "-c", str(config))["complete"]
+
+
+@BOTH_SOURCES
+def test_a_dead_letter_fixed_in_the_window_and_deleted_through_the_alias_after_the_cutover_stays_gone(
+    tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = {i: f"note {i}" for i in range(1, DOCS + 1)} | {6: ""}
+    config = migration(tmp_path, source, texts)
+    storage = tmp_path / "qdrant"
+    invoke("run", "-c", str(config))
+    original_take = sync.Settled.take
+
+    def take(self: sync.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
+        original_take(self, m, *args)
+        m.sink._client.set_payload("notes", {"text": "note 6, fixed in the window"}, points=[6], wait=True)
+
+    monkeypatch.setattr(sync.Settled, "take", take)
+    moved = invoke("cutover", "-c", str(config), "--sync", "--force")  # one dead letter, max 0
+    monkeypatch.undo()
+    assert moved["after_flip"]["carried"] == 1
+    fixed = point(storage, 6)
+    assert fixed is not None and np.allclose(
+        served_vector(fixed) or [], vector(NEW, "note 6, fixed in the window"), atol=1e-6
+    )
+    assert invoke("dlq", "list", "-c", str(config))["total"] == 0
+    with_client(storage, lambda c: c.delete(ALIAS, models.PointIdsList(points=[6]), wait=True))
+    for _ in range(2):
+        invoke("sync", "-c", str(config))
+        assert point(storage, 6) is None
+    assert invoke("verify", "-c", str(config))["complete"]
