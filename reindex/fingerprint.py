@@ -52,3 +52,13 @@ def text_hash(record: Record) -> str | None:
     if record.defect:
         return None
     return _hash_or_none(record.text)
+
+
+def document_version(payload: Mapping[str, Any], carried: Mapping[str, str] | None) -> str:
+    """A digest of what the application can change of a document other than the vector re-embedded: its
+    payload (less the tool's `reindex_*` keys) and the digests of its carried parts (a Qdrant point's other
+    named vectors). A source's record and the target's copy of it have the same version; a write of any
+    field or carried part changes it (the carry-over after a flip compares them)."""
+    fields = {k: v for k, v in payload.items() if not k.startswith("reindex_")}
+    canonical = json.dumps([fields, dict(carried or {})], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]

@@ -397,9 +397,10 @@ class GuardedSink(Protocol):
         """Delete a document's vector only where its stored content hash is the expected one."""
         ...
 
-    def scan_states(self, target: str, dim: int) -> Iterator[tuple[IndexEntry, str]]:
-        """`Sink.scan_index`, each entry with a digest of everything the application can change of its
-        point (payload, every vector): what `reindex.flip.sync.Settled` compares across a flip."""
+    def scan_states(self, target: str, dim: int) -> Iterator[tuple[IndexEntry, str, str]]:
+        """`Sink.scan_index`, points kept without a vector included, each entry with a digest of its whole
+        point (payload, every vector) and its `reindex.fingerprint.document_version` (all but the vector
+        re-embedded): what `reindex.flip.sync.Settled` compares across a flip."""
         ...
 
 

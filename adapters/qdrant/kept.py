@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from reindex.fingerprint import text_hash
 from reindex.ports import Record
 from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS, _hash_is
 from reindex_adapters.qdrant.carried import of_payload
@@ -49,6 +50,8 @@ class _Kept:
             (point,) = ids_of([record.id])
             payload = {k: v for k, v in _json_safe(dict(record.payload)).items() if k not in INDEX_KEYS}
             payload["reindex_id"] = record.id  # names the document where the point id is derived from it
+            if (digest := text_hash(record)) is not None:  # what a guarded write or delete matches on
+                payload["reindex_content_hash"] = digest
             struct = models.PointStruct(
                 id=point, vector=dict(of_payload(record.payload) or {}), payload=payload
             )

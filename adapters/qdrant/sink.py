@@ -13,6 +13,7 @@ from pydantic import Field, field_validator
 
 from reindex.columns import documents
 from reindex.errors import ConfigError, CutoverRefused
+from reindex.fingerprint import document_version
 from reindex.ports import (
     IndexEntry,
     Loss,
@@ -282,14 +283,17 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         for entry, _ in self._entries(target, dim, whole=False):
             yield entry
 
-    def scan_states(self, target: str, dim: int) -> Iterator[tuple[IndexEntry, str]]:
-        """Each entry with a digest of its whole point, payload and every vector (`GuardedSink`): after a
-        flip, a write through the alias that leaves the text as it was (`set_payload` of another field,
-        `update_vectors` of a carried vector) still reads as the application's change."""
-        for entry, version in self._entries(target, dim, whole=True):
-            yield entry, version or ""
+    def scan_states(self, target: str, dim: int) -> Iterator[tuple[IndexEntry, str, str]]:
+        """Each entry, points kept without a vector (`keep`) included, with a digest of its whole point
+        (payload, every vector) and its document version (all but the re-embedded vector: what the old
+        collection's copy has too) (`GuardedSink`): after a flip, a write through the alias that leaves the
+        text as it was (`set_payload` of another field, `update_vectors` of a carried vector) still reads
+        as the application's change, and so does one into the old collection in the window."""
+        for entry, point in self._entries(target, dim, whole=True):
+            payload = point.payload or {}
+            yield entry, point_version(point), document_version(payload, entry.carried or {})
 
-    def _entries(self, target: str, dim: int, *, whole: bool) -> Iterator[tuple[IndexEntry, str | None]]:
+    def _entries(self, target: str, dim: int, *, whole: bool) -> Iterator[tuple[IndexEntry, models.Record]]:
         name = self._vector_name(target)
         carried, _ = self._carried_of(target)
         with _translated():
@@ -298,7 +302,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
             texts = {} if whole else self._texts_of_unhashed(target, points, bookkeeping)
             for point in points:
                 vector = _stored_vector(point, name)
-                if not vector.size:  # a document kept without a vector (`keep`): no entry, as a dead letter
+                if not vector.size and not whole:  # a document kept without a vector (`keep`): no entry
                     continue
                 payload = texts.get(str(point.id), point.payload or {})
                 digest, fingerprint, application = bookkeeping.read(payload)
@@ -308,7 +312,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
                 entry = IndexEntry(
                     _document_id(point), digest, fingerprint, problem, application, derived, parts
                 )
-                yield entry, point_version(point) if whole else None
+                yield entry, point
 
     def _texts_of_unhashed(
         self, target: str, points: Sequence[models.Record], bookkeeping: _Bookkeeping

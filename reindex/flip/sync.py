@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, cast
 
 from reindex.batching import chunks
 from reindex.errors import ConfigError, CutoverRefused
-from reindex.fingerprint import text_hash
+from reindex.fingerprint import document_version, text_hash
 from reindex.ports import (
     AdoptingSink,
     DeferredEmbedder,
     GuardedSink,
+    IndexEntry,
     IndexSource,
     KeepsDocuments,
     Record,
@@ -274,13 +275,21 @@ class Settled:
                 "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA temp_store=FILE;"
             )
         self._db.executescript("""
-            CREATE TABLE IF NOT EXISTS settled (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS now (id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL) WITHOUT ROWID;
-            CREATE TABLE IF NOT EXISTS old (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS settled (
+                id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL, version TEXT
+            ) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS now (
+                id TEXT PRIMARY KEY, hash TEXT, state TEXT NOT NULL, version TEXT
+            ) WITHOUT ROWID;
+            CREATE TABLE IF NOT EXISTS old (id TEXT PRIMARY KEY, hash TEXT, version TEXT) WITHOUT ROWID;
             CREATE TABLE IF NOT EXISTS dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
             CREATE TABLE IF NOT EXISTS read (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
             CREATE TABLE IF NOT EXISTS taken (target TEXT NOT NULL, previous TEXT);
         """)
+        for table in ("settled", "now", "old"):  # kept by an earlier version, killed mid-cutover: no versions
+            columns = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if "version" not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN version TEXT")
         return self._db
 
     def read(self, comparison: Comparison) -> None:
@@ -304,7 +313,7 @@ class Settled:
         """Keep the target as it is now, before the flip from `previous`; durable once this returns."""
         self.db.execute("DELETE FROM taken")
         self.db.execute("DELETE FROM settled")
-        load_rows(self.db, "INSERT OR REPLACE INTO settled VALUES (?,?,?)", _states(m))
+        load_rows(self.db, "INSERT OR REPLACE INTO settled VALUES (?,?,?,?)", _states(m))
         self.db.execute("INSERT INTO taken VALUES (?, ?)", (m.spec.name, previous))  # last: it is whole
         self.taken = True
 
@@ -322,7 +331,7 @@ class Settled:
         upsert through the alias drops it), and one without was written through the alias since; what the
         application deleted since cannot be told from what the window inserted (`AfterFlip.uncertain`)."""
         self.db.execute("DELETE FROM settled")
-        load_rows(self.db, "INSERT OR REPLACE INTO settled VALUES (?,?,?)", _states(m, derived=False))
+        load_rows(self.db, "INSERT OR REPLACE INTO settled VALUES (?,?,?,?)", _states(m, derived=False))
         self.taken = self.rebuilt = True
 
     def close(self) -> None:
@@ -379,9 +388,10 @@ def after_flip(m: Migration, ledger: Ledger, previous: str | None, settled: Sett
     db = settled.db
     for scratch in ("old", "now", "dead"):  # what a killed pass read is out of date
         db.execute(f"DELETE FROM {scratch}")
-    load_rows(db, "INSERT OR REPLACE INTO old VALUES (?,?)", ((r.id, text_hash(r)) for r in old.scan()))
+    versions = ((r.id, text_hash(r), document_version(r.payload, r.carried)) for r in old.scan())
+    load_rows(db, "INSERT OR REPLACE INTO old VALUES (?,?,?)", versions)
     load_rows(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", excused(ledger.dead_letters(m.plan_id)).items())
-    load_rows(db, "INSERT OR REPLACE INTO now VALUES (?,?,?)", _states(m))  # last: the newest view of it
+    load_rows(db, "INSERT OR REPLACE INTO now VALUES (?,?,?,?)", _states(m))  # last: the newest view of it
     carry, gone, uncertain, kept = [], [], [], 0
     window = list(db.execute(_WINDOW))
     edited = _edited_in_place(served, db, [row[0] for row in window])
@@ -510,7 +520,8 @@ def pending_after_flip(m: Migration, ledger: Ledger) -> str | None:
 
 
 # Every id the settled target, the target now or the old index holds, where the old index changed since the
-# final catch-up (present or gone, or another text), less a dead letter excused then and unchanged since.
+# final catch-up (present or gone, another text, another field or carried part: `document_version`), less a
+# dead letter excused then and unchanged since.
 # `touched`: the target changed too (written, rewritten or deleted through the alias after the flip).
 _WINDOW = """
     SELECT ids.id, old.id IS NOT NULL,
@@ -521,7 +532,8 @@ _WINDOW = """
     LEFT JOIN now ON now.id = ids.id
     LEFT JOIN old ON old.id = ids.id
     LEFT JOIN dead ON dead.id = ids.id
-    WHERE ((old.id IS NULL) != (settled.id IS NULL) OR old.hash IS NOT settled.hash)
+    WHERE ((old.id IS NULL) != (settled.id IS NULL) OR old.hash IS NOT settled.hash
+           OR (settled.version IS NOT NULL AND old.version IS NOT settled.version))
       AND NOT (settled.id IS NULL AND old.id IS NOT NULL AND dead.id IS NOT NULL AND dead.hash IS old.hash)
     ORDER BY ids.id
 """
@@ -562,17 +574,18 @@ def _hashes(db: sqlite3.Connection, table: str, ids: Sequence[str]) -> Iterator[
         )
 
 
-def _states(m: Migration, *, derived: bool = True) -> Iterator[tuple[str, str | None, str]]:
+def _states(m: Migration, *, derived: bool = True) -> Iterator[tuple[str, str | None, str, str | None]]:
     """(id, content hash, state) of every vector in the target (less those whose bookkeeping was derived as
     read, unless `derived`): state also tells the application's from the tool's, so the application
     rewriting a point with the same text still reads as a change, and, where the sink digests whole points
     (`GuardedSink.scan_states`), so does a write of another field or of a carried vector."""
+    states: Iterator[tuple[IndexEntry, str, str | None]]
     if isinstance(m.sink, GuardedSink):
         states = m.sink.scan_states(m.spec.name, m.spec.dim)
     else:
-        states = ((entry, "") for entry in m.sink.scan_index(m.spec.name, m.spec.dim))
-    for entry, version in states:
+        states = ((entry, "", None) for entry in m.sink.scan_index(m.spec.name, m.spec.dim))
+    for entry, whole, version in states:
         if entry.derived and not derived:
             continue
-        state = f"{entry.content_hash}|{entry.fingerprint}|{entry.application}|{version}"
-        yield entry.id, entry.content_hash, state
+        state = f"{entry.content_hash}|{entry.fingerprint}|{entry.application}|{whole}"
+        yield entry.id, entry.content_hash, state, version

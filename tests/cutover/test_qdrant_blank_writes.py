@@ -241,3 +241,31 @@ def test_a_dead_letter_fixed_in_the_window_and_deleted_through_the_alias_after_t
         invoke("sync", "-c", str(config))
         assert point(storage, 6) is None
     assert invoke("verify", "-c", str(config))["complete"]
+
+
+@BOTH_SOURCES
+def test_a_field_set_and_a_blank_note_deleted_in_the_window_are_carried_over(
+    tmp_path: Path, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the model checker: the carry-over read the old collection's texts only, so a field set in
+    the window was lost, and a blank note (kept without a vector) deleted in the window came back."""
+    texts = {i: f"note {i}" for i in range(1, DOCS + 1)} | {6: ""}
+    config = migration(tmp_path, source, texts)
+    storage = tmp_path / "qdrant"
+    invoke("run", "-c", str(config))
+    original_take = sync.Settled.take
+
+    def take(self: sync.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
+        original_take(self, m, *args)
+        m.sink._client.set_payload("notes", {"acl": ["ops"]}, points=[3], wait=True)
+        m.sink._client.delete("notes", models.PointIdsList(points=[6]), wait=True)
+
+    monkeypatch.setattr(sync.Settled, "take", take)
+    moved = invoke("cutover", "-c", str(config), "--sync", "--force")
+    monkeypatch.undo()
+    assert (moved["after_flip"]["carried"], moved["after_flip"]["deleted"]) == (1, 1)
+    tagged = point(storage, 3)
+    assert tagged is not None and (tagged.payload or {})["acl"] == ["ops"]
+    assert np.allclose(served_vector(tagged) or [], vector(NEW, "note 3"), atol=1e-6)
+    assert point(storage, 6) is None
+    assert invoke("verify", "-c", str(config), "--sample", "20")["complete"]
