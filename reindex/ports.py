@@ -190,6 +190,18 @@ class DeferredEmbedder(Protocol):
         ...
 
 
+@runtime_checkable
+class RecallsItems(Protocol):
+    """A deferred embedder that keeps no map of a job's lines on the provider (a file there may not be
+    readable back: OpenAI refuses to serve `purpose="user_data"` files): before polling a job, the core
+    hands it that job's items from the ledger, so a process that did not submit it (a resume after kill
+    -9, an adoption by key) maps each output line back to its items."""
+
+    def recall(self, job_id: str, custom_ids: Sequence[str]) -> None:
+        """The custom ids `submit` was given for this job, in the order it was given them."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class TargetSpec:
     """A physical target to create: named `<alias>__<fingerprint8>` unless configured."""

@@ -26,7 +26,7 @@ from reindex_adapters.openai.client import (
 from reindex_adapters.openai.online import OpenAIEmbedder
 from reindex_adapters.remote.errors import ProviderNotFound
 from reindex_adapters.remote.jobs import create_once
-from reindex_adapters.remote.lines import collect_lines
+from reindex_adapters.remote.lines import collect_lines, json_line
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
@@ -43,10 +43,15 @@ KEY_FIELD, ITEMS_FIELD = "reindex_key", "reindex_items"  # batch metadata
 class OpenAIBatchEmbedder:
     """The Batch API: one JSONL file per job, `inputs_per_request` inputs per line, adopted by key.
 
-    A line's custom_id is `<sha256(key)[:16]>-<n>`; which items it carries is kept in a small JSON file
-    uploaded beside the input (its id in the batch metadata), so any process can poll the job. Submit
-    adopts a batch carrying the same key in any status but `failed` (a failed batch never ran and
-    billed nothing); expired and cancelled ones are adopted, as they delivered and billed some lines.
+    A line's custom_id names the items it carries: `<sha256(key)[:16]>-<first>-<count>`, the positions of
+    its inputs in the job's items as `submit` was given them. A process that did not submit the job gets
+    those items from the ledger (`recall`) and maps every output line back without reading anything else
+    from the provider: the real API refuses to serve a `purpose="user_data"` file back (400 "Not allowed
+    to download files of purpose: user_data"), so a map uploaded beside the input could never be read on a
+    resume. Submit adopts a batch carrying the same key in any status but `failed` (a failed batch never
+    ran and billed nothing); expired and cancelled ones are adopted, as they delivered and billed some
+    lines. A batch made by 0.2 (`<digest>-<n>` lines, a user_data map) is read by its map where the
+    provider serves it.
     """
 
     class Config(_Settings):
@@ -94,6 +99,7 @@ class OpenAIBatchEmbedder:
         self.prices = prices_for(model, prices)
         self.price_per_million = self.prices["batch"]
         self._lines: dict[str, dict[str, list[str]]] = {}  # batch id -> line custom_id -> item custom_ids
+        self._recalled: dict[str, list[str]] = {}  # batch id -> its items' custom ids, from the ledger
 
     @classmethod
     def from_config(cls, config: Config) -> OpenAIBatchEmbedder:
@@ -140,28 +146,31 @@ class OpenAIBatchEmbedder:
         content = self._input_file(lines)
         found = self._find(key)
         if found is not None:
+            self._recalled.setdefault(found.id, [item.custom_id for item in items])
             return found.id
-        item_map = json.dumps({"key": key, "lines": {n: [i.custom_id for i in g] for n, g in lines.items()}})
-        map_file = self._upload(f"{_digest(key)}.items.json", item_map.encode(), "user_data")
         input_file = self._upload(f"{_digest(key)}.jsonl", content, "batch")
-        batch_id = self._create(key, input_file, map_file)
+        batch_id = self._create(key, input_file)
         self._lines[batch_id] = {line: [i.custom_id for i in group] for line, group in lines.items()}
         return batch_id
+
+    def recall(self, job_id: str, custom_ids: Sequence[str]) -> None:
+        """The items this job was submitted with, in order (`RecallsItems`): its lines name positions in it."""
+        self._recalled[job_id] = list(custom_ids)
 
     def poll(self, job_id: str) -> JobResult:
         batch = self._endpoint.call(functools.partial(self._endpoint.client.batches.retrieve, job_id))
         billed = batch.usage.input_tokens if batch.usage else 0
         if batch.status not in TERMINAL:
             return JobResult(batch.status, False, billed_tokens=billed)
-        lines = self._line_items(batch)
         if batch.status == "failed":
             errors = batch.errors.data if batch.errors and batch.errors.data else []
             code = f"batch_failed:{(errors[0].code if errors else None) or 'unknown'}"  # never ran: retried
-            failed = {item: code for group in lines.values() for item in group}
+            failed = {item: code for group in self._line_items(batch, []).values() for item in group}
             return JobResult(batch.status, True, failed=failed, billed_tokens=billed)
         output, is_deleted = self._download(batch.output_file_id)
         errors_file, _ = self._download(batch.error_file_id)
         missing = "output_deleted" if is_deleted else None
+        lines = self._line_items(batch, [output, errors_file])
         vectors, failed = collect_lines(lines, [output, errors_file], self.info.dim, missing=missing)
         return JobResult(batch.status, True, vectors, failed, billed)
 
@@ -186,8 +195,8 @@ class OpenAIBatchEmbedder:
         if len(key) > 512:
             raise ConfigError("a batch key is at most 512 characters (batch metadata values)")
         counts = [item.tokens.count for item in items]
-        groups = request_groups(counts, per_request, MAX_REQUEST_TOKENS)
-        return {f"{_digest(key)}-{n}": [items[row] for row in group] for n, group in enumerate(groups)}
+        groups = request_groups(counts, per_request, MAX_REQUEST_TOKENS)  # consecutive rows
+        return {f"{_digest(key)}-{group[0]}-{len(group)}": [items[row] for row in group] for group in groups}
 
     def _input_file(self, lines: Mapping[str, Sequence[JobItem]]) -> bytes:
         body: dict[str, Any] = {"model": self._model, "encoding_format": "base64"}
@@ -225,7 +234,7 @@ class OpenAIBatchEmbedder:
         upload = functools.partial(self._endpoint.client.files.create, file=(name, content), purpose=purpose)
         return self._endpoint.call(upload).id
 
-    def _create(self, key: str, input_file: str, map_file: str) -> str:
+    def _create(self, key: str, input_file: str) -> str:
         """Create once (SDK retries off); after a timeout or 5xx, adopt the batch if it was made anyway."""
         client = self._endpoint.client.with_options(max_retries=0, timeout=self._create_timeout_s)
         create = functools.partial(
@@ -233,22 +242,49 @@ class OpenAIBatchEmbedder:
             input_file_id=input_file,
             endpoint="/v1/embeddings",
             completion_window="24h",
-            metadata={KEY_FIELD: key, ITEMS_FIELD: map_file},
+            metadata={KEY_FIELD: key},
         )
         created = functools.partial(self._endpoint.once, create)
         return create_once(created, functools.partial(self._find, key), what=f"the batch for key {key!r}").id
 
-    def _line_items(self, batch: Batch) -> dict[str, list[str]]:
-        if batch.id not in self._lines:
-            map_file = (batch.metadata or {}).get(ITEMS_FIELD)
+    def _line_items(self, batch: Batch, files: Sequence[bytes | None]) -> dict[str, list[str]]:
+        """Line custom_id -> its items' custom ids: as submitted here, else from the recalled items and the
+        positions each line's custom_id names (every line the files hold; items no line names come back
+        as one line of their own that no file holds, so they fail as missing and are sent again)."""
+        if batch.id in self._lines:
+            return self._lines[batch.id]
+        recalled = self._recalled.get(batch.id)
+        if recalled is None:
+            return self._legacy_map(batch)
+        prefix = _digest(str((batch.metadata or {}).get(KEY_FIELD, ""))) + "-"
+        lines: dict[str, list[str]] = {}
+        for custom_id in _custom_ids(files):
+            first, _, count = custom_id.removeprefix(prefix).partition("-")
+            if custom_id.startswith(prefix) and first.isdigit() and count.isdigit():
+                lines[custom_id] = recalled[int(first) : int(first) + int(count)]
+        if not lines and not any(files) and batch.metadata and ITEMS_FIELD in batch.metadata:
+            return self._legacy_map(batch)  # a 0.2 batch: its lines are numbered, its map uploaded
+        named = {item for group in lines.values() for item in group}
+        unnamed = [item for item in recalled if item not in named]
+        return lines | ({f"{prefix}unread": unnamed} if unnamed else {})
+
+    def _legacy_map(self, batch: Batch) -> dict[str, list[str]]:
+        """The item map a 0.2 submit uploaded beside the input, where the provider serves it back."""
+        map_file = (batch.metadata or {}).get(ITEMS_FIELD)
+        try:
             content, _ = self._download(map_file)
-            if content is None:
-                raise BackendError(
-                    f"batch {batch.id} has no item map (not submitted by reindex, or released)"
-                )
-            self._lines[batch.id] = {
-                line: list(group) for line, group in json.loads(content)["lines"].items()
-            }
+        except BackendError as exc:
+            raise BackendError(
+                f"batch {batch.id} was submitted by reindex 0.2, whose item map the provider does not serve"
+                " back (OpenAI refuses user_data downloads)",
+                hint="cancel it on the provider and run again: its lines are submitted anew",
+            ) from exc
+        if content is None:
+            raise BackendError(
+                f"batch {batch.id}'s items are unknown: it is not in this migration's ledger",
+                hint="run from the config and ledger that submitted it",
+            )
+        self._lines[batch.id] = {line: list(group) for line, group in json.loads(content)["lines"].items()}
         return self._lines[batch.id]
 
     def _download(self, file_id: str | None) -> tuple[bytes | None, bool]:
@@ -261,6 +297,16 @@ class OpenAIBatchEmbedder:
             ).content, False
         except ProviderNotFound:
             return None, True
+
+
+def _custom_ids(files: Sequence[bytes | None]) -> list[str]:
+    """Every line custom_id the output and error files hold, in order, each once."""
+    found: dict[str, None] = {}
+    for raw in (raw for content in files for raw in (content or b"").splitlines() if raw.strip()):
+        line = json_line(raw)
+        if line is not None and isinstance(line.get("custom_id"), str):
+            found.setdefault(line["custom_id"])
+    return list(found)
 
 
 def _digest(key: str) -> str:

@@ -39,6 +39,7 @@ from reindex.ports import (
     DeferredEmbedder,
     JobItem,
     JobResult,
+    RecallsItems,
     Record,
     Rows,
     Sink,
@@ -214,7 +215,10 @@ class DeferredRun:
             if job.job_id == ONLINE:
                 job, result = self._stragglers(job)
             else:
-                result = retrying(self.embedder.poll, job.job_id)
+                job_id = str(job.job_id)
+                if isinstance(self.embedder, RecallsItems):  # a job this process may not have submitted
+                    self.embedder.recall(job_id, _custom_ids(job))
+                result = retrying(self.embedder.poll, job_id)
             if result.is_terminal:
                 self._apply(job, result)
                 finished = True

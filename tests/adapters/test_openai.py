@@ -17,7 +17,7 @@ from openai import OpenAI
 
 from reindex.batching import batch_budget, batch_texts
 from reindex.config import RunConfig
-from reindex.errors import ConfigError, TransientError
+from reindex.errors import BackendError, ConfigError, TransientError
 from reindex.ports import DeferredEmbedder, JobItem, JobResult, Vectors
 from reindex_adapters.openai.batch import OpenAIBatchEmbedder
 from reindex_adapters.openai.client import PRICES, PRICES_TAKEN, price_per_million
@@ -405,10 +405,41 @@ def test_a_timed_out_create_adopts_the_batch_it_made(serve: Serve) -> None:
 
 
 def test_another_process_can_poll_the_job(serve: Serve) -> None:
+    """A resume after kill -9 knows the job's items from the ledger alone: each line names the positions of
+    its inputs, and nothing is read back but the output (the real API serves no user_data file back)."""
     _, client = serve()
     items = jobs(batcher(client), TEXTS)
     job_id = batcher(client, inputs_per_request=4).submit("key-x", items)
-    assert set(finish(batcher(client), job_id).vectors) == {item.custom_id for item in items}
+    other = batcher(client)  # a fresh process: no memory of the submit
+    other.recall(job_id, [item.custom_id for item in items])
+    assert set(finish(other, job_id).vectors) == {item.custom_id for item in items}
+    assert set(client.batches.retrieve(job_id).metadata or {}) == {"reindex_key"}  # no map uploaded
+
+
+def test_a_fresh_process_reads_an_expired_batch_by_its_line_names(serve: Serve) -> None:
+    _, client = serve(expire_after=1, polls_per_step=0)
+    submitter = batcher(client, inputs_per_request=2)
+    items = jobs(submitter, TEXTS)
+    job_id = submitter.submit("key-exp-other", items)
+    other = batcher(client)
+    other.recall(job_id, [item.custom_id for item in items])
+    result = finish(other, job_id)
+    assert set(result.vectors) == {"doc-0", "doc-1"}  # the first line, as the submitter would read it
+    assert set(result.failed) == {f"doc-{i}" for i in range(2, len(TEXTS))}
+
+
+def test_a_batch_whose_items_are_not_recalled_is_a_clear_error(serve: Serve) -> None:
+    _, client = serve(polls_per_step=0)
+    job_id = batcher(client).submit("key-lost", jobs(batcher(client), TEXTS))
+    with pytest.raises(BackendError, match="not in this migration's ledger"):
+        finish(batcher(client), job_id)
+
+
+def test_the_emulator_refuses_a_user_data_download_as_the_real_api_does(serve: Serve) -> None:
+    _, client = serve()
+    uploaded = client.files.create(file=("map.json", b"{}"), purpose="user_data")
+    with pytest.raises(openai.BadRequestError, match="Not allowed to download files of purpose: user_data"):
+        client.files.content(uploaded.id)
 
 
 def test_an_expired_batch_returns_its_done_lines_and_fails_the_rest(serve: Serve) -> None:
@@ -474,12 +505,7 @@ def test_release_deletes_every_file_of_the_job(serve: Serve) -> None:
     job_id = embedder.submit("key-release", jobs(embedder, TEXTS))
     finish(embedder, job_id)
     batch = client.batches.retrieve(job_id)
-    files = [
-        batch.input_file_id,
-        batch.output_file_id,
-        batch.error_file_id,
-        (batch.metadata or {})["reindex_items"],
-    ]
+    files = [batch.input_file_id, batch.output_file_id, batch.error_file_id]
     assert all(files)
     embedder.release(job_id)
     embedder.release(job_id)  # twice is fine

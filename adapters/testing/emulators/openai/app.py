@@ -133,7 +133,7 @@ ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
     ("POST", "/openai/deployments/{deployment}/embeddings", "embeddings", _azure_embeddings),
     ("POST", "/v1/files", "files", _create_file),
     ("GET", "/v1/files/{file_id}", "files", lambda state, r: state.file(_file_id(r)).describe()),
-    ("GET", "/v1/files/{file_id}/content", "files", lambda state, r: state.file(_file_id(r)).content),
+    ("GET", "/v1/files/{file_id}/content", "files", lambda state, r: state.file_content(_file_id(r))),
     ("DELETE", "/v1/files/{file_id}", "files", lambda state, r: state.delete_file(_file_id(r))),
     ("POST", "/v1/batches", "batch_create", _create_batch),
     ("GET", "/v1/batches", "batch_list", _list_batches),

@@ -234,6 +234,17 @@ class EmulatorState(ProviderState):
                 raise ApiError(404, f"No such File object: {file_id}", param="id")
             return stored
 
+    def file_content(self, file_id: str) -> bytes:
+        """A file's bytes, as `GET /v1/files/{id}/content` serves them. The real API refuses a file uploaded
+        with `purpose="user_data"`: `400 Not allowed to download files of purpose: user_data`, with no
+        param (public captures of the real API: github.com/BasedHardware/omi/issues/3361, 2025-11;
+        github.com/ogx-ai/ogx/pull/3946, linking the OpenAI community thread "why can't I download files
+        with purpose user_data"); `batch` input files and batch output files download."""
+        stored = self.file(file_id)
+        if stored.purpose == "user_data":
+            raise ApiError(400, "Not allowed to download files of purpose: user_data")
+        return stored.content
+
     def delete_file(self, file_id: str) -> dict[str, Any]:
         self.file(file_id).is_deleted = True
         return {"id": file_id, "object": "file", "deleted": True}
