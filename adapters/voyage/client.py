@@ -12,6 +12,7 @@ address, 429 rate limit, 500/502/503/504 the servers.
 from __future__ import annotations
 
 import functools
+import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -33,6 +34,9 @@ ATLAS_BASE_URL = (
     "https://ai.mongodb.com/v1"  # the SDK's default for MongoDB Atlas keys ("al-", voyageai/util.py)
 )
 # Words of a 400's message that name a request parameter, not an input: the section is wrong, not the text
+# the opening of every real Voyage 400 message; what follows it is the reason
+_MODEL_FAILED = re.compile(r"^\s*Request to model '[^']*' failed\.\s*")
+TOO_LARGE_CODES = frozenset({"TOO_MANY_TOKENS_IN_BATCH"})  # Voyage's error_code for the per-request token cap
 PARAMETER_WORDS = ("model", "input_type", "output_dimension", "output_dtype", "encoding_format", "truncation")
 
 
@@ -96,8 +100,10 @@ class VoyageApi:
             options["timeout"] = timeout
         response = self.http.request(method, path, **options)
         if response.status_code >= 400:
-            detail = _detail(response.content)
-            raise status_error(response.status_code, detail, response.headers, self._secret, self.key_env)
+            detail, code = _detail(response.content), _error_code(response.content)
+            raise status_error(
+                response.status_code, detail, response.headers, self._secret, self.key_env, error_code=code
+            )
         return response
 
     def json(self, method: str, path: str, **options: Any) -> dict[str, Any]:
@@ -148,15 +154,37 @@ def translated_errors(secret: str, key_env: str) -> Iterator[None]:
             raise ProviderBusy(f"{type(exc).__name__}: {redact(str(exc), secret)}") from None
         detail = str(getattr(exc, "user_message", None) or exc)
         headers = getattr(exc, "headers", None) or {}
-        raise status_error(status, detail, headers, secret, key_env, is_input=True) from None
+        body = getattr(exc, "json_body", None)
+        code = body.get("error_code") if isinstance(body, Mapping) else None
+        raise status_error(
+            status,
+            detail,
+            headers,
+            secret,
+            key_env,
+            is_input=True,
+            error_code=code if isinstance(code, str) else None,
+        ) from None
 
 
 def status_error(
-    status: int, detail: str, headers: Mapping[str, str], secret: str, key_env: str, *, is_input: bool = False
+    status: int,
+    detail: str,
+    headers: Mapping[str, str],
+    secret: str,
+    key_env: str,
+    *,
+    is_input: bool = False,
+    error_code: str | None = None,
 ) -> ReindexError:
-    """The error a status means. A 400 to an embeddings request names its inputs (ProviderRejected: isolated,
-    then dead-lettered) unless its message names a request parameter, which no input can fix; to the Files
-    and Batch APIs it is the request's fault (ConfigError)."""
+    """The error a status means. A 400 to an embeddings request names its inputs (ProviderRejected: split,
+    isolated, then dead-lettered) unless its message names a request parameter, which no input can fix; to
+    the Files and Batch APIs it is the request's fault (ConfigError).
+
+    Every real Voyage 400 starts "Request to model '<model>' failed." (public captures:
+    github.com/ramakay/claude-self-reflect/issues/38, 2025-08), so the parameter is looked for in what
+    follows; the per-request token cap ("The max allowed tokens per submitted batch is N. Your batch has M
+    tokens after truncation.", `error_code` TOO_MANY_TOKENS_IN_BATCH) is the request's size: split it."""
     detail = redact(detail, secret)
     message = f"HTTP {status}: {detail}"
     if status in (408, 409, 429) or status >= 500:
@@ -167,7 +195,10 @@ def status_error(
         return ProviderNotFound(
             message, hint="check base_url (a deleted file or unknown batch: see the message)"
         )
-    names_parameter = any(word in detail.lower() for word in PARAMETER_WORDS)
+    reason = _MODEL_FAILED.sub("", detail, count=1)
+    too_large = error_code in TOO_LARGE_CODES or "max allowed tokens" in reason.lower()
+    words = reason.lower().replace("after truncation", "")
+    names_parameter = not too_large and any(word in words for word in PARAMETER_WORDS)
     if is_input and status in (400, 413, 422) and not names_parameter:
         return ProviderRejected(message, code=refusal_code(status, detail))
     return ConfigError(f"the Voyage API refused the request: {message}", hint="check [embedder]")
@@ -177,7 +208,7 @@ def refusal_code(status: int, detail: str) -> str:
     """Voyage's reason for refusing an input: its error type (docs.voyageai.com/docs/error-codes) and its
     message, which is all the reason it gives (no code field): `invalid_request: <message>`."""
     kind = {400: "invalid_request", 413: "too_large", 422: "malformed_request"}.get(status, f"http_{status}")
-    text = " ".join(detail.split())[:160]
+    text = " ".join(_MODEL_FAILED.sub("", detail, count=1).split())[:160]
     return f"{kind}: {text}" if text else kind
 
 
@@ -186,6 +217,12 @@ def _detail(content: bytes) -> str:
     if body is not None and body.get("detail") is not None:
         return str(body["detail"])
     return content.decode("utf-8", errors="replace")[:500]
+
+
+def _error_code(content: bytes) -> str | None:
+    body = json_line(content)
+    code = body.get("error_code") if body is not None else None
+    return code if isinstance(code, str) else None
 
 
 def _sdk_error_type() -> type[Exception]:

@@ -452,3 +452,47 @@ def test_the_voyage_emulator_runs_as_a_module() -> None:
         process.wait(timeout=30)
         if process.stdout is not None:
             process.stdout.close()
+
+
+# Real Voyage 400 bodies, as public clients quote them (github.com/ramakay/claude-self-reflect/issues/38,
+# 2025-08): every message starts "Request to model '<model>' failed." (../docs/providers/voyage.md)
+TOKEN_CAP = (
+    "Request to model 'voyage-4-large' failed. The max allowed tokens per submitted batch is 120000. Your batch"
+    " has 126899 tokens after truncation. Please lower the number of tokens in the batch."
+)
+
+
+def test_real_voyage_400s_about_the_inputs_are_refusals_not_configuration_errors() -> None:
+    """A 400 for the request's size or an input is split and isolated, never the end of the run (exit 2)."""
+    from reindex_adapters.remote.errors import ProviderRejected
+    from reindex_adapters.voyage.client import status_error
+
+    refused = status_error(400, TOKEN_CAP, {}, SECRET, KEY_ENV, is_input=True)
+    assert isinstance(refused, ProviderRejected) and "max allowed tokens" in refused.code
+    tagged = status_error(
+        400, TOKEN_CAP, {}, SECRET, KEY_ENV, is_input=True, error_code="TOO_MANY_TOKENS_IN_BATCH"
+    )
+    assert isinstance(tagged, ProviderRejected)
+    poisoned = "Request to model 'voyage-3.5' failed. The input could not be processed."
+    assert isinstance(status_error(400, poisoned, {}, SECRET, KEY_ENV, is_input=True), ProviderRejected)
+
+
+def test_real_voyage_400s_about_a_parameter_stay_configuration_errors() -> None:
+    from reindex_adapters.voyage.client import status_error
+
+    for detail in (
+        "Request to model 'voyage-3.5' failed. Value 'passage' supplied for argument 'input_type' is not valid.",
+        "Model voyage-9 is not supported. Supported models are ['voyage-3.5', 'voyage-4-large'].",
+        "Request to model 'voyage-3.5-lite' failed. output_dimension 4096 is not supported by this model.",
+    ):
+        assert isinstance(status_error(400, detail, {}, SECRET, KEY_ENV, is_input=True), ConfigError), detail
+
+
+def test_an_online_request_over_voyages_token_cap_is_split_not_fatal(serve: Serve) -> None:
+    """The emulator answers an over-cap request with Voyage's own words and error_code; the embedder halves
+    the request instead of ending the run."""
+    embedder = online(serve(), model="voyage-3.5", dim=DIM)
+    embedder._max_tokens = 10**7  # an estimate below Voyage's own count (cl100k x 1.2 is an average)
+    texts = [f"{i} " + "word " * 30_000 for i in range(12)]  # about 360k tokens: over voyage-3.5's 320k
+    vectors = embedder.embed(embedder.tokenize(texts))
+    assert embedder.last_rejections() == {} and np.isfinite(vectors).all() and vectors.shape == (12, DIM)

@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 
 def error_body(exc: ApiError) -> dict[str, Any]:
     """Voyage's error object: `{"detail": <message>}` (its API reference, the 4XX response)."""
-    return {"detail": exc.error["message"]}
+    body: dict[str, Any] = {"detail": exc.error["message"]}
+    if exc.error.get("code"):  # newer bodies add it, e.g. TOO_MANY_TOKENS_IN_BATCH (public captures)
+        body["error_code"] = exc.error["code"]
+    return body
 
 
 async def _embeddings(state: VoyageState, request: Request) -> Any:

@@ -65,14 +65,18 @@ class VoyageState(ProviderState):
             dtype, encoding = self._options(body)
             counts = [min(n, model_limits(str(body["model"])).context) for n in self.count(texts)]
             limit = model_limits(str(body["model"])).request_tokens
-            if sum(counts) > limit:
-                message = f"The max allowed tokens per submitted batch is {limit}. Your batch has {sum(counts)} tokens after truncation."
-                raise ApiError(400, message)
+            if sum(counts) > limit:  # Voyage's words and error_code (docs/providers/voyage.md, "sources")
+                message = (
+                    f"Request to model '{body['model']}' failed. The max allowed tokens per submitted batch is"
+                    f" {limit}. Your batch has {sum(counts)} tokens after truncation. Please lower the number"
+                    " of tokens in the batch."
+                )
+                raise ApiError(400, message, code="TOO_MANY_TOKENS_IN_BATCH")
             if batch is None:
                 self.gate.meter(client, time.monotonic(), sum(counts))
             poison = (batch.plan if batch else self.gate.plan).poison_substring
             if poison and any(poison in text for text in texts):
-                raise ApiError(400, REFUSED)
+                raise ApiError(400, f"Request to model '{body['model']}' failed. {REFUSED}")
             prompt = PROMPTS.get(str(body.get("input_type")), "")
             vectors = self.embedder.embed(self.embedder.tokenize([prompt + text for text in texts]))
             self.ledger.billed.append((sum(counts), batch.data["id"] if batch else None))
