@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import Field
@@ -33,9 +35,22 @@ from reindex_adapters.voyage.tokens import TokenCounter
 
 MAX_BATCH_INPUTS = 100_000  # "Each batch can contain up to 100K inputs" (Batch Inference guide)
 KEY_FIELD = "reindex_key"  # batch metadata: at most 16 pairs, values up to 512 characters
-RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
+RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling", "canceling"})
+# The statuses after which nothing more comes. The guide's table lists completed, failed and cancelled; its own
+# Batch object examples also carry `partially_completed_at` (and `canceled_at` beside `cancelled_at`), and the
+# window closing is read as expired. Any other status (`partial_finalizing`, whose `partial_finalizing_at` the
+# examples show) is taken as running: reading a batch before its files exist would send every line again
+# while the old batch still bills. One that stays unknown past the window is an error that says so.
+TERMINAL = frozenset({"completed", "failed", "cancelled", "canceled", "expired", "partially_completed"})
+WINDOW_S = 12 * 3600  # the Batch API's completion window
+GRACE_S = 2 * 3600  # how long past it a batch may stay in a status the tool does not know
 # Lines a terminal batch never answered (no line in either file): sent again (reindex.run.deferred.RETRYABLE)
-UNANSWERED = {"cancelled": "batch_cancelled", "expired": "batch_expired"}
+UNANSWERED = {
+    "cancelled": "batch_cancelled",
+    "canceled": "batch_cancelled",
+    "expired": "batch_expired",
+    "partially_completed": "batch_expired",
+}
 PAGE = 100  # the listing's largest `limit`
 
 
@@ -122,13 +137,13 @@ class VoyageBatchEmbedder:
     def poll(self, job_id: str) -> JobResult:
         batch = self._api.batch(job_id)
         status = str(batch.get("status"))
-        if status in RUNNING:
+        if status not in TERMINAL:
+            _refuse_if_stuck(batch, status)
             return JobResult(status, False)
         estimates = self._estimates(batch)
         lines = {custom_id: [custom_id] for custom_id in estimates}
         if status == "failed":  # validation failed: nothing ran, nothing billed; the lines are sent again
-            errors = (batch.get("errors") or {}).get("data") or [{}]
-            code = f"batch_failed:{errors[0].get('code') or 'unknown'}"
+            code = f"batch_failed:{_first_error_code(batch.get('errors'))}"
             return JobResult(status, True, failed=dict.fromkeys(estimates, code))
         output, is_deleted = self._download(batch.get("output_file_id"))
         errors_file, _ = self._download(batch.get("error_file_id"))
@@ -226,3 +241,37 @@ class VoyageBatchEmbedder:
 
 def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _first_error_code(errors: Any) -> str:
+    """The first error's code of a failed batch, whatever shape `errors` has: the OpenAI-like `{"data":
+    [{code, message}]}`, a bare list, a string, or nothing (the docs show only `null`)."""
+    data = errors.get("data") if isinstance(errors, Mapping) else errors
+    first = data[0] if isinstance(data, list) and data else data
+    code = first.get("code") if isinstance(first, Mapping) else None
+    return str(code) if code else "unknown"
+
+
+def _refuse_if_stuck(batch: Mapping[str, Any], status: str) -> None:
+    """A status outside the known ones is waited on, until the window and a grace period have passed."""
+    if status in RUNNING:
+        return
+    created = _epoch(batch.get("created_at"))
+    if created is not None and time.time() - created > WINDOW_S + GRACE_S:
+        raise BackendError(
+            f"Voyage batch {batch.get('id')} has been in status {status!r}, which reindex does not know,"
+            f" for longer than its 12-hour window",
+            hint="check it on Voyage's dashboard; cancel it there and rerun to send its lines again",
+        )
+
+
+def _epoch(value: Any) -> float | None:
+    """A timestamp as Voyage gives it (ISO 8601, or seconds since the epoch), in seconds."""
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reindex.errors import ConfigError, MissingDependency, TransientError
+from reindex.errors import BackendError, ConfigError, MissingDependency, TransientError
 from reindex.ports import DeferredEmbedder, Vectors
 from reindex.registry import build
 from reindex_adapters.remote.tokens import cl100k
@@ -496,3 +496,45 @@ def test_an_online_request_over_voyages_token_cap_is_split_not_fatal(serve: Serv
     texts = [f"{i} " + "word " * 30_000 for i in range(12)]  # about 360k tokens: over voyage-3.5's 320k
     vectors = embedder.embed(embedder.tokenize(texts))
     assert embedder.last_rejections() == {} and np.isfinite(vectors).all() and vectors.shape == (12, DIM)
+
+
+def test_a_status_reindex_does_not_know_is_waited_on_never_read_as_finished(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Voyage's own Batch examples carry `partial_finalizing_at`: a batch in such a status has no files yet.
+    Read as finished, every line went out again while the old batch still billed."""
+    emulator = serve()
+    embedder = batcher(emulator)
+    job_id = embedder.submit("key-partial", jobs(embedder, TEXTS))
+    real = embedder._api.batch
+    now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    monkeypatch.setattr(
+        embedder._api, "batch", lambda i: {**real(i), "status": "partial_finalizing", "created_at": now}
+    )
+    assert not embedder.poll(job_id).is_terminal
+    old = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 15 * 3600))
+    monkeypatch.setattr(
+        embedder._api, "batch", lambda i: {**real(i), "status": "partial_finalizing", "created_at": old}
+    )
+    with pytest.raises(BackendError, match="partial_finalizing"):
+        embedder.poll(job_id)
+    monkeypatch.undo()
+    assert finish(embedder, job_id).is_terminal
+
+
+@pytest.mark.parametrize(
+    "errors",
+    [None, {"data": [{"code": "invalid_file"}]}, [{"code": "invalid_file"}], "the file is not JSONL", {}],
+    ids=["null", "openai-shape", "list", "string", "empty"],
+)
+def test_a_failed_batch_reads_its_errors_whatever_their_shape(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch, errors: Any
+) -> None:
+    emulator = serve()
+    embedder = batcher(emulator)
+    job_id = embedder.submit("key-failed-" + str(type(errors).__name__), jobs(embedder, TEXTS))
+    real = embedder._api.batch
+    monkeypatch.setattr(embedder._api, "batch", lambda i: {**real(i), "status": "failed", "errors": errors})
+    result = embedder.poll(job_id)
+    assert result.is_terminal and len(result.failed) == len(TEXTS)
+    assert set(result.failed.values()) <= {"batch_failed:invalid_file", "batch_failed:unknown"}
