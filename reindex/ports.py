@@ -190,6 +190,23 @@ class DeferredEmbedder(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """One online request's limits: its provider's, or the config's lower ones."""
+
+    inputs: int  # texts per request
+    tokens: int | None  # tokens per request, all its texts together; None where the provider states none
+
+
+@runtime_checkable
+class LimitsRequests(Protocol):
+    """An online remote embedder that says how much one request carries: `plan` times an online route by
+    it (OpenAI takes 2,048 texts a request, Voyage 1,000, Cohere 96)."""
+
+    @property
+    def request_limits(self) -> RequestLimits: ...
+
+
 @runtime_checkable
 class RecallsItems(Protocol):
     """A deferred embedder that keeps no map of a job's lines on the provider (a file there may not be

@@ -289,3 +289,33 @@ def test_a_batch_window_is_the_providers_own_or_the_routes(monkeypatch: pytest.M
     assert own_route.duration_seconds == 48 * 3600 and own_route.cost_usd == 0.1  # 2M tokens x $0.05/1M
     assert own_route.failures == ["deadline: 48 h 00 min (its whole batch window) > 1d"]
     assert given_route.duration_seconds == 12 * 3600 and given_route.fits
+
+
+@pytest.mark.parametrize(
+    ("section", "env", "texts_per_request"),
+    [
+        ({"kind": "cohere", "model": "embed-v4.0", "requests_per_minute": 600}, "CO_API_KEY", 96),
+        ({"kind": "voyage", "model": "voyage-3.5", "requests_per_minute": 600}, "VOYAGE_API_KEY", 1_000),
+        (
+            {"kind": "openai", "model": "text-embedding-3-small", "requests_per_minute": 600},
+            "OPENAI_API_KEY",
+            2_048,
+        ),
+    ],
+    ids=["cohere", "voyage", "openai"],
+)
+def test_an_online_route_is_timed_by_its_own_kinds_request_limits(
+    monkeypatch: pytest.MonkeyPatch, section: dict[str, Any], env: str, texts_per_request: int
+) -> None:
+    """plan assumed OpenAI's 2,048 texts a request for every online kind: a Cohere route (96) was timed
+    about 21x too short."""
+    pytest.importorskip("cohere" if section["kind"] == "cohere" else "openai")
+    if section["kind"] == "voyage":
+        pytest.importorskip("voyageai")
+    monkeypatch.setenv(env, "unused")
+    embedder = registry.build("embedder", section)
+    report = PlanReport(documents=960_000, unique_texts=960_000, tokens=1_000_000)
+    candidates = [routing.Candidate(RouteConfig(name=routing.CONFIGURED), section, embedder)]
+    (route,) = routing.price(report, RunConfig(), candidates, {})
+    requests = -(-960_000 // texts_per_request)
+    assert route.duration_seconds == pytest.approx(requests * 60 / (600 * routing.PACING_SHARE), rel=1e-3)

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import Field
 
 from reindex.errors import BackendError, ReindexError
-from reindex.ports import Tokens, Vectors
+from reindex.ports import RequestLimits, Tokens, Vectors
 from reindex_adapters.cohere.client import (
     MAX_TEXTS,
     Api,
@@ -127,6 +127,12 @@ class CohereEmbedder:
         return cls(
             make_client(config.base_url, config.api_key_env, config.timeout_s), config, pacer=Pacer.of(config)
         )
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        """Texts one request carries (`LimitsRequests`): Cohere's 96, or the config's fewer; /v2/embed
+        states no token limit per request, only one per text."""
+        return RequestLimits(self.config.max_texts_per_request, None)
 
     @property
     def max_batch(self) -> int:

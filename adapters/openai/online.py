@@ -17,7 +17,7 @@ from pydantic import Field
 
 from reindex.columns import TokenColumns
 from reindex.errors import BackendError
-from reindex.ports import Tokens, Vectors
+from reindex.ports import RequestLimits, Tokens, Vectors
 from reindex_adapters.openai.client import (
     MAX_INPUTS,
     MAX_REQUEST_TOKENS,
@@ -150,6 +150,11 @@ class OpenAIEmbedder:
             api_key_env=config.api_key_env,
             prices=config.prices,
         )
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        """Texts and tokens one request carries (`LimitsRequests`): OpenAI's, or the config's lower ones."""
+        return RequestLimits(self._max_inputs, self._max_request_tokens)
 
     @property
     def batch_tokens(self) -> int:

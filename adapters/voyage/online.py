@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import Field
 
 from reindex.errors import BackendError
-from reindex.ports import JobItem, JobResult, Tokens, Vectors
+from reindex.ports import JobItem, JobResult, RequestLimits, Tokens, Vectors
 from reindex_adapters.remote.errors import ProviderRejected
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.remote.tokens import request_groups
@@ -83,6 +83,12 @@ class VoyageEmbedder:
             max_inputs_per_request=config.max_inputs_per_request,
             max_tokens_per_request=config.max_tokens_per_request,
         )
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        """Texts and tokens one request carries (`LimitsRequests`): Voyage's 1,000 texts and the model's
+        token cap, or the config's lower ones."""
+        return RequestLimits(self._max_inputs, self._max_tokens)
 
     @property
     def batch_tokens(self) -> int:

@@ -16,7 +16,7 @@ from reindex import registry
 from reindex.config import Config, RouteConfig, RunConfig
 from reindex.errors import ReindexError
 from reindex.plan.estimate import PlanReport
-from reindex.ports import DeferredEmbedder, Embedder
+from reindex.ports import DeferredEmbedder, Embedder, LimitsRequests, RequestLimits
 from reindex.units import duration, usd
 
 Tier = Literal["self-hosted", "online", "batch", "unknown"]
@@ -251,10 +251,13 @@ def _provider(route: Route, report: PlanReport, candidate: Candidate) -> None:
         route.duration_basis = f"up to {hours:g} h: the batch completion window"
         route.risks.append(f"a batch may take its whole {hours:g} h window; lines it leaves are sent again")
         return
-    _online_duration(route, report, section)
+    limits = embedder.request_limits if isinstance(embedder, LimitsRequests) else None
+    _online_duration(route, report, section, limits)
 
 
-def _online_duration(route: Route, report: PlanReport, section: dict[str, Any]) -> None:
+def _online_duration(
+    route: Route, report: PlanReport, section: dict[str, Any], limits: RequestLimits | None
+) -> None:
     tokens_per_minute, requests_per_minute = (
         section.get("tokens_per_minute"),
         section.get("requests_per_minute"),
@@ -264,19 +267,27 @@ def _online_duration(route: Route, report: PlanReport, section: dict[str, Any]) 
         route.duration_basis = "unknown: set tokens_per_minute / requests_per_minute (your account's limits)"
         return
     tokens = route.tokens or 0
+    if limits is None:  # a kind that does not say: the section's limits, else OpenAI's
+        limits = RequestLimits(
+            int(section.get("max_inputs_per_request") or MAX_INPUTS),
+            int(section.get("max_tokens_per_request") or MAX_REQUEST_TOKENS),
+        )
     requests = max(
-        math.ceil(report.unique_texts / int(section.get("max_inputs_per_request") or MAX_INPUTS)),
-        math.ceil(tokens / int(section.get("max_tokens_per_request") or MAX_REQUEST_TOKENS)),
+        math.ceil(report.unique_texts / limits.inputs),
+        math.ceil(tokens / limits.tokens) if limits.tokens else 0,
     )
     by_tokens = tokens * 60 / (tokens_per_minute * PACING_SHARE) if tokens_per_minute else 0.0
     by_requests = requests * 60 / (requests_per_minute * PACING_SHARE) if requests_per_minute else 0.0
     route.duration_seconds = round(max(by_tokens, by_requests), 1)
-    limits = ", ".join(
+    rates = ", ".join(
         f"{value:,} {name}/min"
         for name, value in (("tokens", tokens_per_minute), ("requests", requests_per_minute))
         if value
     )
-    route.duration_basis = f"at most {limits} (the configured limits; latency not counted)"
+    per_request = f"{limits.inputs:,} texts" + (f", {limits.tokens:,} tokens" if limits.tokens else "")
+    route.duration_basis = (
+        f"at most {rates}, {per_request} a request (the configured limits; latency not counted)"
+    )
 
 
 # the pick ---------------------------------------------------------------------------------------------
