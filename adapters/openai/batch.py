@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
@@ -25,7 +25,7 @@ from reindex_adapters.openai.client import (
 )
 from reindex_adapters.openai.online import OpenAIEmbedder
 from reindex_adapters.remote.errors import ProviderNotFound
-from reindex_adapters.remote.jobs import create_once
+from reindex_adapters.remote.jobs import KeyIndex, create_once
 from reindex_adapters.remote.lines import collect_lines, json_line
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.remote.tokens import encoding, tokenize_texts
@@ -100,6 +100,12 @@ class OpenAIBatchEmbedder:
         self.price_per_million = self.prices["batch"]
         self._lines: dict[str, dict[str, list[str]]] = {}  # batch id -> line custom_id -> item custom_ids
         self._recalled: dict[str, list[str]] = {}  # batch id -> its items' custom ids, from the ledger
+        self._index: KeyIndex[Batch] = KeyIndex(
+            self._listing,
+            id_of=lambda batch: batch.id,
+            key_of=lambda batch: (batch.metadata or {}).get(KEY_FIELD),
+            worth=lambda batch: batch.status != "failed",
+        )
 
     @classmethod
     def from_config(cls, config: Config) -> OpenAIBatchEmbedder:
@@ -216,18 +222,21 @@ class OpenAIBatchEmbedder:
         return content
 
     def _find(self, key: str) -> Batch | None:
-        """The newest batch carrying `key` that is worth adopting, over every page of the listing."""
+        """The newest batch carrying `key` that is worth adopting: the listing read once, then only as far
+        as the batches already seen (`KeyIndex`)."""
+        return self._index.find(key)
+
+    def _listing(self) -> Iterator[Sequence[Batch]]:
+        """The organization's batches, a page of 100 at a time, newest first (the Batch API's list)."""
         from openai import omit
 
         after: Any = omit
         while True:
             listing = functools.partial(self._endpoint.client.batches.list, limit=100, after=after)
             page = self._endpoint.call(listing)
-            for batch in page.data:
-                if (batch.metadata or {}).get(KEY_FIELD) == key and batch.status != "failed":
-                    return batch
+            yield page.data
             if not page.has_more or not page.data:
-                return None
+                return
             after = page.data[-1].id
 
     def _upload(self, name: str, content: bytes, purpose: Literal["batch", "user_data"]) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -24,7 +24,7 @@ from pydantic import Field
 from reindex.errors import BackendError, ConfigError, TransientError
 from reindex.ports import JobItem, JobResult, Tokens
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound
-from reindex_adapters.remote.jobs import create_once
+from reindex_adapters.remote.jobs import KeyIndex, create_once
 from reindex_adapters.remote.lines import billed_tokens, collect_lines
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.voyage.client import VoyageApi
@@ -95,6 +95,12 @@ class VoyageBatchEmbedder:
         self.stragglers_online = stragglers_online
         self._online = VoyageEmbedder(api, settings, counter=self._counter)
         self._lines: dict[str, dict[str, int]] = {}  # batch id -> its custom_ids' estimated tokens
+        self._index: KeyIndex[dict[str, Any]] = KeyIndex(
+            self._listing,
+            id_of=lambda batch: str(batch.get("id")),
+            key_of=lambda batch: (batch.get("metadata") or {}).get(KEY_FIELD),
+            worth=lambda batch: True,  # any status: a failed Voyage batch is adopted, its lines sent again
+        )
 
     @classmethod
     def from_config(cls, config: Config) -> VoyageBatchEmbedder:
@@ -170,15 +176,19 @@ class VoyageBatchEmbedder:
         self._lines.pop(job_id, None)
 
     def _find(self, key: str) -> dict[str, Any] | None:
-        """The first listed batch carrying `key`, in any status, over every page: the listing has no
-        metadata filter (list-batches takes only `limit` and `after`)."""
+        """The newest listed batch carrying `key`, in any status: the listing has no metadata filter
+        (list-batches takes only `limit` and `after`), so it is read once, then only as far as the batches
+        already seen (`KeyIndex`)."""
+        return self._index.find(key)
+
+    def _listing(self) -> Iterator[Sequence[dict[str, Any]]]:
         after: str | None = None
         while True:
             page = self._api.batches(after, PAGE)
             data = [batch for batch in page.get("data") or [] if isinstance(batch, dict)]
-            match = next((b for b in data if (b.get("metadata") or {}).get(KEY_FIELD) == key), None)
-            if match is not None or not data or not page.get("has_more"):
-                return match
+            yield data
+            if not data or not page.get("has_more"):
+                return
             after = str(page.get("last_id") or data[-1]["id"])
 
     def _create(self, key: str, file_id: str) -> str:

@@ -615,3 +615,21 @@ def test_base64_rows_decode_to_one_float32_matrix_as_the_rows_say(dim: int) -> N
         decode_vectors([encoded[0][:-2] + "!!"])  # not base64
     with pytest.raises(ValueError):
         decode_vectors([base64.b64encode(b"abc").decode("ascii")])  # not whole float32s
+
+
+def test_adoption_reads_the_listing_once_then_only_what_is_new(serve: Serve) -> None:
+    """Each submit looked its key up over every page of the organization's batches: about 5 x 10^5 list
+    calls for a 10M-document run. Now one process reads the listing whole once, then one page a submit."""
+    _, client = serve(polls_per_step=0)
+    older = batcher(client)
+    for n in range(130):  # another run's batches: two pages of the listing
+        older.submit(f"other-{n}", jobs(older, TEXTS[:1]))
+    embedder = batcher(client)
+    first = embedder.submit("key-a", jobs(embedder, TEXTS))
+    pages_then = embedder._index.listed_pages
+    assert pages_then == 2
+    for key in ("key-b", "key-c", "key-d"):
+        embedder.submit(key, jobs(embedder, TEXTS))
+    assert embedder._index.listed_pages == pages_then + 3  # one page each: it starts with what it has seen
+    assert embedder.submit("key-a", jobs(embedder, TEXTS)) == first  # adopted, not created again
+    assert embedder.submit("other-7", jobs(embedder, TEXTS[:1])) == older._index.find("other-7").id  # type: ignore[union-attr]
