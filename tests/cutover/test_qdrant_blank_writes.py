@@ -47,6 +47,14 @@ def served_vector(record: models.Record) -> list[float] | None:
     return value or None  # type: ignore[return-value]
 
 
+def cut_over(tmp_path: Path, source: str) -> tuple[Path, Path]:
+    """Ten notes migrated and cut over, the config reading `source`: (config, the Qdrant storage)."""
+    config = migration(tmp_path, source)
+    invoke("run", "-c", str(config))
+    invoke("cutover", "-c", str(config))
+    return config, tmp_path / "qdrant"
+
+
 def blank(storage: Path, point_id: int, text: str = "") -> None:
     with_client(storage, lambda c: c.set_payload(ALIAS, {"text": text}, points=[point_id], wait=True))
 
@@ -55,10 +63,7 @@ def blank(storage: Path, point_id: int, text: str = "") -> None:
 def test_a_text_blanked_through_the_alias_stays_blank_kept_and_dead_lettered_once(
     tmp_path: Path, source: str
 ) -> None:
-    config = migration(tmp_path, source)
-    storage = tmp_path / "qdrant"
-    invoke("run", "-c", str(config))
-    invoke("cutover", "-c", str(config))
+    config, storage = cut_over(tmp_path, source)
     with_client(storage, lambda c: c.set_payload(ALIAS, {"text": "", "acl": ["ops"]}, points=[4], wait=True))
 
     assert invoke("verify", "-c", str(config), exit_code=3)["stale"] == 1  # its vector is of a text now gone
@@ -90,10 +95,7 @@ def test_a_text_blanked_through_the_alias_stays_blank_kept_and_dead_lettered_onc
 def test_a_point_upserted_blank_through_the_alias_is_a_dead_letter_not_a_served_vector(
     tmp_path: Path, source: str
 ) -> None:
-    config = migration(tmp_path, source)
-    storage = tmp_path / "qdrant"
-    invoke("run", "-c", str(config))
-    invoke("cutover", "-c", str(config))
+    config, storage = cut_over(tmp_path, source)
     written = models.PointStruct(id=12, vector=vector(NEW, "anything"), payload={"text": "  "})
     with_client(storage, lambda c: c.upsert(ALIAS, [written], wait=True))
 

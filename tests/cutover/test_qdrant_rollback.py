@@ -25,7 +25,7 @@ from tests.cutover.test_qdrant_after_flip import (
     vector,
     with_client,
 )
-from tests.cutover.test_qdrant_blank_writes import point, served_vector
+from tests.cutover.test_qdrant_blank_writes import cut_over, point, served_vector
 
 
 def application(client: QdrantClient) -> None:
@@ -39,10 +39,7 @@ def application(client: QdrantClient) -> None:
 def test_rollback_keeps_every_write_made_through_the_alias_and_names_what_is_unserved(
     tmp_path: Path, source: str
 ) -> None:
-    config = migration(tmp_path, source)
-    storage = tmp_path / "qdrant"
-    invoke("run", "-c", str(config))
-    invoke("cutover", "-c", str(config))
+    config, storage = cut_over(tmp_path, source)
     with_client(storage, application)
 
     back = invoke("rollback", "-c", str(config))
