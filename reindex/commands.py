@@ -13,14 +13,12 @@ from reindex import registry
 from reindex.config import Config
 from reindex.errors import ConfigError, CutoverRefused, VerificationFailed
 from reindex.flip import cutover as alias_moves
-from reindex.flip.sync import (
+from reindex.flip.sync import SyncReport, catch_up, fetch_records
+from reindex.flip.window import (
     AFTER_FLIP,
     AfterFlip,
     Settled,
-    SyncReport,
     after_flip,
-    catch_up,
-    fetch_records,
     keep_dead_letters,
     mark_after_flip,
     pending_after_flip,
@@ -574,7 +572,7 @@ def _cutover(
     up again and verify while the sink holds them back (`Sink.move_alias` settle): the flip then serves
     every write, and a write that waited lands in the new target. A sink that cannot hold them (Qdrant)
     lets through only differences written after the final catch-up read, and carries those over right
-    after the flip (`reindex.flip.sync.after_flip`); a carry-over a killed cutover left is finished first."""
+    after the flip (`reindex.flip.window.after_flip`); a carry-over a killed cutover left is finished first."""
     finished = _finish_pending_flip(m, ledger) if sync else None
     if sync:
         catch_up(m, ledger)  # the bulk of the changes, writers running

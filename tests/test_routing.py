@@ -309,9 +309,6 @@ def test_an_online_route_is_timed_by_its_own_kinds_request_limits(
 ) -> None:
     """plan assumed OpenAI's 2,048 texts a request for every online kind: a Cohere route (96) was timed
     about 21x too short."""
-    pytest.importorskip("cohere" if section["kind"] == "cohere" else "openai")
-    if section["kind"] == "voyage":
-        pytest.importorskip("voyageai")
     monkeypatch.setenv(env, "unused")
     embedder = registry.build("embedder", section)
     report = PlanReport(documents=960_000, unique_texts=960_000, tokens=1_000_000)

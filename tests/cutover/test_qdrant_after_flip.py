@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from reindex import commands
 from reindex.config import load
-from reindex.flip import sync
+from reindex.flip import window
 from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
@@ -125,9 +125,9 @@ def test_an_edit_through_the_alias_after_the_flip_outlives_the_window_edit_it_fo
     config = migration(tmp_path, source)
     storage = tmp_path / "qdrant"
     invoke("run", "-c", str(config))
-    original_take, original_after_flip = sync.Settled.take, sync.after_flip
+    original_take, original_after_flip = window.Settled.take, window.after_flip
 
-    def take(self: sync.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
+    def take(self: window.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
         original_take(self, m, *args)
         upsert(m.sink._client, OLD, {5: "note 5, edited in the window"})
 
@@ -135,7 +135,7 @@ def test_an_edit_through_the_alias_after_the_flip_outlives_the_window_edit_it_fo
         m.sink._client.set_payload(ALIAS, {"text": "note 5, edited after the flip"}, points=[5], wait=True)
         return original_after_flip(m, *args)
 
-    monkeypatch.setattr(sync.Settled, "take", take)
+    monkeypatch.setattr(window.Settled, "take", take)
     monkeypatch.setattr(commands, "after_flip", after_flip)
     moved = invoke("cutover", "-c", str(config), "--sync")
     monkeypatch.undo()

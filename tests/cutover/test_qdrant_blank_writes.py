@@ -14,7 +14,7 @@ from qdrant_client import QdrantClient, models
 
 from reindex import commands
 from reindex.config import load
-from reindex.flip import sync
+from reindex.flip import window
 from tests.cutover.test_qdrant_after_flip import (
     ALIAS,
     BOTH_SOURCES,
@@ -173,16 +173,16 @@ def test_the_carry_over_after_a_killed_cutover_never_writes_over_a_field_the_app
     storage = tmp_path / "qdrant"
     with_client(storage, lambda c: c.set_payload(ALIAS, {"acl": ["staff"]}, points=[5], wait=True))
     invoke("run", "-c", str(config))
-    original_take = sync.Settled.take
+    original_take = window.Settled.take
 
-    def take(self: sync.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
+    def take(self: window.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
         original_take(self, m, *args)
         m.sink._client.set_payload("notes", {"text": "note 5, edited in the window"}, points=[5], wait=True)
 
     def killed(*args: Any) -> Any:
         raise KeyboardInterrupt  # the process dies right after the flip
 
-    monkeypatch.setattr(sync.Settled, "take", take)
+    monkeypatch.setattr(window.Settled, "take", take)
     monkeypatch.setattr(commands, "after_flip", killed)
     with pytest.raises(KeyboardInterrupt):
         commands.cutover(load(config), sync=True)
@@ -223,13 +223,13 @@ def test_a_dead_letter_fixed_in_the_window_and_deleted_through_the_alias_after_t
     config = migration(tmp_path, source, texts)
     storage = tmp_path / "qdrant"
     invoke("run", "-c", str(config))
-    original_take = sync.Settled.take
+    original_take = window.Settled.take
 
-    def take(self: sync.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
+    def take(self: window.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
         original_take(self, m, *args)
         m.sink._client.set_payload("notes", {"text": "note 6, fixed in the window"}, points=[6], wait=True)
 
-    monkeypatch.setattr(sync.Settled, "take", take)
+    monkeypatch.setattr(window.Settled, "take", take)
     moved = invoke("cutover", "-c", str(config), "--sync", "--force")  # one dead letter, max 0
     monkeypatch.undo()
     assert moved["after_flip"]["carried"] == 1
@@ -255,14 +255,14 @@ def test_a_field_set_and_a_blank_note_deleted_in_the_window_are_carried_over(
     config = migration(tmp_path, source, texts)
     storage = tmp_path / "qdrant"
     invoke("run", "-c", str(config))
-    original_take = sync.Settled.take
+    original_take = window.Settled.take
 
-    def take(self: sync.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
+    def take(self: window.Settled, m: Any, *args: Any) -> None:  # the window: the alias still serves `notes`
         original_take(self, m, *args)
         m.sink._client.set_payload("notes", {"acl": ["ops"]}, points=[3], wait=True)
         m.sink._client.delete("notes", models.PointIdsList(points=[6]), wait=True)
 
-    monkeypatch.setattr(sync.Settled, "take", take)
+    monkeypatch.setattr(window.Settled, "take", take)
     moved = invoke("cutover", "-c", str(config), "--sync", "--force")
     monkeypatch.undo()
     assert (moved["after_flip"]["carried"], moved["after_flip"]["deleted"]) == (1, 1)

@@ -97,21 +97,21 @@ def test_a_rollback_waits_for_the_carry_over_a_killed_cutover_left(
     would write the newer collection's older copy over them."""
     from reindex import commands
     from reindex.config import load
-    from reindex.flip import sync
+    from reindex.flip import window
 
     config = migration(tmp_path, ALIAS)
     storage = tmp_path / "qdrant"
     invoke("run", "-c", str(config))
-    original_take = sync.Settled.take
+    original_take = window.Settled.take
 
-    def take(self: sync.Settled, m: Any, *args: Any) -> None:
+    def take(self: window.Settled, m: Any, *args: Any) -> None:
         original_take(self, m, *args)
         upsert(m.sink._client, OLD, {5: "note 5, edited in the window"})
 
     def killed(*args: Any) -> Any:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sync.Settled, "take", take)
+    monkeypatch.setattr(window.Settled, "take", take)
     monkeypatch.setattr(commands, "after_flip", killed)
     with pytest.raises(KeyboardInterrupt):
         commands.cutover(load(config), sync=True)

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from reindex import commands
 from reindex.fingerprint import content_hash
 from reindex.flip import sync
+from reindex.flip import window as flip_window
 from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
@@ -87,8 +88,8 @@ def at(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, write: Callable[[
     original = getattr(owner, name)
 
     def patched(*args: Any, **kwargs: Any) -> Any:
-        m = args[1] if owner is sync.Settled else args[0]  # take(self, m) / after_flip(m, ...)
-        if owner is sync.Settled:
+        m = args[1] if owner is flip_window.Settled else args[0]  # take(self, m) / after_flip(m, ...)
+        if owner is flip_window.Settled:
             result = original(*args, **kwargs)
             write(m.sink._client)  # the tool's own client: local storage takes one at a time
             return result
@@ -110,7 +111,7 @@ def test_the_window_before_the_flip_is_carried_over_and_later_writes_through_the
         upsert(client, NEW, {"n2": "note 2, edited after the flip", "p": "note p, new after the flip"})
         delete(client, "n3", "n5")
 
-    at(monkeypatch, sync.Settled, "take", window)
+    at(monkeypatch, flip_window.Settled, "take", window)
     at(monkeypatch, commands, "after_flip", after)
     moved = invoke("cutover", "-c", str(migration), "--sync")
     assert moved["changed"] and moved["previous"] == "notes"
@@ -240,7 +241,7 @@ def test_a_cutover_killed_after_the_flip_is_seen_by_verify_and_finished_by_the_n
     def killed(*args: Any, **kwargs: Any) -> Any:
         raise KeyboardInterrupt  # the process dies between the flip and the catch-up after it
 
-    at(monkeypatch, sync.Settled, "take", window)
+    at(monkeypatch, flip_window.Settled, "take", window)
     monkeypatch.setattr(commands, "after_flip", killed)
     assert runner.invoke(app, ["cutover", "-c", str(migration), "--sync", "--json"]).exit_code != 0
     monkeypatch.undo()

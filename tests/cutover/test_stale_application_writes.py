@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from reindex import commands
 from reindex.config import Config, load
-from reindex.flip import sync
+from reindex.flip import window
 from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
@@ -104,7 +104,7 @@ def assert_every_note_has_the_new_models_vector(config: Config, expected: dict[s
 def test_an_old_model_write_in_flight_at_the_flip_is_stale_until_sync_re_embeds_it(
     notes: Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = sync.after_flip
+    original = window.after_flip
 
     def in_flight(m: Any, *args: Any) -> Any:  # the alias serves the new target; this writer is not told
         upsert(

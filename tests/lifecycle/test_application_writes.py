@@ -56,6 +56,7 @@ from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.fingerprint import content_hash, target_name
 from reindex.flip import sync
+from reindex.flip import window as flip_window
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.lifecycle.support import machine_settings, toml
 
@@ -508,10 +509,10 @@ class QdrantApplication(_Application):
 
             return crashed
 
-        patch(sync.Settled, "take", take)
+        patch(flip_window.Settled, "take", take)
         patch(commands, "after_flip", after_flip)
-        patch(sync, "after_flip", after_flip)
-        patch(sync, "_rewrite", rewrite)
+        patch(flip_window, "after_flip", after_flip)
+        patch(flip_window, "_rewrite", rewrite)
         patch(sync, "_adopt", adopt)
         patch(crashpoints, "crash_if_armed", crash)
         try:
