@@ -311,7 +311,7 @@ class Sink(Protocol):
 
     # True where `move_alias` holds the alias's writers back while `settle` runs (pgvector's lock); False
     # where a write can land in the old index between the final catch-up and the flip (Qdrant), which
-    # `cutover --sync` then carries over after the flip (reindex.flip.sync.after_flip)
+    # `cutover --sync` then carries over after the flip (reindex.flip.window.after_flip)
     holds_writers: bool
 
     def identity(self) -> str:
@@ -429,7 +429,7 @@ class GuardedSink(Protocol):
     def scan_states(self, target: str, dim: int) -> Iterator[tuple[IndexEntry, str, str]]:
         """`Sink.scan_index`, points kept without a vector included, each entry with a digest of its whole
         point (payload, every vector) and its `reindex.fingerprint.document_version` (all but the vector
-        re-embedded): what `reindex.flip.sync.Settled` compares across a flip."""
+        re-embedded): what `reindex.flip.window.Settled` compares across a flip."""
         ...
 
 

@@ -172,7 +172,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         stored content hash is that hash is updated, and one deleted meanwhile is not re-created; None
         (no point) inserts, or writes over a point kept without the migration's vector (`keep`), and never
         over a point written meanwhile. One request per expected hash: meant for the few documents of a
-        cutover's window (`reindex.flip.sync.after_flip`), not a bulk load."""
+        cutover's window (`reindex.flip.window.after_flip`), not a bulk load."""
         from qdrant_client import models
 
         groups: dict[str | None, list[int]] = {}
