@@ -195,9 +195,14 @@ class MistralBatchEmbedder:
         created = functools.partial(self._api.once, create)
         return create_once(created, functools.partial(self._find, key), what=f"the job for key {key!r}").id
 
+    def recall(self, job_id: str, items: Sequence[tuple[str, int]]) -> None:
+        """The job's items and their token estimates, from the ledger (`RecallsItems`): a process that did
+        not submit it needs no read of its input file, which the provider may not serve back."""
+        self._lines.setdefault(job_id, {custom_id: tokens for custom_id, tokens in items})
+
     def _estimates(self, job: BatchJob) -> dict[str, int]:
-        """The job's lines and their estimated tokens: remembered from submit, else read from its input
-        file (another process polls it)."""
+        """The job's lines and their estimated tokens: remembered from submit or recalled from the ledger,
+        else read from its input file (another process polls it without a ledger)."""
         if job.id not in self._lines:
             content = b"".join(self._download(file_id)[0] or b"" for file_id in job.input_files)
             if not content:

@@ -212,10 +212,11 @@ class RecallsItems(Protocol):
     """A deferred embedder that keeps no map of a job's lines on the provider (a file there may not be
     readable back: OpenAI refuses to serve `purpose="user_data"` files): before polling a job, the core
     hands it that job's items from the ledger, so a process that did not submit it (a resume after kill
-    -9, an adoption by key) maps each output line back to its items."""
+    -9, an adoption by key) maps each output line back to its items and knows their token estimates
+    without reading the job's input back (which no provider promises to serve)."""
 
-    def recall(self, job_id: str, custom_ids: Sequence[str]) -> None:
-        """The custom ids `submit` was given for this job, in the order it was given them."""
+    def recall(self, job_id: str, items: Sequence[tuple[str, int]]) -> None:
+        """The items `submit` was given for this job, in the order it was given them: (custom id, tokens)."""
         ...
 
 

@@ -159,9 +159,9 @@ class OpenAIBatchEmbedder:
         self._lines[batch_id] = {line: [i.custom_id for i in group] for line, group in lines.items()}
         return batch_id
 
-    def recall(self, job_id: str, custom_ids: Sequence[str]) -> None:
+    def recall(self, job_id: str, items: Sequence[tuple[str, int]]) -> None:
         """The items this job was submitted with, in order (`RecallsItems`): its lines name positions in it."""
-        self._recalled[job_id] = list(custom_ids)
+        self._recalled[job_id] = [custom_id for custom_id, _ in items]
 
     def poll(self, job_id: str) -> JobResult:
         batch = self._endpoint.call(functools.partial(self._endpoint.client.batches.retrieve, job_id))

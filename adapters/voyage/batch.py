@@ -221,9 +221,14 @@ class VoyageBatchEmbedder:
                 raise
             raise UncertainCreate(str(exc)) from exc
 
+    def recall(self, job_id: str, items: Sequence[tuple[str, int]]) -> None:
+        """The job's items and their token estimates, from the ledger (`RecallsItems`): a process that did
+        not submit it needs no read of its input file, which the provider may not serve back."""
+        self._lines.setdefault(job_id, {custom_id: tokens for custom_id, tokens in items})
+
     def _estimates(self, batch: dict[str, Any]) -> dict[str, int]:
-        """The batch's lines and their estimated tokens: remembered from submit, else read from its input
-        file (another process polls it)."""
+        """The batch's lines and their estimated tokens: remembered from submit or recalled from the ledger,
+        else read from its input file (another process polls it without a ledger)."""
         batch_id = str(batch["id"])
         if batch_id not in self._lines:
             content, _ = self._download(batch.get("input_file_id"))

@@ -217,7 +217,7 @@ class DeferredRun:
             else:
                 job_id = str(job.job_id)
                 if isinstance(self.embedder, RecallsItems):  # a job this process may not have submitted
-                    self.embedder.recall(job_id, _custom_ids(job))
+                    self.embedder.recall(job_id, _recalled(job))
                 result = retrying(self.embedder.poll, job_id)
             if result.is_terminal:
                 self._apply(job, result)
@@ -487,6 +487,12 @@ def _text_id(seq: int, digest: str) -> str:
 
 def _custom_ids(job: Job) -> list[str]:
     return list(dict.fromkeys(item[0] for item in job.items))
+
+
+def _recalled(job: Job) -> list[tuple[str, int]]:
+    """(custom id, tokens) of the job's items, in the order `submit` was given them (`_custom_ids`)."""
+    tokens = {custom_id: count for custom_id, _, _, count in job.items}
+    return [(custom_id, tokens[custom_id]) for custom_id in _custom_ids(job)]
 
 
 def _fetch_by_id(source: Source, ids: Sequence[str]) -> list[Record]:

@@ -287,3 +287,26 @@ def test_the_price_table_matches_configs_pricing_toml() -> None:
     table = tomllib.loads((Path(__file__).parents[2] / "configs" / "pricing.toml").read_text())
     assert table["mistral"]["taken"] == PRICES_TAKEN
     assert table["mistral"]["models"] == PRICES
+
+
+def test_a_fresh_process_polls_from_the_ledger_without_reading_the_input_file_back(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume needs only the ledger's items (`recall`), not a read of the job's input file."""
+    _, client = serve()
+    items = jobs(batcher(client), TEXTS)
+    job_id = batcher(client).submit("key-fresh", items)
+    other = batcher(client)
+    other.recall(job_id, [(item.custom_id, item.tokens.count) for item in items])
+    read: list[object] = []
+    original = other._download
+
+    def download(file_id: Any) -> Any:
+        read.append(file_id)
+        return original(file_id)
+
+    monkeypatch.setattr(other, "_download", download)
+    result = finish(other, job_id)
+    assert set(result.vectors) == {item.custom_id for item in items}
+    inputs = set(client.batch.jobs.get(job_id=job_id).input_files)
+    assert not inputs & set(read)  # the output and error files only

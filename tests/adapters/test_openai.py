@@ -411,7 +411,7 @@ def test_another_process_can_poll_the_job(serve: Serve) -> None:
     items = jobs(batcher(client), TEXTS)
     job_id = batcher(client, inputs_per_request=4).submit("key-x", items)
     other = batcher(client)  # a fresh process: no memory of the submit
-    other.recall(job_id, [item.custom_id for item in items])
+    other.recall(job_id, [(item.custom_id, item.tokens.count) for item in items])
     assert set(finish(other, job_id).vectors) == {item.custom_id for item in items}
     assert set(client.batches.retrieve(job_id).metadata or {}) == {"reindex_key"}  # no map uploaded
 
@@ -422,7 +422,7 @@ def test_a_fresh_process_reads_an_expired_batch_by_its_line_names(serve: Serve) 
     items = jobs(submitter, TEXTS)
     job_id = submitter.submit("key-exp-other", items)
     other = batcher(client)
-    other.recall(job_id, [item.custom_id for item in items])
+    other.recall(job_id, [(item.custom_id, item.tokens.count) for item in items])
     result = finish(other, job_id)
     assert set(result.vectors) == {"doc-0", "doc-1"}  # the first line, as the submitter would read it
     assert set(result.failed) == {f"doc-{i}" for i in range(2, len(TEXTS))}

@@ -538,3 +538,27 @@ def test_a_failed_batch_reads_its_errors_whatever_their_shape(
     result = embedder.poll(job_id)
     assert result.is_terminal and len(result.failed) == len(TEXTS)
     assert set(result.failed.values()) <= {"batch_failed:invalid_file", "batch_failed:unknown"}
+
+
+def test_a_fresh_process_polls_from_the_ledger_without_reading_the_input_file_back(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether Voyage serves a `purpose=batch` input file back is not confirmed: a resume needs only the
+    ledger's items (`recall`)."""
+    emulator = serve()
+    items = jobs(batcher(emulator), TEXTS)
+    job_id = batcher(emulator).submit("key-fresh", items)
+    other = batcher(emulator)
+    other.recall(job_id, [(item.custom_id, item.tokens.count) for item in items])
+    read: list[object] = []
+    original = other._download
+
+    def download(file_id: Any) -> Any:
+        read.append(file_id)
+        return original(file_id)
+
+    monkeypatch.setattr(other, "_download", download)
+    result = finish(other, job_id)
+    assert set(result.vectors) == {item.custom_id for item in items}
+    batch = other._api.batch(job_id)
+    assert batch["input_file_id"] not in read  # the output and error files only
