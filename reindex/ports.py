@@ -190,6 +190,15 @@ class DeferredEmbedder(Protocol):
         ...
 
 
+@runtime_checkable
+class CaveatsPrices(Protocol):
+    """A paid embedder whose list price, or whose bill, is not confirmed by its provider: `plan` names each
+    caveat beside the cost, and the price the budget (`max_cost_usd`) charges is the higher one."""
+
+    @property
+    def price_caveats(self) -> tuple[str, ...]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     """One online request's limits: its provider's, or the config's lower ones."""

@@ -41,9 +41,16 @@ T = TypeVar("T")
 TITAN_V2 = "amazon.titan-embed-text-v2:0"
 DIMENSIONS = (256, 512, 1024)  # Titan Text Embeddings V2's output sizes
 PRICES_TAKEN = "2026-12-02"
-PRICES: dict[str, dict[str, float]] = {  # USD per 1M input tokens; see configs/pricing.toml [bedrock]
-    TITAN_V2: {"online": 0.02, "batch": 0.01},
+# USD per 1M input tokens; see configs/pricing.toml [bedrock]. Titan V2's batch tier is priced as on-demand: AWS's
+# page offers 50% off in batch for "select" models without naming Titan V2 (an older copy says batch costs the
+# same), so the budget errs high until a bill shows otherwise (`prices = { batch = 0.01 }` then).
+PRICES: dict[str, dict[str, float]] = {
+    TITAN_V2: {"online": 0.02, "batch": 0.02},
 }
+UNCONFIRMED_BATCH_DISCOUNT = (
+    "Bedrock's 50% batch discount is not confirmed for {model}: the batch tier is priced as on-demand"
+    " (${price}/1M); set prices = {{ batch = ... }} in [embedder] when your bill shows the discount"
+)
 TERMINAL = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"})
 JOB_PREFIX = "reindex-"
 RECORDS, RECORD_MAP = "records.jsonl", "records.json"
@@ -115,6 +122,12 @@ class BedrockBatchEmbedder:
             tier: (config.prices or listed).get(tier) for tier in ("online", "batch")
         }
         self.price_per_million = self.prices["batch"]
+        unconfirmed = config.prices is None or "batch" not in config.prices
+        self.price_caveats: tuple[str, ...] = (
+            (UNCONFIRMED_BATCH_DISCOUNT.format(model=config.model, price=self.prices["batch"]),)
+            if unconfirmed and self.prices["batch"] is not None
+            else ()
+        )
         self._maps: dict[str, dict[str, str]] = {}  # job arn -> recordId -> custom_id
 
     @classmethod

@@ -13,6 +13,7 @@ adopt-after-an-uncertain-create rule are the remote-provider toolkit's (reindex_
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -44,6 +45,7 @@ RUNNING = frozenset({"processing", "cancelling"})  # then "complete", "failed" o
 UNANSWERED = {"failed": "batch_failed", "cancelled": "batch_cancelled"}  # rows a job left: sent again
 UPLOADED = "dataset:"  # the job id submit gives before the job exists: "dataset:<the uploaded dataset's id>"
 MAX_BYTES = 1_500_000_000  # "A Dataset can be as large as 1.5GB"
+ESTIMATE_MARGIN = 1.25  # on cl100k estimates charged for a job that reports no billed_units
 
 
 class CohereBatchEmbedder:
@@ -76,6 +78,10 @@ class CohereBatchEmbedder:
         self._codec = tokenizer()
         self.prices = prices_for(config.model, config.prices)
         self.price_per_million = self.prices["batch"]
+        self.price_caveats: tuple[str, ...] = (
+            "an embed job may report no billed_units: its tokens are then charged as cl100k estimates plus"
+            f" {round((ESTIMATE_MARGIN - 1) * 100)}% (Cohere's own tokenizer counts differently)",
+        )
         self.stragglers_online = config.stragglers_online
         # the id submit gave -> each row's (custom_id, estimated tokens), in the order uploaded
         self._lines: dict[str, list[tuple[str, int]]] = {}
@@ -231,12 +237,14 @@ class CohereBatchEmbedder:
         vectors: Mapping[str, Vectors],
         is_deleted: bool,
     ) -> int:
-        """The job's `meta.billed_units.input_tokens`; without it, the estimates of the rows that came back, or
-        of every row when the output is gone (billed, but lost): the budget errs high, never low."""
+        """The job's `meta.billed_units.input_tokens`; without it (no public example shows it on a job), the
+        estimates of the rows that came back, or of every row when the output is gone (billed, but lost),
+        plus ESTIMATE_MARGIN: cl100k counts may fall below Cohere's, and the budget errs high, never low."""
         units = job.meta.billed_units if job.meta is not None else None
         if units is not None and units.input_tokens is not None:
             return int(units.input_tokens)
-        return sum(tokens for custom_id, tokens in lines if is_deleted or custom_id in vectors)
+        estimated = sum(tokens for custom_id, tokens in lines if is_deleted or custom_id in vectors)
+        return math.ceil(estimated * ESTIMATE_MARGIN)
 
     def _get(self, job_id: str) -> EmbedJob:
         job: EmbedJob = self._api.call(functools.partial(self._api.client.embed_jobs.get, job_id))

@@ -13,7 +13,7 @@ from reindex.batching import batch_budget, batch_texts, token_batches
 from reindex.columns import embed
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
-from reindex.ports import Embedder, Record, Source, StoragePlan
+from reindex.ports import CaveatsPrices, Embedder, Record, Source, StoragePlan
 from reindex.run.io import scan_documents
 from reindex.run.shards import prepare_shard
 from reindex.run.validation import screen
@@ -69,6 +69,8 @@ class PlanReport:
     cost_online_usd: float | None = None  # paid embedders: unique-text tokens x the online list price
     cost_batch_usd: float | None = None  # the provider batch tier (about half), finished within its window
     batch_window: str | None = None
+    # what is not confirmed about the prices or the bill (reindex.ports.CaveatsPrices), each a line
+    price_caveats: list[str] = field(default_factory=list)
     backends: dict[str, Any] | None = None  # what this machine can run (CUDA, vLLM, CPU precision flags)
     # Spread over workers (engine "ray": one embedding actor each): the ETA at `worker_docs_per_second` each
     # (measured here by calibration, or given: e.g. the per-GPU rate scripts/gpu-check reports), the shards
@@ -157,6 +159,8 @@ def estimate(
                 calibration.append(tokens)
     _summarise(report, lengths)
     _price(report, getattr(embedder, "prices", None), getattr(embedder, "completion_window_hours", 24.0))
+    if isinstance(embedder, CaveatsPrices):
+        report.price_caveats = list(embedder.price_caveats)
     paid = bool(getattr(embedder, "prices", None))
     if calibrate and calibration and not paid and hasattr(embedder, "embed"):  # a dry run never spends money
         _calibrate(report, embedder, calibration, run)

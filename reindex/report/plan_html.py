@@ -96,6 +96,7 @@ def _time_and_cost(p: PlanReport) -> str:
         if p.eta_seconds is not None
         else '<p class="note">No calibration (<code>--no-calibrate</code>, or a paid provider: a dry run never spends money), so no time estimate.</p>'
     )
+    note += "".join(f'<p class="note">Unconfirmed: {h.text(caveat)}</p>' for caveat in p.price_caveats)
     return h.section("time-and-cost", "Time and cost", h.facts(rows), note)
 
 

@@ -28,6 +28,7 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
     ]
     if p.get("cost_online_usd") is not None or p.get("cost_batch_usd") is not None:
         rows.append(("cost", _cost(p)))
+        rows += [("", f"unconfirmed: {caveat}") for caveat in p.get("price_caveats") or []]
     rows += [
         ("storage", _storage(p)),
         (

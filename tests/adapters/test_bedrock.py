@@ -289,3 +289,17 @@ def test_the_price_table_matches_configs_pricing_toml() -> None:
     table = tomllib.loads((Path(__file__).parents[2] / "configs" / "pricing.toml").read_text())
     assert table["bedrock"]["taken"] == PRICES_TAKEN
     assert table["bedrock"]["models"] == PRICES
+
+
+def test_titan_v2_batch_is_priced_as_on_demand_until_the_discount_is_confirmed(make: Make) -> None:
+    """AWS names no batch discount for Titan V2: the budget errs high, and plan says so."""
+    from reindex.plan.estimate import PlanReport
+    from reindex.ui.plan_view import _cost
+
+    embedder = make()
+    assert embedder.prices == {"online": 0.02, "batch": 0.02} and embedder.price_per_million == 0.02
+    (caveat,) = embedder.price_caveats
+    assert "not confirmed" in caveat and "prices = { batch" in caveat
+    told = make(prices={"online": 0.02, "batch": 0.01})  # the user's bill shows the discount
+    assert told.price_per_million == 0.01 and told.price_caveats == ()
+    assert "price_caveats" in PlanReport().to_json() and _cost({"cost_batch_usd": 1.0}).startswith("$")

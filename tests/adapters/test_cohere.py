@@ -4,6 +4,7 @@ by its name (job or dataset), the faults of a job, rows refused with Cohere's re
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 import tomllib
@@ -345,3 +346,26 @@ def test_the_price_table_matches_configs_pricing_toml() -> None:
     table = tomllib.loads((Path(__file__).parents[2] / "configs" / "pricing.toml").read_text())
     assert table["cohere"]["taken"] == PRICES_TAKEN
     assert table["cohere"]["models"] == PRICES
+
+
+def test_a_job_without_billed_units_is_charged_above_the_estimates(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No public example shows billed_units on an embed job; cl100k estimates may fall below Cohere's count,
+    so the budget charges them with a margin, and the embedder names the caveat for plan."""
+    from reindex_adapters.cohere.batch import ESTIMATE_MARGIN
+
+    _, client = serve()
+    embedder = batcher(client)
+    real = embedder._get
+
+    def without_units(job_id: str) -> Any:
+        job = real(job_id)
+        if job.meta is not None:
+            job.meta.billed_units = None
+        return job
+
+    monkeypatch.setattr(embedder, "_get", without_units)
+    result = run(embedder, "key-no-units", TEXTS)
+    assert result.billed_tokens == math.ceil(tokens(TEXTS) * ESTIMATE_MARGIN)
+    assert any("billed_units" in caveat for caveat in embedder.price_caveats)
