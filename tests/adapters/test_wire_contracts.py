@@ -1,0 +1,148 @@
+"""Contract tests: the providers' documented wire examples, replayed through the adapters' parsing and error
+classification, independent of the emulators (issue 42). Each example is the shape a public source shows,
+with the source named beside it; values are shortened (vectors of 3), never reshaped.
+
+Sources:
+- [OB] OpenAI Batch API guide, "Retrieving the results" and "Batch expiration": an output line
+  `{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error": null}`, and for a request
+  the window cut off, `"response": null, "error": {"code": "batch_expired", "message": "This request could
+  not be executed before the completion window expired."}`.
+- [OE] OpenAI API reference, embeddings object: `{"object": "list", "data": [{"object": "embedding",
+  "embedding": [...], "index": 0}], "model", "usage": {"prompt_tokens", "total_tokens"}}`.
+- [VB] Voyage Batch Inference guide: output lines `{"batch_id", "custom_id", "response": {"status_code": 200,
+  "body": {object, data, model, usage: {total_tokens}}}, "error": null}`; error lines with `response:
+  {status_code, message}` or `error: {code: "batch_expired", message}`.
+- [V400] Voyage 400 bodies quoted in public clients (github.com/ramakay/claude-self-reflect/issues/38):
+  `{"detail": "Request to model '<m>' failed. ..."}`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from reindex_adapters.remote.errors import ProviderBusy, ProviderRejected
+from reindex_adapters.remote.lines import billed_tokens, collect_lines
+from reindex_adapters.voyage.client import _detail, _error_code, status_error
+from reindex_adapters.voyage.lines import read_line
+
+DIM = 3
+VECTOR = [0.0023064255, -0.009327292, 0.015797347]
+
+
+def lines(*objects: object) -> bytes:
+    return "".join(json.dumps(o) + "\n" for o in objects).encode()
+
+
+def test_openai_batch_output_and_expired_lines_join_back_to_their_items() -> None:
+    answered = {  # [OB] an output line, its body the embeddings object [OE]
+        "id": "batch_req_wnaDys",
+        "custom_id": "a1b2c3d4e5f6a7b8-0-2",
+        "response": {
+            "status_code": 200,
+            "request_id": "req_c187b3",
+            "body": {
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "embedding": VECTOR, "index": 0},
+                    {"object": "embedding", "embedding": VECTOR[::-1], "index": 1},
+                ],
+                "model": "text-embedding-3-small",
+                "usage": {"prompt_tokens": 8, "total_tokens": 8},
+            },
+        },
+        "error": None,
+    }
+    expired = {  # [OB] "Batch expiration": a request the window cut off, in the error file
+        "id": "batch_req_123",
+        "custom_id": "a1b2c3d4e5f6a7b8-2-1",
+        "response": None,
+        "error": {
+            "code": "batch_expired",
+            "message": "This request could not be executed before the completion window expired.",
+        },
+    }
+    groups = {"a1b2c3d4e5f6a7b8-0-2": ["doc-0", "doc-1"], "a1b2c3d4e5f6a7b8-2-1": ["doc-2"]}
+    vectors, failed = collect_lines(groups, [lines(answered), lines(expired)], DIM, missing=None)
+    np.testing.assert_allclose(vectors["doc-0"], VECTOR, rtol=1e-6)
+    np.testing.assert_allclose(vectors["doc-1"], VECTOR[::-1], rtol=1e-6)
+    assert failed == {"doc-2": "batch_expired"}  # retried: a rerun sends it again
+    assert billed_tokens(lines(answered), "prompt_tokens") == 8
+
+
+def test_openai_batch_error_line_with_an_http_answer_keeps_the_apis_code() -> None:
+    refused = {  # [OB] a request that ran and was refused: its response carries the API's error body
+        "id": "batch_req_9",
+        "custom_id": "k-0-1",
+        "response": {
+            "status_code": 400,
+            "request_id": "req_9",
+            "body": {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens.",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": None,
+                }
+            },
+        },
+        "error": None,
+    }
+    throttled = {**refused, "custom_id": "k-1-1", "response": {"status_code": 429, "body": {}}}
+    groups = {"k-0-1": ["doc-0"], "k-1-1": ["doc-1"]}
+    _, failed = collect_lines(groups, [lines(refused, throttled)], DIM, missing=None)
+    assert failed == {"doc-0": "invalid_request_error", "doc-1": "rate_limit_exceeded"}
+
+
+def test_voyage_batch_output_and_error_lines_read_as_documented() -> None:
+    answered = {  # [VB]
+        "batch_id": "batch_01",
+        "custom_id": "doc-0",
+        "response": {
+            "status_code": 200,
+            "body": {
+                "object": "list",
+                "data": [{"object": "embedding", "embedding": VECTOR, "index": 0}],
+                "model": "voyage-3.5",
+                "usage": {"total_tokens": 5},
+            },
+        },
+        "error": None,
+    }
+    failed_line = {  # [VB] an error line with a status and a message
+        "batch_id": "batch_01",
+        "custom_id": "doc-1",
+        "response": {"status_code": 500, "message": "Internal server error."},
+        "error": None,
+    }
+    expired = {  # [VB] a line the window closed on
+        "batch_id": "batch_01",
+        "custom_id": "doc-2",
+        "response": None,
+        "error": {"code": "batch_expired", "message": "The batch expired."},
+    }
+    read = read_line(answered, 1, DIM)
+    assert not isinstance(read, str)
+    np.testing.assert_allclose(read[0], VECTOR, rtol=1e-6)
+    assert read_line(failed_line, 1, DIM) == "server_error"
+    assert read_line(expired, 1, DIM) == "batch_expired"
+    assert billed_tokens(lines(answered), "total_tokens") == 5
+
+
+def test_voyage_error_bodies_are_read_and_classified_as_documented() -> None:
+    body = json.dumps(  # [V400], with the newer bodies' error_code
+        {
+            "detail": "Request to model 'voyage-4-large' failed. The max allowed tokens per submitted batch is"
+            " 120000. Your batch has 126899 tokens after truncation. Please lower the number of tokens in the"
+            " batch.",
+            "error_code": "TOO_MANY_TOKENS_IN_BATCH",
+        }
+    ).encode()
+    detail, code = _detail(body), _error_code(body)
+    assert code == "TOO_MANY_TOKENS_IN_BATCH"
+    assert isinstance(
+        status_error(400, detail, {}, "", "KEY", is_input=True, error_code=code), ProviderRejected
+    )
+    busy = status_error(429, "Rate limit exceeded.", {"retry-after": "2"}, "", "KEY", is_input=True)
+    assert isinstance(busy, ProviderBusy)
