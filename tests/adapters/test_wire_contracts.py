@@ -14,6 +14,13 @@ Sources:
   {status_code, message}` or `error: {code: "batch_expired", message}`.
 - [V400] Voyage 400 bodies quoted in public clients (github.com/ramakay/claude-self-reflect/issues/38):
   `{"detail": "Request to model '<m>' failed. ..."}`.
+- [CB] google-gemini/cookbook `quickstarts/Batch_mode.ipynb`, "Batch embeddings", executed output: a
+  responses line `{"response": {"tokenCount": "1", "embedding": {"values": [...]}}, "key": "request_1"}`.
+- [MS] mistralai's SDK, `extra/batch` `_parse_output_obj`: `{custom_id, response: {status_code, body}, error}`,
+  a success when there is no error and the status is below 400.
+- [BD] AWS Bedrock user guide, "Format and upload your batch inference data": output records
+  `{"recordId", "modelInput", "modelOutput": <InvokeModel answer>}`, or `"error": {"errorCode",
+  "errorMessage"}`; Titan V2's answer `{"embedding": [...], "inputTextTokenCount"}` (its model card).
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ import json
 
 import numpy as np
 
+from reindex_adapters.bedrock.records import collect_records
+from reindex_adapters.gemini.responses import read_responses
+from reindex_adapters.mistral import read_line as read_mistral_line
 from reindex_adapters.remote.errors import ProviderBusy, ProviderRejected
 from reindex_adapters.remote.lines import billed_tokens, collect_lines
 from reindex_adapters.voyage.client import _detail, _error_code, status_error
@@ -146,3 +156,48 @@ def test_voyage_error_bodies_are_read_and_classified_as_documented() -> None:
     )
     busy = status_error(429, "Rate limit exceeded.", {"retry-after": "2"}, "", "KEY", is_input=True)
     assert isinstance(busy, ProviderBusy)
+
+
+def test_gemini_responses_lines_read_as_the_cookbook_shows_them() -> None:
+    answered = {"response": {"tokenCount": "1", "embedding": {"values": VECTOR}}, "key": "request_1"}  # [CB]
+    vectors, failed, billed = read_responses(lines(answered), DIM)
+    assert failed == {} and billed == 1  # tokenCount is a string on the wire
+    np.testing.assert_allclose(vectors["request_1"], VECTOR, rtol=1e-6)  # poll scales it to unit length
+
+
+def test_mistral_output_lines_read_by_the_sdks_own_rule() -> None:
+    answered = {  # [MS]
+        "custom_id": "doc-0",
+        "response": {
+            "status_code": 200,
+            "body": {
+                "object": "list",
+                "data": [{"object": "embedding", "embedding": VECTOR, "index": 0}],
+                "model": "mistral-embed",
+                "usage": {"prompt_tokens": 4, "total_tokens": 4},
+            },
+        },
+        "error": None,
+    }
+    read = read_mistral_line(answered, 1, DIM)
+    assert not isinstance(read, str)
+    np.testing.assert_allclose(read[0], VECTOR, rtol=1e-6)
+    refused = {"custom_id": "doc-1", "response": {"status_code": 429, "body": {}}, "error": None}
+    assert read_mistral_line(refused, 1, DIM) == "rate_limit_exceeded"
+
+
+def test_bedrock_output_records_join_on_record_id_as_documented() -> None:
+    answered = {  # [BD], Titan V2's answer
+        "recordId": "00000000001",
+        "modelInput": {"inputText": "a note", "dimensions": DIM, "normalize": True},
+        "modelOutput": {"embedding": VECTOR, "inputTextTokenCount": 3},
+    }
+    refused = {  # [BD] a record the model refused
+        "recordId": "00000000002",
+        "modelInput": {"inputText": "", "dimensions": DIM, "normalize": True},
+        "error": {"errorCode": 400, "errorMessage": "Malformed input request"},
+    }
+    mapping = {"00000000001": "doc-0", "00000000002": "doc-1"}
+    vectors, failed, billed = collect_records(mapping, [lines(answered, refused)], DIM, missing=None)
+    np.testing.assert_allclose(vectors["doc-0"], VECTOR, rtol=1e-5)
+    assert failed == {"doc-1": "http_400"} and billed == 3
