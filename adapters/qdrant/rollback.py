@@ -19,7 +19,7 @@ older collection (id and digests), for the length of the rollback.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from reindex_adapters.qdrant.bookkeeping import _reindex_meta
@@ -45,8 +45,6 @@ class _CarryBack:
 
         def _vector_name(self, target: str) -> str | None: ...
 
-        def _point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]: ...
-
     def carry_back(
         self, newer: str, older: str, since: Mapping[Any, _State] | None = None
     ) -> dict[Any, _State]:
@@ -63,7 +61,8 @@ class _CarryBack:
             theirs = dict(self._states(older, name, text_field, only=changed))
             changed = [i for i in changed if theirs.get(i) == since.get(i)]  # an older write stands
         # a blank point only the older holds is a dead letter an earlier version did not keep in the newer
-        changed = [i for i in changed if i in ours or not _blank(theirs[i][1]) or since is not None]
+        if since is None:
+            changed = [i for i in changed if i in ours or not _blank(theirs[i][1])]
         self._carry(newer, older, name, changed, ours, theirs)
         return dict(ours)  # what the older collection holds now, as far as the application can change it
 
