@@ -22,14 +22,14 @@ from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
+from reindex.ports import EmbedderInfo, JobItem, JobResult, TokenCounts, Tokens, Vectors
+from reindex_adapters import mistral_tokens
 from reindex_adapters.remote.decoding import line_vectors
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, retry_after
 from reindex_adapters.remote.jobs import create_once
 from reindex_adapters.remote.keys import api_key, redact
 from reindex_adapters.remote.lines import billed_tokens, collect_lines, json_line
 from reindex_adapters.remote.pacing import Paced, Pacer
-from reindex_adapters.remote.tokens import encoding, tokenize_texts
 
 if TYPE_CHECKING:
     from mistralai.client import Mistral
@@ -64,7 +64,9 @@ class MistralBatchEmbedder:
         model: Literal["mistral-embed"] = "mistral-embed"  # codestral-embed: its batch use is not confirmed
         server_url: str | None = None  # the SDK's own option; None is https://api.mistral.ai
         api_key_env: str = "MISTRAL_API_KEY"
-        max_tokens: int = Field(default=8000, gt=0)  # counted with cl100k_base: an estimate (README)
+        max_tokens: int = Field(
+            default=mistral_tokens.MAX_TOKENS, gt=0, le=mistral_tokens.MAX_TOKENS
+        )  # its own
         timeout_s: float = Field(default=60.0, gt=0)
         create_timeout_s: float = Field(default=60.0, gt=0)
         timeout_hours: int = Field(default=24, gt=0)  # the job's own limit; lines not done by then expire
@@ -76,7 +78,7 @@ class MistralBatchEmbedder:
         self,
         client: Mistral,
         *,
-        max_tokens: int = 8000,
+        max_tokens: int = mistral_tokens.MAX_TOKENS,
         create_timeout_s: float = 60.0,
         timeout_hours: int = 24,
         pacer: Pacer | None = None,
@@ -84,10 +86,10 @@ class MistralBatchEmbedder:
         prices: Mapping[str, float] | None = None,
     ) -> None:
         self._api = Api(client, pacer or Pacer(), api_key_env)
-        self._codec = _cl100k()
+        mistral_tokens.tokenize(["a"], max_tokens)  # mistral-common is there, or the extra is named now
         self._create_timeout_s, self._timeout_hours = create_timeout_s, timeout_hours
         self.completion_window_hours = float(timeout_hours)  # what `plan` counts against a deadline
-        options = {"max_tokens": max_tokens, "tokenizer": "cl100k_base"}
+        options = {"max_tokens": max_tokens, "tokenizer": "mistral-common v1"}
         identity = fingerprint("mistral", MODEL, DIM, options)
         self.info = EmbedderInfo("mistral-batch", MODEL, DIM, max_tokens, identity, options)
         listed = PRICES[MODEL]
@@ -108,10 +110,12 @@ class MistralBatchEmbedder:
             prices=config.prices,
         )
 
+    token_counts: TokenCounts = mistral_tokens.COUNTS
+
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
-        """cl100k_base counts (Mistral's tokenizer is not public as a tiktoken encoding): an estimate for
-        the plan and the budget; what was billed comes from each line's `usage`."""
-        return tokenize_texts(texts, self._codec, self.info.max_tokens)
+        """Exact counts in mistral-embed's own tokenizer, a text over `max_tokens` cut in it (the API
+        refuses one, truncating nothing); what was billed comes from each line's `usage`."""
+        return mistral_tokens.tokenize(texts, self.info.max_tokens)
 
     def submit(self, key: str, items: Sequence[JobItem], *, isolate: bool = False) -> str:
         """Adopt the job already carrying `key`, else upload and create one (never retrying the create).
@@ -327,14 +331,6 @@ def make_client(server_url: str | None, key_env: str, timeout_s: float) -> Mistr
     return Mistral(
         api_key=api_key(key_env), server_url=server_url, retry_config=None, timeout_ms=int(timeout_s * 1000)
     )
-
-
-def _cl100k() -> Any:
-    try:
-        import tiktoken  # noqa: F401  (the mistral extra's; reindex_adapters.remote.tokens would name the openai extra)
-    except ImportError as exc:
-        raise MissingDependency("tiktoken", extra="mistral") from exc
-    return encoding("cl100k_base")
 
 
 def _inputs(line: Mapping[str, Any]) -> list[Any]:

@@ -16,7 +16,7 @@ from mistralai.client import Mistral
 from mistralai.client.errors import SDKError
 
 from reindex.errors import ConfigError, MissingDependency, TransientError
-from reindex.ports import DeferredEmbedder, Vectors
+from reindex.ports import DeferredEmbedder, JobItem, Tokens, Vectors
 from reindex.registry import build
 from reindex_adapters.mistral import DIM, PRICES, PRICES_TAKEN, MistralBatchEmbedder, read_line
 from reindex_adapters.remote.pacing import Pacer
@@ -24,7 +24,8 @@ from reindex_adapters.testing.emulators import mistral as mistral_emulator
 from reindex_adapters.testing.emulators.faults import FaultPlan
 from reindex_adapters.testing.emulators.mistral import MistralEmulator
 from reindex_adapters.testing.memory import HashEmbedder
-from tests.adapters.support import TEXTS, finish, jobs, tokens
+from tests.adapters.support import TEXTS, finish, jobs
+from tests.provider.support import mistral_count
 
 SECRET = "mistral-test-0123456789abcdefSECRET"
 Serve = Callable[..., tuple[MistralEmulator, Mistral]]
@@ -53,6 +54,11 @@ def serve(hasher: HashEmbedder) -> Iterator[Serve]:
 def batcher(client: Mistral, **options: Any) -> MistralBatchEmbedder:
     options.setdefault("pacer", Pacer(backoff_s=0.02))
     return MistralBatchEmbedder(client, **options)
+
+
+def tokens(texts: list[str]) -> int:
+    """What the emulator bills: mistral-embed's own count (`mistral_count`)."""
+    return sum(mistral_count(text) for text in texts)
 
 
 def expected(hasher: HashEmbedder, texts: list[str]) -> Vectors:
@@ -310,3 +316,38 @@ def test_a_fresh_process_polls_from_the_ledger_without_reading_the_input_file_ba
     assert set(result.vectors) == {item.custom_id for item in items}
     inputs = set(client.batch.jobs.get(job_id=job_id).input_files)
     assert not inputs & set(read)  # the output and error files only
+
+
+# mistral-embed's own tokenizer (issue 42, item 6) --------------------------------------------------------
+
+PROSE = "The committee reviewed the quarterly figures, and the numbers, once again, told a careful story. "
+
+
+def test_a_long_text_is_cut_to_mistral_embeds_own_limit_and_embedded_not_refused(serve: Serve) -> None:
+    """Cut at 8,000 cl100k tokens, English prose is about 9,300 of mistral-embed's, which the API refuses:
+    the cut is made in mistral-embed's own tokenizer, so a long document is embedded truncated."""
+    _, client = serve()
+    embedder = batcher(client)
+    long = PROSE * 600  # about 11,000 cl100k tokens
+    (item,) = jobs(embedder, [long])
+    assert item.tokens.is_truncated and item.tokens.count <= 8190
+    assert mistral_count(str(item.tokens.data)) == item.tokens.count
+    result = finish(embedder, embedder.submit("key-long", [item]))
+    assert result.failed == {} and set(result.vectors) == {"doc-0"}
+    assert result.billed_tokens == item.tokens.count
+
+
+def test_counts_are_exact_in_mistral_embeds_tokenizer_and_say_so(serve: Serve) -> None:
+    _, client = serve()
+    embedder = batcher(client)
+    assert [t.count for t in embedder.tokenize(TEXTS)] == [mistral_count(text) for text in TEXTS]
+    assert embedder.token_counts.exact and "mistral-embed" in embedder.token_counts.basis
+
+
+def test_the_emulator_refuses_a_text_over_the_limit_as_the_api_does(serve: Serve) -> None:
+    _, client = serve()
+    embedder = batcher(client)
+    over = PROSE * 600
+    item = JobItem("doc-0", Tokens(9999, 9999, over))  # sent whole, as a cl100k cut would
+    result = finish(embedder, embedder.submit("key-over", [item]))
+    assert result.failed == {"doc-0": "invalid_request_error"} and result.billed_tokens == 0

@@ -22,6 +22,7 @@ from tests.durability.support import Tool
 
 POISON = "poisoned input"
 KeyOf = Callable[[Mapping[str, Any]], object]
+Counting = Callable[[str], int]
 
 
 class Emulator(Protocol):
@@ -39,9 +40,20 @@ def corpus(path: Path, n: int = 300, *, poison: bool = False) -> list[str]:
     return texts
 
 
-def unique_tokens(texts: list[str], *, skip: str | None = None) -> int:
-    codec = cl100k()
-    return sum(len(codec.encode(text)) for text in set(texts) if not (skip and skip in text))
+def cl100k_count(text: str) -> int:
+    return len(cl100k().encode(text))
+
+
+def mistral_count(text: str) -> int:
+    """mistral-embed's own count (mistral-common's v1 tokenizer, BOS included), read without the adapter."""
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return len(MistralTokenizer.v1().instruct_tokenizer.tokenizer.encode(text, bos=True, eos=False))
+
+
+def unique_tokens(texts: list[str], *, skip: str | None = None, count: Counting = cl100k_count) -> int:
+    """The unique texts' tokens as an emulator bills them: cl100k_base, unless the provider's own `count`."""
+    return sum(count(text) for text in set(texts) if not (skip and skip in text))
 
 
 def toml_lines(values: Mapping[str, object]) -> str:
@@ -104,13 +116,21 @@ def one_job_per_key(stats: Mapping[str, Any], key: KeyOf = reindex_key) -> None:
 
 
 def assert_verified_once_billed(
-    tool: Tool, emulator: Emulator, texts: list[str], *, skip: str | None = None, key: KeyOf = reindex_key
+    tool: Tool,
+    emulator: Emulator,
+    texts: list[str],
+    *,
+    skip: str | None = None,
+    key: KeyOf = reindex_key,
+    count: Counting = cl100k_count,
 ) -> dict[str, Any]:
     """Verified, one job per key, billed exactly the unique texts' tokens, nothing sent before Retry-After."""
     assert tool.json("verify")["complete"]
     stats = emulator.stats()
     one_job_per_key(stats, key)
-    assert stats["billed_tokens"] == stats["billed_tokens_batch"] == unique_tokens(texts, skip=skip)
+    assert (
+        stats["billed_tokens"] == stats["billed_tokens_batch"] == unique_tokens(texts, skip=skip, count=count)
+    )
     assert stats["early_requests_total"] == 0
     return stats
 

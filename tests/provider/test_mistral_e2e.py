@@ -25,6 +25,7 @@ from tests.provider.support import (
     assert_the_models_vectors,
     assert_verified_once_billed,
     kill_at,
+    mistral_count,
     one_job_per_key,
     run_to_end,
     unique_tokens,
@@ -61,13 +62,15 @@ def test_a_run_is_verified_with_the_models_vectors_and_billed_once_per_unique_te
 ) -> None:
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
     plan = tool.json("plan")
-    assert plan["cost_batch_usd"] == pytest.approx(plan["cost_online_usd"] / 2) and plan["cost_batch_usd"] > 0
+    assert plan["cost_batch_usd"] == pytest.approx(plan["cost_online_usd"] / 2, abs=1e-6)  # costs: 6 decimals
+    assert plan["cost_batch_usd"] > 0
     code, out, err = tool.run("run", "--json", env=ENV)
     assert code == 0, err
-    stats = assert_verified_once_billed(tool, emulator, texts)
+    stats = assert_verified_once_billed(tool, emulator, texts, count=mistral_count)
     report = json.loads(out)
     assert report["billed_tokens"] == stats["billed_tokens"] and report["cost_usd"] > 0
-    assert plan["tokens"] == stats["billed_tokens"]  # the emulator counts as the tool estimates (README)
+    assert plan["tokens"] == stats["billed_tokens"]  # both count in mistral-embed's own tokenizer
+    assert plan["token_counts"]["exact"]
     assert_the_models_vectors(pg_dsn, plan["target"], texts, HASHER)
     assert tool.json("status")["reconciled"]
 
@@ -82,7 +85,7 @@ def test_a_refused_input_is_dead_lettered_with_mistrals_reason_through_faults(
     run_to_end(tool, ENV)
     letters = tool.json("dlq", "list")["dead_letters"]
     assert [d["reason"] for d in letters] == ["provider_rejected:invalid_request_error"]
-    stats = assert_verified_once_billed(tool, emulator, texts, skip=POISON)
+    stats = assert_verified_once_billed(tool, emulator, texts, skip=POISON, count=mistral_count)
     assert stats["refused"] == {"429": 4}
 
 
@@ -104,11 +107,15 @@ def test_batch_faults_end_verified_with_one_job_per_key(
     stats = emulator.stats()
     one_job_per_key(stats)
     if "slow_creates" in fault:
-        assert stats["billed_tokens"] == unique_tokens(texts)
+        assert stats["billed_tokens"] == unique_tokens(texts, count=mistral_count)
     else:  # what the provider billed and then lost (the files of the first two jobs) is bought again
         first = {job["id"] for job in stats["batches"][:2]}
         lost = sum(entry["tokens"] for entry in stats["billed"] if entry["batch_id"] in first)
-        assert unique_tokens(texts) < stats["billed_tokens"] <= unique_tokens(texts) + lost
+        assert (
+            unique_tokens(texts, count=mistral_count)
+            < stats["billed_tokens"]
+            <= unique_tokens(texts, count=mistral_count) + lost
+        )
 
 
 @pytest.mark.parametrize("point", ["job_after_create", "job_after_write"])
@@ -118,7 +125,7 @@ def test_sigkill_mid_run_then_rerun_creates_no_job_twice(
     tool, texts = make_tool(tmp_path, emulator, pg_dsn)
     kill_at(tool, ENV, point)
     run_to_end(tool, ENV)
-    assert_verified_once_billed(tool, emulator, texts)
+    assert_verified_once_billed(tool, emulator, texts, count=mistral_count)
 
 
 def test_the_budget_stops_the_run_resumably_and_raising_it_finishes(
@@ -126,4 +133,4 @@ def test_the_budget_stops_the_run_resumably_and_raising_it_finishes(
 ) -> None:
     tool, texts = make_tool(tmp_path, emulator, pg_dsn, max_cost_usd=0.0001)  # about one shard of four
     assert_the_budget_stops_resumably(tool, emulator, ENV, limit=0.0001, price=0.05)
-    assert_verified_once_billed(tool, emulator, texts)
+    assert_verified_once_billed(tool, emulator, texts, count=mistral_count)

@@ -14,8 +14,13 @@ The faults are the OpenAI emulator's FaultPlan (reindex_adapters.testing.emulato
     shuffle/duplicate/malformed_output_line, delete_output: the output file's faults
     fail_validation     the job FAILS before running (its `errors` say why)
 
-Vectors are the embedder's (HashEmbedder: deterministic from the text); tokens are counted with
-cl100k_base and billed per answered line, as `usage.prompt_tokens`.
+Vectors are the embedder's (HashEmbedder: deterministic from the text); tokens are counted in mistral-embed's
+own tokenizer (mistral-common v1, BOS included) and billed per answered line, as `usage.prompt_tokens`. An
+input over 8,190 of them is refused (400), as the API refuses it: 8,190 embedded and 8,192 refused in
+github.com/langchain-ai/langchain/issues/20523. The refusal's envelope is Mistral's error object (seen in
+github.com/aurelio-labs/semantic-router/issues/297: `{"object": "error", "message", "type":
+"invalid_request_error", "param": null, "code": null}`); its wording for one long input is not public, so
+it is modelled on the per-request one quoted there ("Too many tokens in batch. Max is 16384 got 17555").
 """
 
 from __future__ import annotations
@@ -263,7 +268,7 @@ class MistralState(ProviderState):
 
     def _embed(self, body: Mapping[str, Any], job: LineJob) -> dict[str, Any]:
         """One embeddings request of a job: Mistral's EmbeddingResponse; bills its tokens."""
-        from reindex_adapters.remote.tokens import cl100k
+        from reindex_adapters.mistral_tokens import MAX_TOKENS, _tokenizer
 
         texts = body.get("input")
         texts = [texts] if isinstance(texts, str) else texts
@@ -276,8 +281,11 @@ class MistralState(ProviderState):
         poison = job.plan.poison_substring
         if poison and any(poison in text for text in texts):
             raise ApiError(400, INVALID_INPUT)
+        counts = [len(_tokenizer().encode(text, bos=True, eos=False)) for text in texts]
+        if max(counts) > MAX_TOKENS:
+            raise ApiError(400, f"Too many tokens in input. Max is {MAX_TOKENS} got {max(counts)}")
         vectors = self.embedder.embed(self.embedder.tokenize(texts))
-        tokens = sum(len(cl100k().encode_ordinary(text)) for text in texts)
+        tokens = sum(counts)
         self.ledger.billed.append((tokens, job.data["id"]))
         data = [
             {"object": "embedding", "embedding": [float(x) for x in v], "index": i}
