@@ -23,7 +23,7 @@ from pydantic import Field, field_validator
 
 from reindex.errors import BackendError, ConfigError
 from reindex.fingerprint import fingerprint
-from reindex.ports import ONLINE, EmbedderInfo, JobItem, JobResult, Tokens, Vectors
+from reindex.ports import ONLINE, EmbedderInfo, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters.bedrock.connection import (
     S3_URI,
     JobNameTaken,
@@ -35,11 +35,21 @@ from reindex_adapters.bedrock.records import collect_records, embedding
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected
 from reindex_adapters.remote.jobs import create_once
 from reindex_adapters.remote.pacing import Paced, Pacer
-from reindex_adapters.remote.tokens import encoding, tokenize_texts
+from reindex_adapters.remote.tokens import encoding, estimate_texts
 
 T = TypeVar("T")
 TITAN_V2 = "amazon.titan-embed-text-v2:0"
 DIMENSIONS = (256, 512, 1024)  # Titan Text Embeddings V2's output sizes
+# Titan V2 takes 8,192 tokens and 50,000 characters and truncates nothing (its model card). Its tokenizer is not
+# published, so its counts are cl100k_base's with a margin: a chosen 25%, not a measured ratio, so that a cut
+# text is rarely refused and the plan and budget err high. Bedrock bills its own count (inputTextTokenCount).
+TITAN_ESTIMATE_FACTOR = 1.25
+MAX_CHARACTERS = 50_000
+TITAN_COUNTS = TokenCounts(
+    False,
+    f"estimate: cl100k_base x {TITAN_ESTIMATE_FACTOR} (Titan's tokenizer is not published), and at most "
+    f"{MAX_CHARACTERS:,} characters",
+)
 PRICES_TAKEN = "2026-12-02"
 # USD per 1M input tokens; see configs/pricing.toml [bedrock]. Titan V2's batch tier is priced as on-demand: AWS's
 # page offers 50% off in batch for "select" models without naming Titan V2 (an older copy says batch costs the
@@ -76,7 +86,9 @@ class BedrockBatchEmbedder:
         output_s3_uri: str  # s3://bucket/prefix: Bedrock writes under <prefix>/<job id>/
         dimensions: int = 1024
         normalize: bool = True
-        max_tokens: int = Field(default=8192, gt=0)  # Titan V2's input limit, counted with cl100k_base
+        max_tokens: int = Field(
+            default=8192, gt=0
+        )  # Titan V2's input limit, in estimated tokens (TITAN_COUNTS)
         min_records: int = Field(default=100, gt=0)  # the account's quotas (Service Quotas, Bedrock)
         max_records: int = Field(default=50_000, gt=0)
         endpoint_url: str | None = None  # bedrock and bedrock-runtime (a local emulator)
@@ -113,6 +125,8 @@ class BedrockBatchEmbedder:
             "dimensions": config.dimensions,
             "normalize": config.normalize,
             "max_tokens": config.max_tokens,
+            "tokens": f"cl100k_base x {TITAN_ESTIMATE_FACTOR}",
+            "max_characters": MAX_CHARACTERS,
         }
         identity = fingerprint("bedrock", config.model, config.dimensions, options)
         dim = config.dimensions
@@ -135,9 +149,14 @@ class BedrockBatchEmbedder:
         pacer = Pacer.of(config)
         return cls(make_clients(config), config, pacer=pacer)
 
+    token_counts = TITAN_COUNTS
+
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
-        """cl100k_base counts: an estimate for Titan (its tokenizer is not published); billing is Bedrock's."""
-        return tokenize_texts(texts, self._codec, self.info.max_tokens)
+        """Estimated counts (`TITAN_COUNTS`), a text cut to fit the token and the character limits (Titan
+        refuses, truncating nothing); billing is Bedrock's own `inputTextTokenCount`."""
+        return estimate_texts(
+            texts, self._codec, self.info.max_tokens, factor=TITAN_ESTIMATE_FACTOR, max_chars=MAX_CHARACTERS
+        )
 
     # submitting ---------------------------------------------------------------------------------------
 

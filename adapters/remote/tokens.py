@@ -4,6 +4,7 @@ token boundary, and upper bounds that skip the tokenizer where a text's length a
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -69,6 +70,34 @@ def bounded_texts(
         for row, text, count, total in zip(long, cut, exact, whole, strict=True):
             sent[row], counts[row], original[row] = text, count, total
     return sent, counts, original
+
+
+def estimate_texts(
+    texts: Sequence[str],
+    codec: tiktoken.Encoding,
+    max_tokens: int,
+    *,
+    factor: float,
+    max_chars: int | None = None,
+) -> list[Tokens]:
+    """Counts in a tokenizer that is not published: `codec`'s count x `factor`, rounded up (an estimate on
+    the high side, so the plan and the budget err high). A text over `max_tokens` estimated tokens, or over
+    `max_chars` characters, is cut to fit both; a cut text's `original_count` stays above its `count`."""
+    budget = int(max_tokens / factor)  # codec tokens whose estimate fits
+    counted = []
+    for text in texts:
+        ids = codec.encode_ordinary(text)
+        whole = math.ceil(len(ids) * factor)
+        if whole <= max_tokens and (max_chars is None or len(text) <= max_chars):
+            counted.append(Tokens(whole, whole, text))
+            continue
+        cut, size = _truncate(codec, ids, budget) if len(ids) > budget else (text, len(ids))
+        if max_chars is not None and len(cut) > max_chars:
+            cut = cut[:max_chars]
+            size = len(codec.encode_ordinary(cut))
+        count = math.ceil(size * factor)
+        counted.append(Tokens(count, max(whole, count + 1), cut))
+    return counted
 
 
 def _truncate(codec: tiktoken.Encoding, ids: list[int], limit: int) -> tuple[str, int]:

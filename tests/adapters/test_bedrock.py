@@ -303,3 +303,27 @@ def test_titan_v2_batch_is_priced_as_on_demand_until_the_discount_is_confirmed(m
     told = make(prices={"online": 0.02, "batch": 0.01})  # the user's bill shows the discount
     assert told.price_per_million == 0.01 and told.price_caveats == ()
     assert "price_caveats" in PlanReport().to_json() and _cost({"cost_batch_usd": 1.0}).startswith("$")
+
+
+# Titan's limits without its tokenizer (issue 42, item 6) -------------------------------------------------
+
+
+def test_a_text_over_titans_50000_characters_is_cut_to_them_and_embedded(make: Make) -> None:
+    """60,000 '=' are about 3,750 cl100k tokens: within the token limit, over the characters one."""
+    embedder = make()
+    long = "=" * 60_000
+    assert tokens_of([long]) < 8192
+    cut = embedder.tokenize([long, *TEXTS[: MINIMUM - 1]])
+    assert cut[0].is_truncated and len(str(cut[0].data)) <= 50_000
+    job = embedder.submit("key-chars", [JobItem(f"0-{i}", t) for i, t in enumerate(cut)])
+    assert finish(embedder, job).failed == {}
+
+
+def test_titan_counts_are_estimates_on_the_high_side_and_say_so(make: Make) -> None:
+    embedder = make()
+    counted = embedder.tokenize(TEXTS)
+    assert all(t.count >= tokens_of([text]) * 1.25 for t, text in zip(counted, TEXTS, strict=True))
+    assert not embedder.token_counts.exact and "estimate" in embedder.token_counts.basis
+    prose = "word " * 8000  # 8,000 cl100k tokens: over 8,192 once the margin is counted
+    (cut,) = embedder.tokenize([prose])
+    assert cut.is_truncated and cut.count <= 8192

@@ -95,7 +95,9 @@ def test_a_run_is_verified_with_the_models_vectors_and_billed_once_per_unique_te
     assert tool.json("verify")["complete"]
     stats = emulator.stats()
     texts = list(documents.values())
-    assert stats["billed_tokens"] == unique_tokens(texts) == plan["tokens"]
+    # Titan's tokenizer is not published: the plan's counts are estimates on the high side, and say so
+    assert stats["billed_tokens"] == unique_tokens(texts) <= plan["tokens"]
+    assert not plan["token_counts"]["exact"] and "estimate" in plan["token_counts"]["basis"]
     assert stats["jobs_created"] == 2 and stats["billed_tokens_online"] > 0  # the last 50 texts: online
     assert_one_job_per_key(emulator)
     stored = stored_vectors(pg_dsn, plan["target"])
