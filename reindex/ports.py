@@ -200,6 +200,28 @@ class CaveatsPrices(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class TokenCounts:
+    """How an embedder counts tokens: exactly, in the model's own tokenizer, or as an estimate, and how."""
+
+    exact: bool
+    basis: str  # e.g. "mistral-embed's own tokenizer" or "estimate: cl100k_base x 1.25 ..."
+
+
+MODEL_TOKENIZER = TokenCounts(
+    True, "the model's own tokenizer"
+)  # what an embedder that says nothing counts with
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """An embedder whose token counts may not be the model's own: `plan` says whether its counts, and so
+    the cost, the budget and which texts are cut, are exact or estimated. Without it: MODEL_TOKENIZER."""
+
+    @property
+    def token_counts(self) -> TokenCounts: ...
+
+
+@dataclass(frozen=True, slots=True)
 class RequestLimits:
     """One online request's limits: its provider's, or the config's lower ones."""
 

@@ -108,4 +108,5 @@ def _scores(queries: NDArray[np.float32], vectors: NDArray[np.float32], distance
 
 def _normalised(vectors: NDArray[np.float32]) -> NDArray[np.float32]:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+    unit: NDArray[np.float32] = (vectors / np.where(norms > 0, norms, 1.0)).astype(np.float32)
+    return unit

@@ -21,10 +21,11 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from reindex.errors import ConfigError
-from reindex.ports import ONLINE, JobItem, JobResult, Tokens, Vectors
+from reindex.ports import ONLINE, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters.cohere import datasets
 from reindex_adapters.cohere.client import (
     BATCH_MODELS,
+    COUNTS,
     Api,
     Settings,
     make_client,
@@ -91,6 +92,8 @@ class CohereBatchEmbedder:
     def from_config(cls, config: Config) -> CohereBatchEmbedder:
         client = make_client(config.base_url, config.api_key_env, config.timeout_s)
         return cls(client, config, pacer=Pacer.of(config))
+
+    token_counts: TokenCounts = COUNTS
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
         """cl100k_base counts, cut at `max_tokens`: an estimate for the plan and the budget (Cohere's tokenizer

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from reindex.errors import ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, Tokens
+from reindex.ports import EmbedderInfo, TokenCounts, Tokens
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected, retry_after
 from reindex_adapters.remote.keys import api_key, redact
 from reindex_adapters.remote.pacing import Paced, Pacer
@@ -102,6 +102,9 @@ def prices_for(model: str, overrides: Mapping[str, float] | None) -> dict[str, f
     """Online and batch USD per 1M tokens: the config's override, else the list price, else None."""
     listed = PRICES.get(model, {})
     return {tier: (overrides or listed).get(tier) for tier in ("online", "batch")}
+
+
+COUNTS = TokenCounts(False, "estimate: cl100k_base (Cohere's tokenizer is fetched from the network)")
 
 
 def tokenizer() -> Any:

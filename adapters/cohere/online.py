@@ -17,8 +17,9 @@ import numpy as np
 from pydantic import Field
 
 from reindex.errors import BackendError, ReindexError
-from reindex.ports import RequestLimits, Tokens, Vectors
+from reindex.ports import RequestLimits, TokenCounts, Tokens, Vectors
 from reindex_adapters.cohere.client import (
+    COUNTS,
     MAX_TEXTS,
     Api,
     Settings,
@@ -147,6 +148,8 @@ class CohereEmbedder:
     @property
     def traffic(self) -> dict[str, float | int | None]:
         return self._requests.api.pacer.traffic.describe()
+
+    token_counts: TokenCounts = COUNTS
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
         """cl100k_base counts, cut at `max_tokens`: an estimate (Cohere's tokenizer is not available offline);

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from reindex.errors import ConfigError
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, JobItem, JobResult, Tokens, Vectors
+from reindex.ports import EmbedderInfo, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters.gemini.client import make_client, translated_errors
 from reindex_adapters.gemini.responses import read_responses
 from reindex_adapters.remote.errors import ProviderNotFound
@@ -96,6 +96,9 @@ class GeminiBatchEmbedder:
         self._model, self._dimensions, self._task_type = model, output_dimensionality, task_type
         self._is_normalized, self._create_timeout_s = normalize, create_timeout_s
         self._codec = encoding(tokenizer)
+        self.token_counts = TokenCounts(
+            False, f"estimate: {tokenizer} (Gemini's tokenizer is not available offline)"
+        )
         size = _resolve_dim(model, output_dimensionality, dim)
         options = {
             "output_dimensionality": output_dimensionality,

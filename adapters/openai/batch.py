@@ -22,6 +22,7 @@ from reindex_adapters.openai.client import (
     prices_for,
     request_groups,
     resolve_dim,
+    token_counts,
 )
 from reindex_adapters.openai.online import OpenAIEmbedder
 from reindex_adapters.remote.errors import ProviderNotFound
@@ -96,6 +97,7 @@ class OpenAIBatchEmbedder:
         self._codec = encoding(tokenizer)
         dim = resolve_dim(model, dimensions, dim)
         self.info = model_info("openai-batch", model, dim, max_tokens, dimensions, tokenizer)
+        self.token_counts = token_counts(model, tokenizer)
         self.prices = prices_for(model, prices)
         self.price_per_million = self.prices["batch"]
         self._lines: dict[str, dict[str, list[str]]] = {}  # batch id -> line custom_id -> item custom_ids

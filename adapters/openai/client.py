@@ -12,7 +12,7 @@ from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo
+from reindex.ports import EmbedderInfo, TokenCounts
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected, retry_after
 from reindex_adapters.remote.keys import api_key, redact
 from reindex_adapters.remote.pacing import Paced, Pacer
@@ -60,6 +60,14 @@ def resolve_dim(model: str, dimensions: int | None, dim: int | None) -> int:
     if resolved is None:
         raise ConfigError(f"the output dimension of model {model!r} is unknown", hint="set dim in [embedder]")
     return resolved
+
+
+def token_counts(model: str, tokenizer: str) -> TokenCounts:
+    """Exact for OpenAI's own embedding models counted in cl100k_base (their tokenizer, tiktoken's model
+    table); for another model a server names, an estimate in `tokenizer`."""
+    if model in KNOWN_DIMS and tokenizer == "cl100k_base":
+        return TokenCounts(True, f"cl100k_base, {model}'s own tokenizer")
+    return TokenCounts(False, f"estimate: {tokenizer} (not known to be {model}'s tokenizer)")
 
 
 def model_info(

@@ -28,6 +28,7 @@ from reindex_adapters.openai.client import (
     prices_for,
     request_groups,
     resolve_dim,
+    token_counts,
 )
 from reindex_adapters.remote.decoding import _decode, decode_vectors
 from reindex_adapters.remote.errors import ProviderRejected
@@ -116,6 +117,7 @@ class OpenAIEmbedder:
         self._codec = encoding(tokenizer)
         dim = resolve_dim(model, dimensions, dim)
         self.info = model_info("openai", model, dim, max_tokens, dimensions, tokenizer)
+        self.token_counts = token_counts(model, tokenizer)
         self.billed_tokens = 0
         self.prices = prices_for(model, prices)
         self.price_per_million = self.prices["online"]

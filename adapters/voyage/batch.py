@@ -89,7 +89,7 @@ class VoyageBatchEmbedder:
         self.info = identity("voyage-batch", settings)
         self._params = request_params(settings)
         self._counter = TokenCounter(settings.model, self.info.max_tokens, settings.tokenizer_path)
-        self.token_counts = self._counter.basis
+        self.token_counts = self._counter.counts_are
         self.prices = prices_for(settings.model, settings.prices)
         self.price_per_million = self.prices["batch"]
         self.stragglers_online = stragglers_online

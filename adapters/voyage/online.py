@@ -64,8 +64,8 @@ class VoyageEmbedder:
         self._max_tokens = max_tokens_per_request or limits.request_tokens
         self._counter = counter or TokenCounter(settings.model, limits.context, settings.tokenizer_path)
         self.token_counts = (
-            self._counter.basis
-        )  # "exact: <file>" or "estimate: ..." (docs/providers/voyage.md)
+            self._counter.counts_are
+        )  # exact from a file, or estimated (docs/providers/voyage.md)
         self.prices = prices_for(settings.model, settings.prices)
         self.price_per_million = self.prices["online"]
         self.billed_tokens = 0

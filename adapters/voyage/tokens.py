@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from reindex.errors import ConfigError, MissingDependency
-from reindex.ports import Tokens
+from reindex.ports import TokenCounts, Tokens
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -26,7 +26,7 @@ ESTIMATE_FACTOR = 1.2  # Voyage's tokens per cl100k_base token, at the high end 
 
 
 class TokenCounter:
-    """Counts for one model; `basis` says whether they are exact ("exact: <file>") or estimated.
+    """Counts for one model; `counts` says whether they are exact (from which file) or estimated.
 
     Texts are never cut: Voyage truncates an input past the context itself, so `Tokens.data` is the whole
     text and `count` is what is embedded (at most the context), `original_count` the whole text's.
@@ -38,10 +38,13 @@ class TokenCounter:
         self._tokenizer = _load(found) if found else None
         self._codec: Any = None if self._tokenizer else _cl100k()
         self.is_exact = self._tokenizer is not None
-        self.basis = (
-            f"exact: {found}"
+        self.counts_are = (
+            TokenCounts(True, f"exact: {found}")
             if self.is_exact
-            else f"estimate: cl100k_base x {ESTIMATE_FACTOR} (no tokenizer of voyageai/{model} on this machine)"
+            else TokenCounts(
+                False,
+                f"estimate: cl100k_base x {ESTIMATE_FACTOR} (no tokenizer of voyageai/{model} on this machine)",
+            )
         )
 
     def counts(self, texts: Sequence[str]) -> list[int]:

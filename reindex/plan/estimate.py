@@ -13,7 +13,7 @@ from reindex.batching import batch_budget, batch_texts, token_batches
 from reindex.columns import embed
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
-from reindex.ports import CaveatsPrices, Embedder, Record, Source, StoragePlan
+from reindex.ports import MODEL_TOKENIZER, CaveatsPrices, CountsTokens, Embedder, Record, Source, StoragePlan
 from reindex.run.io import scan_documents
 from reindex.run.shards import prepare_shard
 from reindex.run.validation import screen
@@ -32,6 +32,10 @@ class PlanReport:
     unreadable_or_empty: int = 0
     unique_texts: int = 0
     tokens: int = 0  # tokens of the unique texts that will be embedded (after truncation)
+    # exact, in the model's own tokenizer, or estimated, and how (reindex.ports.CountsTokens)
+    token_counts: dict[str, Any] = field(
+        default_factory=lambda: {"exact": MODEL_TOKENIZER.exact, "basis": MODEL_TOKENIZER.basis}
+    )
     tokens_mean: float = 0.0
     tokens_p90: int = 0
     over_max_tokens: int = 0
@@ -161,6 +165,8 @@ def estimate(
     _price(report, getattr(embedder, "prices", None), getattr(embedder, "completion_window_hours", 24.0))
     if isinstance(embedder, CaveatsPrices):
         report.price_caveats = list(embedder.price_caveats)
+    counts = embedder.token_counts if isinstance(embedder, CountsTokens) else MODEL_TOKENIZER
+    report.token_counts = {"exact": counts.exact, "basis": counts.basis}
     paid = bool(getattr(embedder, "prices", None))
     if calibrate and calibration and not paid and hasattr(embedder, "embed"):  # a dry run never spends money
         _calibrate(report, embedder, calibration, run)

@@ -33,7 +33,7 @@ def _corpus(p: PlanReport) -> str:
             "will be dead letters",
         ),
         h.card("Distinct texts", h.metric("unique_texts", p.unique_texts), "each embedded once"),
-        h.card("Tokens", h.metric("tokens", p.tokens), "exact, after truncation"),
+        h.card("Tokens", h.metric("tokens", p.tokens), h.text(_counted(p)) + ", after truncation"),
     ]
     facts = h.facts(
         [
@@ -52,6 +52,12 @@ def _corpus(p: PlanReport) -> str:
         ]
     )
     return h.section("corpus", "Corpus", f'<div class="cards">{"".join(cards)}</div>', facts)
+
+
+def _counted(p: PlanReport) -> str:
+    """Whether the token counts are exact (reindex.ports.CountsTokens), with how they were counted."""
+    basis = p.token_counts["basis"]
+    return f"exact: {basis}" if p.token_counts["exact"] else basis.replace("estimate:", "estimated:", 1)
 
 
 def _time_and_cost(p: PlanReport) -> str:

@@ -10,6 +10,17 @@ from reindex.ui.screen import Screen, _problems
 from reindex.units import count, duration, integer, model_line, size, usd
 
 
+def _counted(counts: dict[str, Any] | None) -> str:
+    """Whether the counts are exact, in the model's own tokenizer, or estimated (reindex.ports.CountsTokens)."""
+    if not counts:
+        return "tokens counted with the model's own tokenizer"
+    if counts["exact"]:
+        return f"tokens counted exactly: {counts['basis']}"
+    return (
+        f"tokens estimated, {counts['basis'].removeprefix('estimate: ')}: cost and cuts may differ a little"
+    )
+
+
 def plan(s: Screen, p: dict[str, Any]) -> None:
     s.headline(f"Plan: embed {count(p['documents'], 'document')} into {p['target']} for alias {p['alias']}")
     rows = [
@@ -24,6 +35,7 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
             f"{count(p['unique_texts'], 'distinct text')}, {count(p['tokens'], 'token')} to embed "
             f"(mean {units.decimal(p['tokens_mean'])}, p90 {integer(p['tokens_p90'])} per text)",
         ),
+        ("", _counted(p.get("token_counts"))),
         ("time", _eta(p)),
     ]
     if p.get("cost_online_usd") is not None or p.get("cost_batch_usd") is not None:

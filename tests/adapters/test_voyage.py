@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, TransientError
-from reindex.ports import DeferredEmbedder, Vectors
+from reindex.ports import DeferredEmbedder, TokenCounts, Vectors
 from reindex.registry import build
 from reindex_adapters.remote.tokens import cl100k
 from reindex_adapters.testing.emulators.faults import FaultPlan
@@ -94,7 +94,7 @@ def test_a_batch_returns_the_models_vector_per_custom_id_and_bills_from_usage(
         np.testing.assert_allclose(result.vectors[item.custom_id], vector, rtol=1e-6)
     assert result.billed_tokens == tokens(TEXTS) == emulator.stats()["billed_tokens_batch"]
     # no Voyage tokenizer here: the estimate is the cl100k count x 1.2, rounded up, never below the bill
-    assert embedder.token_counts.startswith("estimate")
+    assert not embedder.token_counts.exact and embedder.token_counts.basis.startswith("estimate")
     estimated = [math.ceil(len(cl100k().encode_ordinary(text)) * 1.2) for text in TEXTS]
     assert [item.tokens.count for item in items] == estimated and sum(estimated) >= result.billed_tokens
     batch = emulator.batch(job_id)
@@ -318,7 +318,7 @@ def test_an_exact_tokenizer_counts_what_voyage_bills(serve: Serve, tmp_path: Pat
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     emulator = serve(tokenizer=Tokenizer.from_file(str(tmp_path / "tokenizer.json")))
     embedder = batcher(emulator, tokenizer_path=str(tmp_path))
-    assert embedder.token_counts == f"exact: {tmp_path / 'tokenizer.json'}"
+    assert embedder.token_counts == TokenCounts(True, f"exact: {tmp_path / 'tokenizer.json'}")
     items = jobs(embedder, TEXTS)
     result = finish(embedder, embedder.submit("key-exact", items))
     assert result.billed_tokens == sum(item.tokens.count for item in items) != tokens(TEXTS)

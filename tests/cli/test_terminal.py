@@ -79,6 +79,7 @@ def test_every_verb_reads_as_sentences_and_tables_with_units_and_json_keeps_ever
     assert "1,300 to embed, 1 unreadable or empty" in text
     assert f"hash) · 32 dimensions · fingerprint {plan['fingerprint']}" in text  # the model on one line
     assert "KiB of vectors" in text and "documents/s" in text and "Nothing was changed." in text
+    assert "tokens counted exactly: the model's own tokenizer" in text and plan["token_counts"]["exact"]
     assert re.search(
         r"^warning: `reindex cutover` will change what alias docs serves \(now docs__", text, re.M
     )
@@ -289,3 +290,16 @@ def test_a_remote_model_run_shows_its_requests_and_429s_not_padding() -> None:
         text = readable(console.export_text())
     assert "24 sent (1 retries, 1 answered 429), 10.9 requests/s, 218,000 tokens/min" in text
     assert "padding" not in text and "busy" not in text and "$0.0002 for 8,000 billed tokens" in text
+
+
+def test_plan_says_when_token_counts_are_estimates_and_how() -> None:
+    """A provider whose tokenizer is not published (Titan): the plan's tokens, cost and cuts are estimates."""
+    from reindex.plan.estimate import PlanReport
+
+    report = PlanReport(documents=10, embeddable=10, unique_texts=10, tokens=125, target="t", alias="a")
+    report.token_counts = {"exact": False, "basis": "estimate: cl100k_base x 1.25 (not published)"}
+    with open(os.devnull, "w") as sink:
+        console = Console(width=120, record=True, file=sink)
+        terminal.show(console, "plan", report.to_json(), "m.toml")
+        text = console.export_text()
+    assert "tokens estimated, cl100k_base x 1.25 (not published): cost and cuts may differ" in text

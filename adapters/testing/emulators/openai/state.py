@@ -109,7 +109,8 @@ def shorten(vectors: Vectors, dimensions: Any) -> Vectors:
         raise ApiError(400, message, param="dimensions")
     short = vectors[:, :dimensions]
     norms = np.linalg.norm(short, axis=1, keepdims=True)
-    return (short / np.where(norms == 0, 1, norms)).astype(np.float32)
+    unit: Vectors = (short / np.where(norms == 0, 1, norms)).astype(np.float32)
+    return unit
 
 
 def _result_line(request: Mapping[str, Any], status: int, body: Any) -> str:
