@@ -163,11 +163,17 @@ class GeminiBatchEmbedder:
         return JobResult(state, True, vectors, failed, billed)
 
     def release(self, job_id: str) -> None:
-        """Delete the job's responses file; gone is fine. Uploaded input files are not deleted: the batch
-        object does not name them, and the Files API removes uploads after 48 hours."""
+        """Delete the job's responses file; gone is fine, and so is a refusal: whether a key may delete a
+        GENERATED file is not documented, the Files API removes files after 48 hours, and the vectors are
+        stored by now, so a 403 leaves the file rather than ending the run (the key itself was just
+        accepted by the `batches.get`). Uploaded input files are not deleted: the batch object does not
+        name them."""
         job = self._call(functools.partial(self._client.batches.get, name=job_id))
         if job.dest and job.dest.file_name:
-            self._delete_file(job.dest.file_name)
+            try:
+                self._delete_file(job.dest.file_name)
+            except ConfigError:
+                return
 
     # submitting ------------------------------------------------------------------------------------------
 

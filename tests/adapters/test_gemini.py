@@ -251,3 +251,18 @@ def test_the_price_table_matches_configs_pricing_toml() -> None:
     table = tomllib.loads((Path(__file__).parents[2] / "configs" / "pricing.toml").read_text())
     assert table["gemini"]["taken"] == PRICES_TAKEN
     assert table["gemini"]["models"] == PRICES
+
+
+def test_a_responses_file_the_key_may_not_delete_is_left_and_the_run_goes_on(serve: Serve) -> None:
+    """Deleting a GENERATED responses file is not documented as allowed (the wire review): a 403 there
+    leaves the file (the Files API removes it after 48 hours) and must not end a run whose vectors are
+    already stored."""
+    emulator, embedder = serve()
+    job_id = embedder.submit("plan-1-403", items(embedder))
+    assert finish(embedder, job_id).status == "JOB_STATE_SUCCEEDED"
+    files = emulator.stats()["files"]
+    emulator.set_faults(
+        FaultPlan(polls_per_step=0, server_errors=1, server_error_status=403, server_errors_on=("files",))
+    )
+    embedder.release(job_id)
+    assert emulator.stats()["files"] == files
