@@ -252,7 +252,14 @@ class BedrockBatchEmbedder:
         )
         return JobResult(status, True, vectors, failed, billed)
 
+    def recall(self, job_id: str, items: Sequence[tuple[str, int]]) -> None:
+        """recordId -> custom_id from the ledger (`RecallsItems`): the items in submit order, numbered as
+        `_records` numbers them, so a process that did not submit the job needs no read of the input prefix
+        (the tool's credentials may only write there)."""
+        self._maps.setdefault(job_id, {f"{row:011d}": custom_id for row, (custom_id, _) in enumerate(items)})
+
     def _map(self, job_id: str, job: Mapping[str, Any]) -> dict[str, str]:
+        """recordId -> custom_id: remembered, recalled, else the record map beside the input (a 0.2 job)."""
         if job_id not in self._maps:
             bucket, key = split_s3_uri(job["inputDataConfig"]["s3InputDataConfig"]["s3Uri"])
             content = self._get(bucket, key.rsplit("/", 1)[0] + f"/{RECORD_MAP}")

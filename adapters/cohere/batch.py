@@ -224,9 +224,15 @@ class CohereBatchEmbedder:
         }
         return JobResult(str(dataset.validation_status), True, {}, failed, 0)
 
+    def recall(self, job_id: str, items: Sequence[tuple[str, int]]) -> None:
+        """The job's rows and their token estimates, from the ledger (`RecallsItems`): a process that did not
+        submit it reads no part of its input dataset, which Cohere may not serve back (undocumented)."""
+        self._lines.setdefault(job_id, list(items))
+
     def _lines_of(self, job_id: str, source: Dataset | None) -> list[tuple[str, int]]:
-        """The job's rows and their estimated tokens: remembered from submit, else read from its input dataset
-        (another process polls it; rows validation dropped are not there, and come back as missing)."""
+        """The job's rows and their estimated tokens: remembered from submit or recalled from the ledger, else
+        read from its input dataset (a job polled without a ledger; rows validation dropped are not there,
+        and come back as missing)."""
         if job_id not in self._lines and source is not None:
             found = datasets.rows(self._api, source, self.config.timeout_s) or []
             counts = [tokens.count for tokens in self.tokenize([str(row.get("text", "")) for row in found])]

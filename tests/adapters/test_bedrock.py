@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from reindex.errors import ConfigError, TransientError
-from reindex.ports import DeferredEmbedder, JobItem, JobResult
+from reindex.ports import DeferredEmbedder, JobItem, JobResult, RecallsItems
 from reindex.registry import build
 from reindex_adapters.bedrock import (
     PRICES,
@@ -327,3 +327,24 @@ def test_titan_counts_are_estimates_on_the_high_side_and_say_so(make: Make) -> N
     prose = "word " * 8000  # 8,000 cl100k tokens: over 8,192 once the margin is counted
     (cut,) = embedder.tokenize([prose])
     assert cut.is_truncated and cut.count <= 8192
+
+
+def test_a_fresh_process_maps_records_from_the_ledger_without_reading_the_input_folder(
+    make: Make, emulator: BedrockEmulator
+) -> None:
+    """The tool's credentials may only write the input prefix (a least-privilege policy): a resume maps each
+    recordId from the items the ledger recalls (`RecallsItems`), in submit order, not from the record map."""
+    given = items(make())
+    job = make().submit("key-fresh", given)
+    s3 = emulator.s3_client()
+    for entry in s3.list_objects_v2(Bucket="inputs").get("Contents", []):
+        if entry["Key"].endswith("records.json"):
+            s3.delete_object(Bucket="inputs", Key=entry["Key"])  # as good as unreadable
+    fresh = make()
+    assert isinstance(fresh, RecallsItems)
+    fresh.recall(job, [(item.custom_id, item.tokens.count) for item in given])
+    result = finish(fresh, job)
+    assert set(result.vectors) == {item.custom_id for item in given} and result.failed == {}
+    np.testing.assert_allclose(
+        np.stack([result.vectors[i.custom_id] for i in given]), reference(TEXTS), rtol=1e-5
+    )

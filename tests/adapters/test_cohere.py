@@ -21,7 +21,7 @@ from reindex.config import RouteConfig, RunConfig
 from reindex.errors import ConfigError, MissingDependency, TransientError
 from reindex.plan import routing
 from reindex.plan.estimate import PlanReport
-from reindex.ports import DeferredEmbedder, JobResult, Vectors
+from reindex.ports import DeferredEmbedder, JobResult, RecallsItems, Vectors
 from reindex_adapters.cohere import PRICES, PRICES_TAKEN, CohereBatchEmbedder, CohereEmbedder, datasets
 from reindex_adapters.cohere.batch import row_vector
 from reindex_adapters.cohere.client import Api
@@ -369,3 +369,18 @@ def test_a_job_without_billed_units_is_charged_above_the_estimates(
     result = run(embedder, "key-no-units", TEXTS)
     assert result.billed_tokens == math.ceil(tokens(TEXTS) * ESTIMATE_MARGIN)
     assert any("billed_units" in caveat for caveat in embedder.price_caveats)
+
+
+def test_a_fresh_process_polls_from_the_ledger_without_reading_the_input_dataset_back(serve: Serve) -> None:
+    """Whether Cohere serves an embed-input dataset's parts back is not documented: a resume needs only the
+    items the ledger recalls (`RecallsItems`), and reads the result dataset alone."""
+    emulator, client = serve()
+    items = jobs(batcher(client), TEXTS)
+    job_id = batcher(client).submit("key-fresh", items)
+    fresh = batcher(client)
+    assert isinstance(fresh, RecallsItems)
+    fresh.recall(job_id, [(item.custom_id, item.tokens.count) for item in items])
+    result = finish(fresh, job_id)
+    assert set(result.vectors) == {item.custom_id for item in items}
+    job = last_job(emulator)
+    assert set(emulator.stats()["parts_read"]) == {job["output_dataset_id"]}

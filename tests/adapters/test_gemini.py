@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -266,3 +267,27 @@ def test_a_responses_file_the_key_may_not_delete_is_left_and_the_run_goes_on(ser
     )
     embedder.release(job_id)
     assert emulator.stats()["files"] == files
+
+
+def test_a_fresh_process_polls_the_batch_reading_only_the_generated_responses_file(serve: Serve) -> None:
+    """What a resume has: the batch's name from the ledger. The emulator refuses to download an uploaded
+    file, as the Files API does, so a poll that needed the input back would fail here."""
+    emulator, first = serve()
+    job_id = first.submit("plan-1-fresh", items(first))
+    fresh = GeminiBatchEmbedder(
+        make_client(emulator.base_url, KEY_ENV, 10),
+        pacer=Pacer(backoff_s=0.02),
+        output_dimensionality=DIM,
+        api_key_env=KEY_ENV,
+    )
+    result = finish(fresh, job_id)
+    assert result.status == "JOB_STATE_SUCCEEDED" and set(result.vectors) == {
+        f"0-{i}" for i in range(len(TEXTS))
+    }
+    uploaded = next(name for name, f in emulator.state.files.items() if f.source == "UPLOADED")
+    refused = httpx.get(
+        f"{emulator.base_url}/v1beta/{uploaded}:download",
+        params={"alt": "media"},
+        headers={"x-goog-api-key": SECRET},
+    )
+    assert refused.status_code == 403 and "only generated files" in refused.text

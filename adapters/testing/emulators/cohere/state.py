@@ -9,6 +9,7 @@ import json
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -68,12 +69,14 @@ class CohereState(ProviderState):
         self.jobs: dict[str, Job] = {}
         self._clock = 0.0
         self.uploads: list[str] = []  # the names of the datasets created, in order
+        self.parts_read: Counter[str] = Counter()
 
     def stats(self) -> dict[str, Any]:
         with self.lock:
             return {
                 **super().stats(),
                 "datasets_created": len(self.uploads),
+                "parts_read": dict(self.parts_read),  # dataset id -> its parts downloaded
                 "dataset_names": list(self.uploads),
             }
 
@@ -137,8 +140,9 @@ class CohereState(ProviderState):
 
     def part(self, part_id: str) -> bytes:
         with self.lock:
-            for dataset in self.datasets.values():
+            for dataset_id, dataset in self.datasets.items():
                 if part_id in dataset.parts and not dataset.is_deleted:
+                    self.parts_read[dataset_id] += 1
                     return dataset.parts[part_id]
         raise ApiError(404, "not found")
 

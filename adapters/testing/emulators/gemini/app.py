@@ -91,7 +91,7 @@ def _batch(request: Request) -> str:
 # method, path, route name for the fault gate (None: never refused), handler (sync or async)
 ROUTE_TABLE: list[tuple[str, str, str | None, Handler]] = [
     ("POST", "/upload/{version}/files", "files", _upload),
-    ("GET", "/{version}/files/{file_id}:download", "files", lambda s, r: s.file(_file(r)).content),
+    ("GET", "/{version}/files/{file_id}:download", "files", lambda s, r: s.download(_file(r))),
     ("DELETE", "/{version}/files/{file_id}", "files", lambda s, r: s.delete_file(_file(r))),
     ("POST", "/{version}/models/{model}:asyncBatchEmbedContent", "batch_create", _create),
     ("GET", "/{version}/batches", "batch_list", _list),

@@ -146,6 +146,15 @@ class GeminiState(ProviderState):
                 raise GoogleError(404, f"File {name} not found.")
             return stored
 
+    def download(self, name: str) -> bytes:
+        """A GENERATED file's bytes. An uploaded one is refused: "Files created by `upload` can't be
+        downloaded" (google-genai's `files.download`, which refuses a File object without a download_uri
+        before sending anything). The status the server gives a name is not documented: 403 is chosen."""
+        stored = self.file(name)
+        if stored.source != "GENERATED":
+            raise GoogleError(403, f"File {name} was uploaded: only generated files can be downloaded.")
+        return stored.content
+
     def delete_file(self, name: str) -> dict[str, Any]:
         self.file(name).is_deleted = True
         return {}
