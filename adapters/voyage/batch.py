@@ -214,8 +214,14 @@ class VoyageBatchEmbedder:
         return str(batch["id"])
 
     def _attempt(self, send: functools.partial[dict[str, Any]]) -> dict[str, Any]:
+        """One create. A 404 "Input file not found" for the file just uploaded made nothing (a public report,
+        github.com/mongodb-developer/GenAI-Showcase/issues/175, cause unknown): waited out as a 429 is."""
         try:
             return self._api.once(send)
+        except ProviderNotFound as exc:
+            if "input file not found" in str(exc).lower():
+                raise ProviderBusy(str(exc), status=404) from exc
+            raise
         except ProviderBusy as exc:
             if exc.status == 429:
                 raise

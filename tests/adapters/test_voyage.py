@@ -562,3 +562,15 @@ def test_a_fresh_process_polls_from_the_ledger_without_reading_the_input_file_ba
     assert set(result.vectors) == {item.custom_id for item in items}
     batch = other._api.batch(job_id)
     assert batch["input_file_id"] not in read  # the output and error files only
+
+
+def test_a_create_that_cannot_see_the_file_just_uploaded_is_sent_again_not_a_config_error(
+    serve: Serve,
+) -> None:
+    """A public report shows Voyage answering 404 "Input file not found" to a create right after the upload;
+    nothing was created, so it is waited out and sent again, as a 429 is (it ended the run with exit 2)."""
+    emulator = serve(unseen_files=2)
+    embedder = batcher(emulator)
+    job_id = embedder.submit("key-unseen", jobs(embedder, TEXTS))
+    assert emulator.stats()["batches_created"] == 1
+    assert len(finish(embedder, job_id).vectors) == len(TEXTS)

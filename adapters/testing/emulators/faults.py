@@ -67,6 +67,9 @@ class FaultPlan:
     delete_output: bool = False  # the output file is gone before anyone downloads it
     slow_creates: int = 0  # the next N batch creates answer only after `create_delay_s`
     create_delay_s: float = 2.0
+    # the next N batch creates answer 404 "Input file not found" for a file just uploaded (Voyage: seen in
+    # github.com/mongodb-developer/GenAI-Showcase/issues/175, cause unknown; nothing is created)
+    unseen_files: int = 0
     rate_limit: int = 0  # the next N requests to `rate_limit_on` routes get 429
     rate_limit_on: tuple[str, ...] = ("embeddings",)
     retry_after_s: float = 1.0
@@ -170,6 +173,13 @@ class FaultGate:
             self.refused[429] += 1
             raise rate_limited(wait)
         window.append((now, tokens))
+
+    def unseen_file(self) -> bool:
+        """Whether this batch create is answered "Input file not found" (`unseen_files`)."""
+        if self.plan.unseen_files <= 0:
+            return False
+        self.plan = replace(self.plan, unseen_files=self.plan.unseen_files - 1)
+        return True
 
     def create_delay(self) -> float:
         """Seconds to hold back the response of this batch create (the batch exists meanwhile)."""

@@ -173,6 +173,8 @@ class VoyageState(ProviderState):
             if not isinstance(params, dict) or not params.get("model"):
                 raise ApiError(400, "request_params must name a model.")
             stored = self.files.get(str(body.get("input_file_id")))
+            if self.gate.unseen_file():
+                raise ApiError(404, "Input file not found")
             if stored is None or stored.is_deleted or stored.purpose != "batch":
                 raise ApiError(400, f"No batch input file {body.get('input_file_id')}.")
             metadata = check_metadata(body.get("metadata"))
