@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -57,6 +57,7 @@ class VllmEmbedder:
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
+        MODEL_PATHS: ClassVar[tuple[str, ...]] = ("model",)  # a folder beside the config, or a hub id
         kind: Literal["vllm"]
         model: str  # a local model directory (or a name already in the Hugging Face cache)
         dtype: Dtype = "auto"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -26,7 +27,14 @@ from reindex.flip.window import (
 )
 from reindex.plan import routing
 from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread, stored
-from reindex.ports import DeferredEmbedder, DescribingSink, NamesLosses, PlansStorage, RestoresTable, Sink
+from reindex.ports import (
+    DeferredEmbedder,
+    DescribingSink,
+    NamesLosses,
+    PlansStorage,
+    RestoresTable,
+    Sink,
+)
 from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
@@ -35,6 +43,7 @@ from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun
 from reindex.run.migration import (
     Migration,
+    MissingLedger,
     config_key,
     known_run,
     lease_key,
@@ -42,6 +51,7 @@ from reindex.run.migration import (
     ledger_of,
     migration,
     open_backends,
+    open_ledger,
     open_migration,
     stop_on_lost_lease,
     with_nonce,
@@ -52,6 +62,7 @@ from reindex.run.synchronous import online
 from reindex.run.validation import excused
 from reindex.state.ledger import Ledger
 from reindex.state.records import Lease, RunSummary
+from reindex.state.sqlite import SqliteLedger
 from reindex.units import iso_utc
 
 # plan ---------------------------------------------------------------------------------------------------
@@ -162,7 +173,11 @@ def run(
     engine = registry.resolve_engine(config.run.engine) if config.run.engine != "local" else None
     if engine is not None:
         engine.require()  # before anything is opened or written
-    with leased(config) as (ledger, lease), open_migration(config) as m, stop_on_lost_lease(lease, stop):
+    with (
+        leased(config, create=True) as (ledger, lease),
+        open_migration(config) as m,
+        stop_on_lost_lease(lease, stop),
+    ):
         if engine is not None and not isinstance(m.embedder, DeferredEmbedder):
             engine.check(config, m.embedder, ledger)  # before the run and its target are touched
         m = attach(m, ledger, fresh=fresh, create=True)
@@ -404,8 +419,9 @@ class StatusReport:
 def status(config: Config) -> StatusReport:
     """Where the migration stands: shards written, reconciliation, where the alias points, history.
 
-    Needs no model: the run is found in the ledger by the config's key."""
-    with open_backends(config) as (source, sink), ledger_of(config) as ledger:
+    Needs no model: the run is found in the ledger by the config's key. Without a ledger: "no run yet",
+    unless the alias carries the tool's mark (then its ledger is elsewhere: MissingLedger, exit 2)."""
+    with open_backends(config) as (source, sink), _read_ledger(config, sink) as ledger:
         run = known_run(config, ledger, source, sink)
         summary = ledger.summary(run.plan_id) if run else None
         alias = sink.alias(config.alias)
@@ -442,6 +458,23 @@ def status(config: Config) -> StatusReport:
         )
 
 
+@contextmanager
+def _read_ledger(config: Config, sink: Sink) -> Iterator[Ledger]:
+    """The config's ledger for a verb that only reads it (`status`, `verify`). Where there is none and the
+    alias carries no mark of the tool, nothing has run: an empty ledger in memory answers "nothing yet"
+    without writing a file. An alias the tool moved, without its ledger, is MissingLedger (exit 2)."""
+    try:
+        ledger = open_ledger(config, create=False)
+    except MissingLedger:
+        if sink.alias(config.alias).fingerprint is not None:
+            raise
+        ledger = SqliteLedger(":memory:")
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
 # verify -------------------------------------------------------------------------------------------------
 
 
@@ -451,7 +484,7 @@ def verify(config: Config, *, sample: int = 0) -> Coverage:
     Args:
         sample: also re-embed this many random documents and require cosine >= 0.999 with the stored vectors.
     """
-    with open_migration(config) as m, ledger_of(config) as ledger:
+    with open_migration(config) as m, _read_ledger(config, m.sink) as ledger:
         return _verify(m, ledger, sample=sample)
 
 

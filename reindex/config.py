@@ -15,6 +15,22 @@ from reindex import registry
 from reindex.errors import ConfigError
 
 SECTIONS = ("source", "embedder", "target", "run", "ray", "compare", "gate", "routes")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def environment(name: str, option: str) -> str | None:
+    """The value of the environment variable `name`, which the config's `option` names (`dsn_env`,
+    `api_key_env`, `state_env`). Anything but a variable's name, most often the DSN or key itself pasted
+    where its variable's name belongs, is refused without being repeated: it may hold a password."""
+    if not ENV_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{option} takes the name of an environment variable, and what it was given is not one (not"
+            " repeated here: it may hold a password)",
+            hint=f'export the value as a variable, e.g. APP_DSN, and set {option} = "APP_DSN"',
+        )
+    return os.environ.get(name)
+
+
 DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(min|s|m|h|d)")
 
@@ -78,7 +94,7 @@ class RunConfig(BaseModel):
         """Where the ledger lives: `state`, or the environment variable `state_env` names."""
         if self.state_env is None:
             return self.state
-        value = os.environ.get(self.state_env)
+        value = environment(self.state_env, "[run] state_env")
         if not value:
             raise ConfigError(
                 f"[run] state_env names {self.state_env!r}, which is not set",
@@ -196,11 +212,15 @@ def load(path: Path) -> Config:
 
 
 def parse(text: str, path: Path) -> Config:
-    """Validate a config's text as `load` does (`path` names it in messages), e.g. before writing it."""
+    """Validate a config's text as `load` does (`path` names it in messages), e.g. before writing it.
+
+    Relative paths in it are the config file's, not the working directory's: a command run from cron, CI
+    or another folder reads the same corpus, model and ledger as one run beside the file (`anchor`)."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    raw = anchor(raw, path.absolute().parent)
     unknown = sorted(set(raw) - set(SECTIONS))
     if unknown:
         raise ConfigError(
@@ -222,6 +242,62 @@ def parse(text: str, path: Path) -> Config:
     )
     check(config)
     return config
+
+
+def anchor(raw: dict[str, Any], base: Path) -> dict[str, Any]:
+    """`raw` with every relative path made one under `base` (the config file's folder): [run] state (a
+    SQLite file), [compare] queries and qrels, and in each adapter's table the fields its Config declares
+    in `PATHS` (always a path) and `MODEL_PATHS` (a model folder or a hub id: anchored where `base` holds
+    that folder, or where it is written as a path, "./x" or "../x")."""
+    raw = {key: dict(value) if isinstance(value, dict) else value for key, value in raw.items()}
+    run, compare = raw.get("run"), raw.get("compare")
+    if isinstance(run, dict) and isinstance(run.get("state"), str) and "://" not in run["state"]:
+        run["state"] = _under(base, run["state"])
+    if isinstance(compare, dict):
+        for key in ("queries", "qrels"):
+            if isinstance(compare.get(key), str):
+                compare[key] = _under(base, compare[key])
+        if isinstance(compare.get("embedder"), dict):
+            compare["embedder"] = _anchor_section("embedder", compare["embedder"], base)
+    for role in ("source", "embedder", "target"):
+        if isinstance(raw.get(role), dict):
+            raw[role] = _anchor_section(role, raw[role], base)
+    if isinstance(raw.get("routes"), list):
+        raw["routes"] = [
+            {**route, "embedder": _anchor_section("embedder", route["embedder"], base)}
+            if isinstance(route, dict) and isinstance(route.get("embedder"), dict)
+            else route
+            for route in raw["routes"]
+        ]
+    return raw
+
+
+def _anchor_section(role: str, section: dict[str, Any], base: Path) -> dict[str, Any]:
+    try:
+        model = registry.resolve(role, str(section.get("kind", "")))  # type: ignore[arg-type]
+    except ConfigError:
+        return section  # an unknown kind: `check` names it
+    section = dict(section)
+    for key in getattr(model.Config, "PATHS", ()):
+        if isinstance(section.get(key), str) and not section[key].startswith(":"):  # ":memory:"
+            section[key] = _under(base, section[key])
+    for key in getattr(model.Config, "MODEL_PATHS", ()):
+        value = section.get(key)
+        if isinstance(value, str) and _is_local(value, base):
+            section[key] = _under(base, value)
+    return section
+
+
+def _under(base: Path, value: str) -> str:
+    """`value` under `base` unless absolute; "../x" is resolved in the text (the config's folder may not be
+    there yet when `init` checks what it writes)."""
+    path = Path(value).expanduser()
+    return os.path.normpath(path if path.is_absolute() else base / path)
+
+
+def _is_local(value: str, base: Path) -> bool:
+    """A model named by a path rather than a hub id: written as one, or a folder beside the config."""
+    return value.startswith(("./", "../", "~", "/")) or (base / value).exists()
 
 
 def _routes(raw: Any) -> tuple[RouteConfig, ...]:

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -44,6 +44,7 @@ class JsonlSource:
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
+        PATHS: ClassVar[tuple[str, ...]] = ("path",)  # relative to the config file (reindex.config.anchor)
         kind: Literal["jsonl"]
         path: Path
         id_field: str = "id"

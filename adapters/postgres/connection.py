@@ -4,7 +4,6 @@ the one connection of an adapter and the only translator of its errors (password
 
 from __future__ import annotations
 
-import os
 import re
 import struct
 import urllib.parse
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from reindex.config import environment
 from reindex.errors import BackendError, ConfigError, MissingDependency, TransientError
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class _DsnConfig(BaseModel):
     def resolved_dsn(self, section: str) -> str:
         if self.dsn is not None:
             return self.dsn
-        value = os.environ.get(str(self.dsn_env))
+        value = environment(str(self.dsn_env), f"[{section}] dsn_env")
         if not value:
             raise ConfigError(
                 f"environment variable {self.dsn_env} is not set",

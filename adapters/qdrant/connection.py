@@ -6,18 +6,18 @@ Local mode allows one client per storage folder, so `from_config` shares one cli
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from reindex.config import environment
 from reindex.errors import (
     BackendError,
     ConfigError,
@@ -37,6 +37,7 @@ _NAME_REFUSED = '<>:"/\\|?*\0\x1f'
 
 class _Connection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+    PATHS: ClassVar[tuple[str, ...]] = ("path",)  # relative to the config file (reindex.config.anchor)
     url: str | None = None
     path: str | None = None  # a local storage folder, or ":memory:"
     api_key_env: str | None = None
@@ -181,7 +182,7 @@ def _refuse_headless_storage(folder: Path) -> None:
 def _api_key(env: str | None) -> str | None:
     if env is None:
         return None
-    value = os.environ.get(env)
+    value = environment(env, "api_key_env")
     if not value:
         raise ConfigError(f"environment variable {env} is not set", hint="export it or change api_key_env")
     _secrets.add(value)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import re
 
+from reindex.config import environment
 from reindex.errors import ConfigError
 
 SECRET_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*]{4,}")
@@ -12,7 +12,7 @@ SECRET_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*]{4,}")
 
 def api_key(key_env: str) -> str:
     """The API key from the environment variable the config names; never from the file."""
-    key = os.environ.get(key_env)
+    key = environment(key_env, "api_key_env")
     if not key:
         hint = f"export {key_env}=<API key> (any non-empty value for a local server without keys)"
         raise ConfigError(f"the environment variable {key_env} is not set", hint=hint)

@@ -4,7 +4,7 @@ on CUDA the next batch's copy to the device started while the current one runs."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,6 +33,7 @@ class SentenceTransformerEmbedder:
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
+        MODEL_PATHS: ClassVar[tuple[str, ...]] = ("model",)  # a folder beside the config, or a hub id
         kind: Literal["sentence-transformers"]
         model: str
         normalize: bool = True

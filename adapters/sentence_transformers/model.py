@@ -21,6 +21,7 @@ Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["fp32", "bf16", "fp16"]
 WEIGHT_SUFFIXES = (".safetensors", ".bin")
 SKIPPED_DIRS = {"onnx", "openvino"}  # alternative runtimes' exports: not the weights torch loads
+HUB_CHECK_S = 10.0  # one request to the hub before a model that is not here is downloaded
 
 
 def _import_torch() -> Any:
@@ -47,6 +48,7 @@ def _load(model: str, device: str) -> SentenceTransformer:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # our own progress goes to stderr; theirs would interleave
+    _locate(model)
     with _loading_errors(model):
         return SentenceTransformer(model, device=device, local_files_only=_offline() or Path(model).exists())
 
@@ -62,6 +64,39 @@ def _loading_errors(model: str) -> Iterator[None]:
             f"model {model!r} {where}: {type(exc).__name__}",
             hint="pass a local model directory or pre-download it into the Hugging Face cache",
         ) from exc
+
+
+def _locate(model: str) -> None:
+    """Fail at once, in one line, for a model that is neither a folder here nor in the Hugging Face cache and
+    that the hub cannot give: offline, unreachable or unknown there. Without this, the hub client retries
+    for more than a minute before the same answer (a typo in a folder name read as a hub name)."""
+    if Path(model).exists():
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a valid hub name either
+        cached = None
+    if isinstance(cached, str):
+        return
+    here = f"no model folder at {Path(model).absolute()}, and {model!r} is not in the Hugging Face cache"
+    if _offline():
+        raise ConfigError(f"{here} (HF_HUB_OFFLINE is set)", hint="give the folder of a saved model")
+    from huggingface_hub import model_info
+    from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+
+    try:
+        model_info(model, timeout=HUB_CHECK_S)
+    except (RepositoryNotFoundError, HFValidationError):
+        raise ConfigError(
+            f"{here} nor on the Hugging Face hub", hint="check the name or the folder"
+        ) from None
+    except Exception as exc:  # connection refused, DNS, timeout, a proxy: all mean unreachable
+        raise ConfigError(
+            f"{here}, and the Hugging Face hub cannot be reached ({type(exc).__name__})",
+            hint="download the model where there is a network and give its folder, or set HF_ENDPOINT",
+        ) from None
 
 
 def _offline() -> bool:

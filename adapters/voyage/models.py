@@ -8,7 +8,7 @@ which models the Batch API serves is from its "Batch Inference" guide (Model Ava
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -64,6 +64,9 @@ PRICES: dict[str, dict[str, float]] = {
 class VoyageSettings(Paced):
     """What `voyage` and `voyage-batch` sections share."""
 
+    PATHS: ClassVar[tuple[str, ...]] = (
+        "tokenizer_path",
+    )  # relative to the config file (reindex.config.anchor)
     model: str = "voyage-3.5"
     base_url: str | None = (
         None  # default https://api.voyageai.com/v1 (the SDK's: MongoDB Atlas for "al-" keys)

@@ -11,6 +11,8 @@ The request is in request.py, the proposal per section in proposal.py, the TOML 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 
 from reindex import config as config_module
 from reindex import registry
+from reindex.config import environment
 from reindex.errors import ConfigError
 from reindex.init import embedders, proposal
 from reindex.init.request import InitRequest as InitRequest
@@ -68,8 +71,11 @@ def init(path: Path, request: InitRequest) -> InitReport:
         request: the source, the target and the model, as the command line gave them.
     """
     _refuse_existing(path)
+    base = path.absolute().parent
+    request = _paths_for(request, base)
     source = proposal.source_values(request)
-    survey: Survey = registry.resolve_survey(str(source["kind"]))(source, request.given)
+    looked_at = config_module.anchor({"source": source}, base)["source"]  # as `load` will read them
+    survey: Survey = registry.resolve_survey(str(source["kind"]))(looked_at, request.given)
     proposal.require_fields(survey)
     alias = request.alias or proposal.default_alias(survey)
     sections = {
@@ -98,7 +104,7 @@ def _unset_variables(sections: dict[str, dict[str, Any]]) -> list[str]:
     return [
         f"{name} is not set here: set it where the migration runs"
         for name in sorted(names)
-        if not os.environ.get(name)
+        if not environment(name, "dsn_env or api_key_env")
     ]
 
 
@@ -115,18 +121,70 @@ def _header(path: Path, survey: Survey) -> list[str]:
     ]
 
 
+def _paths_for(request: InitRequest, base: Path) -> InitRequest:
+    """The request's paths as the config will hold them: relative to the config file's folder (`load`
+    reads them so, wherever it runs). A model given as a folder must be there: a typo is one line now,
+    not a minute of model-hub retries at `plan`."""
+    model = request.model
+    if _names_a_folder(model):
+        found = Path(model).expanduser()
+        if not found.is_dir():
+            raise _no_model_folder(found)
+        model = _relative(found, base)
+    return dataclasses.replace(
+        request,
+        model=model,
+        file=Path(_relative(request.file, base)) if request.file is not None else None,
+        source_path=_relative(Path(request.source_path), base) if request.source_path else None,
+        target_path=_relative(Path(request.target_path), base) if request.target_path else None,
+    )
+
+
+def _names_a_folder(model: str) -> bool:
+    """A model given as a path: written as one, there, or under a folder that is there ("models/x")."""
+    path = Path(model).expanduser()
+    written = model.startswith(("./", "../", "~", "/"))
+    return written or path.exists() or (len(path.parts) > 1 and path.parent.is_dir())
+
+
+def _no_model_folder(path: Path) -> ConfigError:
+    near = difflib.get_close_matches(
+        path.name, [p.name for p in path.parent.iterdir()] if path.parent.is_dir() else []
+    )
+    hint = (
+        f"did you mean {path.parent / near[0]}?"
+        if near
+        else "give the folder of a saved model, or a Hugging Face name"
+    )
+    return ConfigError(f"no model folder at {path.absolute()}", hint=hint)
+
+
+def _relative(path: Path | str, base: Path) -> str:
+    if str(path).startswith(":"):  # ":memory:"
+        return str(path)
+    return os.path.relpath(Path(path).expanduser().absolute(), base)
+
+
 def _refuse_existing(path: Path) -> None:
     if path.exists():
         raise _exists(path)
 
 
 def _write_new(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("x", encoding="utf-8") as out:  # "x": a file that appeared meanwhile is kept too
             out.write(text)
     except FileExistsError:
-        raise _exists(path) from None
+        if path.exists():
+            raise _exists(path) from None
+        raise _unwritable(path, f"{path.parent} is not a folder") from None
+    except OSError as exc:  # a read-only folder, a full disk, a parent that is a file
+        raise _unwritable(path, exc.strerror or type(exc).__name__) from None
+
+
+def _unwritable(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"cannot write {path}: {why}", hint="write the config to a folder you can write to")
 
 
 def _exists(path: Path) -> ConfigError:

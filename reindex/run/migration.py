@@ -21,6 +21,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from reindex import registry
@@ -166,18 +167,35 @@ def _open(opened: list[Any], role: registry.Role, section: dict[str, Any]) -> An
 # the ledger ---------------------------------------------------------------------------------------------
 
 
-def open_ledger(config: Config) -> Ledger:
-    """SQLite by default; a postgresql:// URL (in `state` or the variable `state_env` names) is shared."""
+def open_ledger(config: Config, *, create: bool = True) -> Ledger:
+    """SQLite by default; a postgresql:// URL (in `state` or the variable `state_env` names) is shared.
+    Without `create`, a SQLite ledger that is not there is MissingLedger, never a new empty file."""
     state = config.run.ledger_location()
+    if not create and not config.run.ledger_on_postgres() and not Path(state).exists():
+        raise MissingLedger(config)
     if config.run.ledger_on_postgres():
         ledger: Ledger = registry.resolve_ledger("postgres")(state)
         return ledger
     return SqliteLedger(state)
 
 
+class MissingLedger(ConfigError):
+    """A verb that reads a run found no SQLite ledger where the config says it is: it never makes up an
+    empty one, which would say "no run yet" of an alias the tool has moved, or "nothing to roll back to"."""
+
+    def __init__(self, config: Config) -> None:
+        where = Path(config.run.ledger_location()).absolute()
+        super().__init__(
+            f"no ledger at {where} ([run] state in {config.path.absolute()})",
+            hint="run `reindex run` first, or point [run] state at the ledger of the run that moved the alias",
+        )
+
+
 @contextmanager
-def ledger_of(config: Config) -> Iterator[Ledger]:
-    ledger = open_ledger(config)
+def ledger_of(config: Config, *, create: bool = False) -> Iterator[Ledger]:
+    """The config's ledger. Only a verb that starts a run (`create`) makes a SQLite ledger that is not there
+    (MissingLedger otherwise); a Postgres ledger's tables are made by whoever connects first."""
+    ledger = open_ledger(config, create=create)
     try:
         yield ledger
     finally:
@@ -190,9 +208,9 @@ def lease_key(config: Config) -> str:
 
 
 @contextmanager
-def leased(config: Config) -> Iterator[tuple[Ledger, Lease]]:
+def leased(config: Config, *, create: bool = False) -> Iterator[tuple[Ledger, Lease]]:
     """Open the ledger and hold the lease before any backend is opened (one writer at a time)."""
-    with ledger_of(config) as ledger, ledger.lease(lease_key(config)) as lease:
+    with ledger_of(config, create=create) as ledger, ledger.lease(lease_key(config)) as lease:
         yield ledger, lease
 
 

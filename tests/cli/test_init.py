@@ -202,11 +202,12 @@ def test_a_langchain_qdrant_collection_behind_an_alias(tiny_model: Path) -> None
     config = load(Path("qdrant.toml"))
     assert config.source == {
         "kind": "qdrant",
-        "path": "store",
+        "path": str(Path.cwd() / "store"),  # written relative; read as the config file's
         "collection": "docs",
         "text_field": "page_content",
     }
-    assert config.target == {"kind": "qdrant", "path": "store", "alias": "docs"}
+    assert config.target == {"kind": "qdrant", "path": str(Path.cwd() / "store"), "alias": "docs"}
+    assert 'path = "store"' in Path("qdrant.toml").read_text()
     plan = planned("qdrant.toml")
     assert plan["documents"] == DOCUMENTS and plan["alias_target"] == "lc_v1"
 
@@ -253,7 +254,7 @@ def test_an_export_file_goes_to_the_target_it_is_given(
     kind = suffix.lstrip(".")
     assert config.source == {
         "kind": kind,
-        "path": f"export{suffix}",
+        "path": str(Path.cwd() / f"export{suffix}"),  # written relative; read as the config file's
         "id_field": "doc_id",
         "text_field": "content",
     }

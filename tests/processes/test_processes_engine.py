@@ -197,7 +197,7 @@ def test_workers_spend_from_one_budget_and_stop_within_it(
         config = load(tmp_path / "reindex.toml")
 
         def on_two_workers(limit: float) -> Progress:
-            with leased(config) as (ledger, lease), open_migration(config) as m:
+            with leased(config, create=True) as (ledger, lease), open_migration(config) as m:
                 m = commands.attach(m, ledger, create=True)
                 budget = Budget(limit, commands.price_of(m.embedder))
                 return processes.run(m, ledger, lease, workers=2, stop=threading.Event(), budget=budget)

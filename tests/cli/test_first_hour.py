@@ -1,0 +1,159 @@
+"""A new user's first hour (issue 43), through the CLI: paths in a config are the config file's, a ledger is
+never made up for an alias the tool has moved, and mistakes get one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from typer.testing import CliRunner
+
+from reindex.ui.cli import app
+from tests.cli.test_cli import write_corpus
+
+runner = CliRunner()
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture
+def project(tmp_path: Path, pg_dsn: str, tiny_model: Path) -> Iterator[Path]:
+    """kb/kb.toml with every path relative to kb/: its corpus, its model folder and its ledger."""
+    kb = tmp_path / "kb"
+    (kb / "data").mkdir(parents=True)
+    write_corpus(kb / "data" / "docs.jsonl", 120)
+    shutil.copytree(tiny_model, kb / "models" / "tiny")
+    alias = f"first_hour_{tmp_path.name[-8:].replace('-', '_')}".lower()
+    (kb / "kb.toml").write_text(
+        '[source]\nkind = "jsonl"\npath = "data/docs.jsonl"\n\n'
+        '[embedder]\nkind = "sentence-transformers"\nmodel = "models/tiny"\n\n'
+        f'[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "{alias}"\n\n'
+        '[run]\nstate = ".reindex/state.db"\nshard_size = 64\n'
+    )
+    yield kb
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for (name,) in conn.execute(
+            "SELECT c.relname FROM pg_class c WHERE c.relname LIKE %s AND c.relkind IN ('r', 'v')",
+            (alias + "%",),
+        ).fetchall():
+            kind = conn.execute("SELECT relkind FROM pg_class WHERE relname = %s", (name,)).fetchone()
+            what = sql.SQL("VIEW") if kind and kind[0] == "v" else sql.SQL("TABLE")
+            conn.execute(sql.SQL("DROP {} IF EXISTS {} CASCADE").format(what, sql.Identifier(name)))
+
+
+def test_a_configs_relative_paths_are_the_config_files_wherever_the_command_runs(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path / "cron"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # cron, CI, an emergency rollback: not the project's folder
+    config = str(project / "kb.toml")
+    code, out, err = cli("run", "-c", config, "--json")
+    assert code == 0, err
+    assert (project / ".reindex" / "state.db").is_file()
+    assert cli("cutover", "-c", config)[0] == 0
+    code, out, err = cli("status", "-c", config, "--json")
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["is_live"] and status["written"] == 120
+    assert not (elsewhere / ".reindex").exists()  # no empty ledger made up in the working directory
+
+
+def test_a_missing_ledger_for_an_alias_the_tool_moved_is_exit_2_naming_where_it_was_looked_for(
+    project: Path,
+) -> None:
+    config = str(project / "kb.toml")
+    assert cli("run", "-c", config)[0] == 0
+    assert cli("cutover", "-c", config)[0] == 0
+    shutil.move(project / ".reindex", project / "moved-away")
+    expected = str(project / ".reindex" / "state.db")
+    for verb in ("status", "rollback", "verify", "cutover"):
+        code, out, err = cli(verb, "-c", config)
+        assert code == 2, (verb, out, err)
+        assert expected in err and "[run] state" in err, (verb, err)
+        assert len(err.strip().splitlines()) == 1, err
+    assert not (project / ".reindex").exists()
+
+
+def test_a_dsn_given_where_a_variable_name_belongs_is_refused_and_never_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    secret = "postgresql://app:S3cretPassw0rd@db.example/app"
+    for args in (
+        ("init", "kb.toml", "--table", "notes", "--source-dsn-env", secret, "--model", "tiny"),
+        ("init", "kb.toml", "--table", "notes", "--source-dsn-env", secret, "--model", "tiny", "--json"),
+    ):
+        code, out, err = cli(*args)
+        assert code == 2, (out, err)
+        assert "S3cretPassw0rd" not in out + err
+        assert "name of an environment variable" in out + err
+    (tmp_path / "kb.toml").write_text(
+        '[source]\nkind = "jsonl"\npath = "docs.jsonl"\n\n[embedder]\nkind = "hash"\ndim = 8\n\n'
+        f'[target]\nkind = "pgvector"\ndsn_env = "{secret}"\nalias = "notes"\n'
+    )
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "hello"}\n')
+    for verb in ("plan", "status"):
+        code, out, err = cli(verb, "-c", str(tmp_path / "kb.toml"))
+        assert code == 2 and "S3cretPassw0rd" not in out + err, (verb, out, err)
+        assert "name of an environment variable" in err
+
+
+def test_init_where_it_cannot_write_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "hello"}\n')
+    (tmp_path / "not-a-folder").write_text("a file")
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    places = ["not-a-folder/kb.toml"] + (
+        [] if os.geteuid() == 0 else ["readonly/kb.toml"]
+    )  # root writes anyway
+    for place in places:
+        for json_flag in ((), ("--json",)):
+            code, out, err = cli(
+                "init", place, "--file", "docs.jsonl", "--model", "tiny", "--target", "qdrant",
+                "--target-path", "store", *json_flag,
+            )  # fmt: skip
+            assert code == 2, (out, err)
+            assert "cannot write" in out + err and "Traceback" not in out + err
+            assert "bug" not in out + err
+
+
+def test_a_model_that_is_not_there_is_one_line_at_once_in_init_and_in_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model: Path
+) -> None:
+    """`--model models/minilm-265` (a typo of models/minilm-256): init names the folder it looked at and the
+    one it may have meant; plan on a machine that cannot reach the model hub answers in seconds."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "hello"}\n')
+    shutil.copytree(tiny_model, tmp_path / "models" / "minilm-256")
+    args = ("--file", "docs.jsonl", "--target", "qdrant", "--target-path", "store")
+    code, _, err = cli("init", "kb.toml", "--model", "models/minilm-265", *args)
+    assert code == 2 and not (tmp_path / "kb.toml").exists()
+    assert f"no model folder at {tmp_path / 'models' / 'minilm-265'}" in err and "minilm-256" in err
+    assert cli("init", "sub/kb.toml", "--model", "models/minilm-256", *args)[0] == 0
+    assert 'model = "../models/minilm-256"' in (tmp_path / "sub" / "kb.toml").read_text()  # the config's own
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: the hub is unreachable
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    text = (tmp_path / "sub" / "kb.toml").read_text().replace("../models/minilm-256", "someone/not-a-model")
+    (tmp_path / "sub" / "kb.toml").write_text(text)
+    started = time.monotonic()
+    code, _, err = cli("plan", "-c", str(tmp_path / "sub" / "kb.toml"))
+    assert code == 2 and time.monotonic() - started < 30, err
+    assert "Hugging Face hub cannot be reached" in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, _out, err = cli("plan", "-c", str(tmp_path / "sub" / "kb.toml"))
+    assert code == 2 and "HF_HUB_OFFLINE is set" in err
