@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from reindex import registry
+from reindex import crashpoints, registry
 from reindex.config import Config
 from reindex.errors import ConfigError, CutoverRefused, VerificationFailed
 from reindex.flip import cutover as alias_moves
@@ -28,6 +28,7 @@ from reindex.flip.window import (
 from reindex.plan import routing
 from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread, stored
 from reindex.ports import (
+    ChecksPrivileges,
     DeferredEmbedder,
     DescribingSink,
     NamesLosses,
@@ -107,6 +108,8 @@ def plan(
             alias.fingerprint,
         )
         report.alias_is_physical = alias.is_physical
+        if isinstance(m.sink, ChecksPrivileges):
+            report.privileges = [asdict(p) for p in m.sink.missing_privileges(m.spec)]
         if isinstance(m.sink, NamesLosses):
             report.losses = [asdict(loss) for loss in m.sink.losses(m.spec)]
         report.backends = registry.probe_backends()
@@ -320,6 +323,7 @@ def _run(
 def _finish(m: Migration, ledger: Ledger, progress: Progress) -> RunReport:
     """How every run ends, after the load or with nothing to load: finalize the target, close the run."""
     progress.finish()
+    crashpoints.crash_if_armed("before_finalize")
     started = time.monotonic()
     m.sink.finalize(m.spec)
     finalized = time.monotonic() - started
@@ -407,6 +411,7 @@ class StatusReport:
     source_documents: int | None
     alias: str
     alias_target: str | None
+    alias_is_physical: bool
     is_live: bool
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)  # alias moves, `at` ISO-8601 UTC
@@ -446,6 +451,7 @@ def status(config: Config) -> StatusReport:
             source_documents=source.count(),
             alias=alias.alias,
             alias_target=alias.target,
+            alias_is_physical=alias.is_physical,
             is_live=bool(target) and alias.target == target,
             dead_letter_reasons=summary.dead_letter_reasons if summary else {},
             history=history,
@@ -515,6 +521,9 @@ def _verify(
     previous = pending_after_flip(m, ledger)
     if previous is not None:
         report = replace(report, complete=False, after_flip_pending=previous)
+    summary = ledger.summary(m.plan_id)
+    if report.target_exists and summary is not None and not summary.finalized:
+        report = replace(report, complete=False, run_unfinished=True)
     ledger.record_verification(m.plan_id, report.complete, report.to_json())
     return report
 

@@ -14,6 +14,7 @@ POINTS = (
     "after_embed",  # vectors computed, nothing written
     "mid_write",  # half of a shard's rows written
     "after_write",  # rows durable, shard not yet marked in the ledger
+    "before_finalize",  # every row written and recorded, the target not yet finalized
     "cutover_after_intent",  # intent recorded, alias untouched
     "cutover_before_commit",  # inside the sink's swap, before it commits (adapters call it)
     "cutover_after_move",  # alias moved, history not yet settled

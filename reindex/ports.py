@@ -526,6 +526,22 @@ class DescribingSink(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Privilege:
+    """A privilege the tool's role lacks for a migration, and the statement that grants it."""
+
+    need: str  # what is missing, in one line
+    fix: str  # the statement to run (a GRANT, an ALTER ... OWNER)
+
+
+@runtime_checkable
+class ChecksPrivileges(Protocol):
+    """A sink that can say, before anything is embedded, which privileges its role lacks for `spec`:
+    `plan` lists them (exit 2) and `prepare` refuses while one is missing."""
+
+    def missing_privileges(self, spec: TargetSpec) -> list[Privilege]: ...
+
+
+@dataclass(frozen=True, slots=True)
 class Loss:
     """Something the live index has that the first cutover would not keep (a table's row security, its
     unique constraints), as the sink found it; `[target] accept` names the ones the user gives up."""

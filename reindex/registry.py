@@ -94,6 +94,9 @@ _TABLES: dict[Role, tuple[dict[str, str], str]] = {
 }
 
 
+TEST_DOUBLES = "reindex_adapters.testing"  # registered like plugins, for the tests: never offered in a hint
+
+
 def kinds(role: Role) -> dict[str, str]:
     table, group = _TABLES[role]
     return {**_plugins(group), **table}
@@ -110,7 +113,8 @@ def resolve(role: Role, kind: str) -> Any:
     """Return the adapter class registered for `kind`."""
     known = kinds(role)
     if kind not in known:
-        raise ConfigError(f"unknown {role} kind {kind!r}", hint=f"use one of: {', '.join(sorted(known))}")
+        offered = sorted(name for name, where in known.items() if not where.startswith(TEST_DOUBLES))
+        raise ConfigError(f"unknown {role} kind {kind!r}", hint=f"use one of: {', '.join(offered)}")
     module_name, _, class_name = known[kind].partition(":")
     return getattr(load(module_name, f"{role} kind {kind!r}"), class_name)
 

@@ -144,3 +144,13 @@ def short_model(name: str) -> str:
         return name
     parts = PurePath(name).parts
     return "…/" + "/".join(parts[-2:]) if len(parts) > 2 else name
+
+
+def served(target: str | None, is_physical: bool, alias: str) -> str:
+    """What an alias serves, in words: a target, the application's own table or collection of that name
+    (an index the tool has not moved yet still serves every vector it holds), or nothing."""
+    if target:
+        return target
+    if is_physical:
+        return f"{alias} itself (the application's own table or collection)"
+    return "nothing yet (no such alias)"

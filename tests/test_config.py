@@ -47,3 +47,14 @@ def test_unknown_section_is_named(tmp_path: Path) -> None:
     path.write_text('[source]\nkind = "jsonl"\npath = "x"\n[embeder]\nkind = "hash"\n')
     with pytest.raises(ConfigError, match="unknown section"):
         load(path)
+
+
+def test_an_unknown_kind_is_offered_the_real_kinds_not_the_test_doubles(tmp_path: Path) -> None:
+    from reindex import registry
+    from reindex.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        registry.resolve("embedder", "sentence-transformer")
+    hint = refused.value.hint or ""
+    assert "sentence-transformers" in hint and "openai" in hint
+    assert "hash" not in hint.split(", ") and "memory-batch" not in hint and "paced" not in hint

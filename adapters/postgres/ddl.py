@@ -4,6 +4,7 @@ and trigger that let the application write through the alias.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -136,7 +137,7 @@ def _schemaless_columns(spec: TargetSpec, storage: Storage) -> list[sql.Composab
 # accept writes. The tool's own upserts (`_AS_THE_TOOL`) are left as written: bookkeeping whole, origin NULL,
 # so a row the tool rewrites is its own again, even where its hash, text and vector look like a fill.
 _FILL_CONTENT_HASH = """
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $body$
+CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $body$
 DECLARE
     body text;
 BEGIN
@@ -162,6 +163,11 @@ BEGIN
 END
 $body$
 """
+# Named by a digest of its body: a role that did not create it can neither replace nor alter it ("must be
+# owner of function"), and need not: the same name is the same body, so it is created once, by whoever comes
+# first, and used by every role's targets (EXECUTE is PUBLIC's unless a database revokes it). A new body is a
+# new name; the old function stays for the targets whose triggers still call it.
+FILL_FUNCTION = "reindex_fill_content_hash_" + hashlib.sha256(_FILL_CONTENT_HASH.encode()).hexdigest()[:8]
 # This transaction's writes are the tool's (transaction-local: an application's pooled connection never has it).
 _AS_THE_TOOL = "SELECT set_config('reindex.writer', 'reindex', true)"
 
@@ -182,7 +188,7 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
             [layout.oid],
         ).fetchone()
     )
-    function = sql.Identifier(str(schema), "reindex_fill_content_hash")  # beside the target, same owner
+    function = sql.Identifier(str(schema), FILL_FUNCTION)  # beside the target; shared by its schema's targets
     if _ORIGIN not in names:
         conn.execute(
             sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} text").format(
@@ -194,7 +200,9 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
             layout.ident, sql.Literal(spec.fingerprint)
         )
     )
-    conn.execute(sql.SQL(_FILL_CONTENT_HASH).format(function=function))
+    _create_shared_function(
+        conn, str(schema), FILL_FUNCTION, sql.SQL(_FILL_CONTENT_HASH).format(function=function)
+    )
     conn.execute(sql.SQL("DROP TRIGGER IF EXISTS reindex_content_hash ON {}").format(layout.ident))
     conn.execute(
         sql.SQL(
@@ -202,6 +210,24 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
             " EXECUTE FUNCTION {}({}, {})"
         ).format(layout.ident, function, sql.Literal(spec.source.text_field), sql.Literal(layout.vector.name))
     )
+
+
+def _create_shared_function(conn: Connection, schema: str, name: str, create: sql.Composed) -> None:
+    """Create `schema.name` unless it exists; another session creating it at the same moment is fine."""
+    import psycopg
+
+    exists = conn.execute(
+        "SELECT 1 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s"
+        " AND p.proname = %s",
+        [schema, name],
+    ).fetchone()
+    if exists:
+        return
+    try:
+        with conn.transaction():
+            conn.execute(create)
+    except (psycopg.errors.DuplicateFunction, psycopg.errors.UniqueViolation):
+        return  # made by a concurrent session: the same body
 
 
 def _reindex_columns() -> list[sql.Composable]:

@@ -84,6 +84,7 @@ class PgvectorColumnSink(_ColumnAlias):
                 'mode = "column" stores vector or halfvec, not bit',
                 hint='set [target] storage or mode = "table"',
             )
+        self.refuse_missing_privileges(spec)
         fidelity.refuse_unaccepted(self.losses(spec), spec.alias, column=True)
         retry_locked(self, lambda: self._add_column(spec, storage), spec.alias)
 

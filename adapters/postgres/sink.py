@@ -17,18 +17,19 @@ from pydantic import Field
 
 from reindex import crashpoints
 from reindex.columns import documents
-from reindex.errors import BackendError, CutoverRefused
+from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.ports import (
     AliasInfo,
     Distance,
     Loss,
     Precision,
+    Privilege,
     Rows,
     StoragePlan,
     TargetInfo,
     TargetSpec,
 )
-from reindex_adapters.postgres import fidelity
+from reindex_adapters.postgres import fidelity, privileges
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.alias import (
     _DEPENDENT_VIEWS_SQL,
@@ -201,12 +202,31 @@ class PgvectorSink(_Reads):
             return []
         return fidelity.losses(conn, resolved.oid, id_column, vector, self.accept)
 
+    def missing_privileges(self, spec: TargetSpec) -> list[Privilege]:
+        """What this role lacks for `spec` (privileges.py): checked by `plan`, and by `prepare` before a
+        document is embedded."""
+        with self._db.errors():
+            conn = self._db.connection()
+            return privileges.missing(
+                conn, _identifier(spec.alias).as_string(conn), owns_table=self.serves_in_place
+            )
+
+    def refuse_missing_privileges(self, spec: TargetSpec) -> None:
+        lacking = self.missing_privileges(spec)
+        if lacking:
+            raise ConfigError(
+                "missing privileges: " + "; ".join(p.need for p in lacking),
+                hint="run as the table's owner, or: " + "; ".join(p.fix for p in lacking),
+            )
+
     def prepare(self, spec: TargetSpec) -> None:
         """Create the target, or check the one there is for `spec`; first refuse, before anything is
-        built, a table behind the alias that has what its adoption would not keep, unless accepted."""
+        built, what this role may not do, and a table behind the alias that has what its adoption would not
+        keep, unless accepted."""
         _identifier(spec.name)
         self._layouts.pop(spec.name, None)
         storage = choose(self.storage, self.full_vector, spec.dim, index=self.build_index)
+        self.refuse_missing_privileges(spec)
         fidelity.refuse_unaccepted(self.losses(spec), spec.alias)
         with self._db.transaction() as conn:
             layout = _read_layout(conn, spec.name)

@@ -204,7 +204,10 @@ def run_entries(alias: str) -> list[Entry]:
         Entry("state", f".reindex/{state}.db", "the ledger (SQLite); a postgresql:// URL shares it"),
         Entry("shard_size", 1000, "documents per resumable unit"),
         Entry(
-            "too_long", "dead-letter", 'or "truncate": over-long text is never silently cut', is_example=True
+            "too_long",
+            "dead-letter",
+            'the default, "truncate", cuts a text at the model\'s limit (plan counts them); this keeps it out whole',
+            is_example=True,
         ),
     ]
 

@@ -69,6 +69,9 @@ class PlanReport:
     # what the live index has that the first cutover would not keep (reindex.ports.Loss, as JSON); `plan`
     # exits 2 while one is not accepted by `[target] accept`
     losses: list[dict[str, Any]] = field(default_factory=list)
+    # what the tool's role may not do for this migration, and the statement that grants it
+    # (reindex.ports.ChecksPrivileges); `plan` exits 2 while one is missing, and `run` refuses
+    privileges: list[dict[str, str]] = field(default_factory=list)
     coverage: dict[str, Any] | None = None
     cost_online_usd: float | None = None  # paid embedders: unique-text tokens x the online list price
     cost_batch_usd: float | None = None  # the provider batch tier (about half), finished within its window
@@ -98,8 +101,10 @@ class PlanReport:
 
     @property
     def refused(self) -> list[str]:
-        """The keys of the losses `[target] accept` does not name."""
-        return [loss["key"] for loss in self.losses if not loss["accepted"]]
+        """The keys of the losses `[target] accept` does not name, and a missing privilege's need."""
+        return [loss["key"] for loss in self.losses if not loss["accepted"]] + [
+            p["need"] for p in self.privileges
+        ]
 
 
 # Past this many documents a SQLite ledger's text bookkeeping costs more than a Postgres ledger's: each

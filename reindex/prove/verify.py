@@ -71,6 +71,9 @@ class Coverage:
     # the index the alias served before its last flip, while the catch-up after that flip has not finished
     # (a `cutover --sync` on Qdrant killed in between): what reached it in the window may be missing
     after_flip_pending: str | None = None
+    # the run that builds the target has not finished (its finalize: the ANN index, the triggers that take
+    # the application's writes, grants), though every row may be there: never complete until it has
+    run_unfinished: bool = False
     # the application's rows re-embedded and compared with what they store (`refute_application_rows`):
     # checked, stale (counted in `stale` too), min_cosine, threshold; None when no embedder was at hand
     application_check: dict[str, Any] | None = None
@@ -107,6 +110,8 @@ class Coverage:
             )
         if self.after_flip_pending:
             parts.append(f"the catch-up after the flip from {self.after_flip_pending!r} did not finish")
+        if self.run_unfinished:
+            parts.append("the run building it has not finished (rerun `reindex run` to finalize it)")
         others = {fp: n for fp, n in self.fingerprints.items() if fp != self.expected_fingerprint}
         if others:
             parts.append(f"{sum(others.values()):,} vectors of other fingerprints {sorted(others)}")

@@ -20,7 +20,7 @@ from reindex.plan.estimate import estimate, spread
 from reindex.run.migration import known_run, ledger_of, open_backends, open_migration
 from reindex.state.ledger import Ledger
 from reindex.state.records import DeadLetter, RunSummary, ShardRecord, Verification
-from reindex.units import iso_utc, now
+from reindex.units import iso_utc, now, served
 
 EXAMPLES_PER_REASON = 5
 
@@ -51,7 +51,7 @@ class Report:
         verified = self.coverage
         lines = [
             f"{s['alias']} → {s['target'] or '(no target yet)'}: {s['state']}, "
-            f"{'live' if s['is_live'] else 'not live'} (alias serves {s['alias_target'] or 'nothing'})",
+            f"{'live' if s['is_live'] else 'not live'} (alias serves {served(s['alias_target'], s.get('alias_is_physical', False), s['alias'])})",
             f"reconciliation: {rec['documents']:,} documents in = {rec['written']:,} written + "
             f"{rec['dead_letters']:,} dead-lettered + {rec['duplicates']:,} duplicate ids folded"
             + (f" + {rec['vanished']:,} vanished" if rec["vanished"] else "")

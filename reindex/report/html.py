@@ -11,6 +11,7 @@ from typing import Any
 
 from reindex.report import Report, svg
 from reindex.report import parts as h
+from reindex.units import served
 
 COUNTS = ("documents", "written", "dead_letters", "duplicates", "shards_done", "source_documents")
 
@@ -57,7 +58,7 @@ def _summary(report: Report) -> str:
         h.card(
             "Live behind the alias",
             h.metric("is_live", s["is_live"]),
-            f"{s['alias']} serves {s['alias_target'] or 'nothing'}",
+            f"{s['alias']} serves {served(s['alias_target'], s.get('alias_is_physical', False), s['alias'])}",
         ),
     ]
     verified = report.coverage
@@ -346,7 +347,7 @@ def _fingerprints(report: Report) -> str:
             ("Alias", f"<code>{h.metric('alias', s['alias'])}</code>"),
             (
                 "Alias serves now",
-                f"<code>{h.metric('alias_target', s['alias_target'], s['alias_target'] or 'nothing')}</code>",
+                f"<code>{h.metric('alias_target', s['alias_target'], served(s['alias_target'], s.get('alias_is_physical', False), s['alias']))}</code>",
             ),
             ("Fingerprint served now", f"<code>{h.text(f['alias_fingerprint'] or '–')}</code>"),
             ("Model served now", h.text(h.model_name(live_model))),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from reindex.plan.estimate import PlanReport
 from reindex.report import parts as h
+from reindex.units import served
 
 
 def plan_page(plan: PlanReport, config: str, generated_at: str) -> str:
@@ -135,7 +136,7 @@ def _target(p: PlanReport) -> str:
         ("Alias", f"<code>{h.metric('alias', p.alias)}</code>"),
         (
             "Alias serves now",
-            f"<code>{h.metric('alias_target', p.alias_target, p.alias_target or 'nothing')}</code>",
+            f"<code>{h.metric('alias_target', p.alias_target, served(p.alias_target, p.alias_is_physical, p.alias))}</code>",
         ),
         (
             "Fingerprint served now",
@@ -147,7 +148,21 @@ def _target(p: PlanReport) -> str:
         if p.alias_is_physical
         else ""
     )
-    return h.section("target", "Target and alias", h.facts(rows), adopt, _losses(p))
+    return h.section("target", "Target and alias", h.facts(rows), adopt, _privileges(p), _losses(p))
+
+
+def _privileges(p: PlanReport) -> str:
+    """What the tool's role may not do for this migration, with the statement that grants each."""
+    if not p.privileges:
+        return ""
+    rows = "".join(
+        f"<tr><td>{h.text(x['need'])}</td><td><code>{h.text(x['fix'])}</code></td></tr>" for x in p.privileges
+    )
+    return (
+        '<h3>What the tool\'s role lacks</h3><table id="privileges"><thead><tr><th>privilege</th>'
+        f"<th>to grant it</th></tr></thead><tbody>{rows}</tbody></table>"
+        '<p class="callout">Run refuses before embedding anything.</p>'
+    )
 
 
 def _losses(p: PlanReport) -> str:
@@ -161,7 +176,7 @@ def _losses(p: PlanReport) -> str:
         f"<td>{h.badge(loss['accepted'], 'accepted', 'refused')}</td></tr>"
         for loss in p.losses
     )
-    refused = ", ".join(f'"{key}"' for key in p.refused)
+    refused = ", ".join(f'"{loss["key"]}"' for loss in p.losses if not loss["accepted"])
     fix = (
         f'<p class="callout">Run and cutover refuse it. To go ahead anyway, losing them, set'
         f" <code>[target] accept = [{h.text(refused)}]</code>.</p>"

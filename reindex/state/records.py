@@ -176,6 +176,7 @@ class RunSummary:
     last_cursor: str | None
     dead_letter_reasons: dict[str, int] = field(default_factory=dict)
     billed_tokens: int = 0
+    finalized: bool = False  # a run of it has finalized the target (its index and triggers) at least once
 
     @property
     def reconciled(self) -> bool:

@@ -212,7 +212,7 @@ class SqlLedger(ABC):
                 self._sql(
                     "INSERT INTO runs (plan_id, alias, target, fingerprint, model, created_at, nonce, config_key)"
                     " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (plan_id) DO UPDATE SET state = 'running',"
-                    " finished_at = NULL, nonce = coalesce(runs.nonce, excluded.nonce),"
+                    " nonce = coalesce(runs.nonce, excluded.nonce),"
                     " config_key = coalesce(excluded.config_key, runs.config_key) RETURNING nonce"
                 ),
                 (
@@ -369,7 +369,9 @@ class SqlLedger(ABC):
     def summary(self, plan_id: str) -> RunSummary | None:
         """The run's totals over its shards. Sums are turned into int (Postgres sums bigints as numeric);
         seconds come as the database sums them."""
-        runs = self._query("SELECT alias, target, fingerprint, state FROM runs WHERE plan_id = ?", (plan_id,))
+        runs = self._query(
+            "SELECT alias, target, fingerprint, state, finished_at FROM runs WHERE plan_id = ?", (plan_id,)
+        )
         if not runs:
             return None
         shards, documents, written, dead, duplicates, vanished, reused, tokens, truncated, seconds, billed = (
@@ -379,7 +381,7 @@ class SqlLedger(ABC):
         reasons = self._query(
             "SELECT reason, count(*) FROM dead_letters WHERE plan_id = ? GROUP BY reason", (plan_id,)
         )
-        alias, target, fingerprint, state = runs[0]
+        alias, target, fingerprint, state, finished_at = runs[0]
         return RunSummary(
             plan_id,
             alias,
@@ -399,6 +401,7 @@ class SqlLedger(ABC):
             last_cursor,
             {reason: int(count) for reason, count in reasons},
             int(billed),
+            finished_at is not None,  # set by `finish` after the sink's finalize, kept by a later `begin`
         )
 
     def dead_letters(self, plan_id: str) -> list[DeadLetter]:

@@ -69,6 +69,7 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
         s.warn(f"`reindex cutover` will change what alias {p['alias']} serves (now {serves})")
     if p.get("ledger_advice"):
         s.warn(p["ledger_advice"])
+    _privileges(s, p.get("privileges") or [])
     _losses(s, p["alias"], p.get("losses") or [])
     refused = _routes(s, p.get("routes") or [], p.get("route") or {})
     s.line("Nothing was changed.")
@@ -180,6 +181,14 @@ def _losses(s: Screen, alias: str, losses: list[dict[str, Any]]) -> None:
             f"run and cutover refuse it; to go ahead anyway, losing them, set [target] accept ="
             f" [{', '.join(refused)}]"
         )
+
+
+def _privileges(s: Screen, lacking: list[dict[str, str]]) -> None:
+    """What the tool's role may not do for this migration, each with the statement that grants it."""
+    if not lacking:
+        return
+    s.table("The tool's role lacks", ("privilege", "to grant it"), [(p["need"], p["fix"]) for p in lacking])
+    s.warn("run refuses before embedding anything: run the statements above as the owner, then plan again")
 
 
 def _plan_target(p: dict[str, Any]) -> str:

@@ -139,7 +139,7 @@ def status(s: Screen, r: dict[str, Any]) -> None:
     else:
         live = "live" if r["is_live"] else "not live"
         s.headline(f"{r['target']}: {r['state']}, {live}", ok=r["state"] == "complete" and r["reconciled"])
-    serves = r["alias_target"] or "nothing yet"
+    serves = units.served(r["alias_target"], r.get("alias_is_physical", False), r["alias"])
     rows = [
         ("alias", f"{r['alias']} → {serves}"),
         (
@@ -206,6 +206,8 @@ def verify(s: Screen, c: dict[str, Any]) -> None:
         s.next("reindex cutover")
     elif c.get("after_flip_pending"):
         s.next("reindex cutover --sync")
+    elif c.get("run_unfinished"):
+        s.next("reindex run")
 
 
 def _coverage(s: Screen, c: dict[str, Any]) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,3 +159,44 @@ def test_a_model_that_is_not_there_is_one_line_at_once_in_init_and_in_plan(
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     code, _out, err = cli("plan", "-c", str(tmp_path / "sub" / "kb.toml"))
     assert code == 2 and "HF_HUB_OFFLINE is set" in err
+
+
+def test_a_run_killed_before_its_target_is_finalized_is_never_verified_complete(project: Path) -> None:
+    """Every row written and recorded, the finalize (ANN index, the triggers that take the application's
+    writes) not done: verify says not complete (exit 3) and names the rerun; the rerun finalizes."""
+    config = str(project / "kb.toml")
+    killed = subprocess.run(
+        [sys.executable, "-m", "reindex", "run", "-c", config],
+        env={**os.environ, "REINDEX_CRASH_AT": "before_finalize"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr
+    code, out, err = cli("verify", "-c", config, "--json")
+    report = json.loads(out)
+    assert code == 3 and not report["complete"] and report["run_unfinished"], err
+    assert report["missing"] == 0  # every row is there: only the finalize is missing
+    assert cli("run", "-c", config)[0] == 0
+    assert cli("verify", "-c", config)[0] == 0
+
+
+def test_status_says_a_plain_table_alias_serves_its_own_vectors_not_nothing(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """Before the first cutover the alias is the application's table, which serves every vector it holds."""
+    rows = ", ".join(f"({i}, 'quote {i}')" for i in range(1, 21))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE quotes (id bigint PRIMARY KEY, body text NOT NULL, embedding vector(4))")
+        conn.execute(f"INSERT INTO quotes (id, body) VALUES {rows}")
+    path = tmp_path / "quotes.toml"
+    path.write_text(
+        f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "quotes"\nid_column = "id"\ntext_column = "body"\n'
+        f'[embedder]\nkind = "hash"\ndim = 8\n[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "quotes"\n'
+        'mode = "column"\naccept = ["extra_column"]\n[run]\nstate = "state.db"\n'
+    )
+    code, out, err = cli("status", "-c", str(path))
+    assert code == 0, err
+    assert "quotes → quotes itself (the application's own table or collection)" in out
+    code, out, _ = cli("status", "-c", str(path), "--json")
+    assert json.loads(out)["alias_is_physical"] is True

@@ -152,7 +152,8 @@ def _marked_written(tool: Tool) -> int:
 def test_named_crash_points_in_a_run_resume_to_a_verified_end(tmp_path: Path, backend, point: str) -> None:
     target, read = backend
     tool, texts = make_tool(tmp_path, target, n=600, latency_ms=0)
-    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:3"})
+    nth = 1 if point == "before_finalize" else 3  # a run finalizes once
+    code, _, err = tool.run("run", env={"REINDEX_CRASH_AT": f"{point}:{nth}"})
     assert_crashed(code, err)
     code, _, err = tool.run("run")
     assert code == 0, err
