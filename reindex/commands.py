@@ -26,7 +26,7 @@ from reindex.flip.window import (
     settled_path,
 )
 from reindex.plan import routing
-from reindex.plan.estimate import PlanReport, estimate, ledger_advice, spread, stored
+from reindex.plan.estimate import PlanReport, estimate, headline_eta, ledger_advice, remember, spread, stored
 from reindex.ports import (
     ChecksPrivileges,
     DeferredEmbedder,
@@ -79,7 +79,8 @@ def plan(
     """Dry run: count documents and tokens, estimate time and storage, report the target's coverage, price
     each route ([embedder] and [[routes]]) and pick the cheapest meeting [run] deadline and max_cost_usd.
 
-    Changes nothing: no target is created, no ledger is written, no provider is called.
+    Changes nothing: no target is created, no ledger is written, no provider is called. The estimate it
+    returns is kept beside a SQLite ledger (`plan-<plan id>.json`), for the report's plan against actual.
 
     Args:
         workers: the ETA on this many workers (default: [ray] actors with engine "ray" and an embedder that
@@ -115,6 +116,8 @@ def plan(
         report.backends = registry.probe_backends()
         if exists:
             report.coverage = _coverage(m, dead_letters=None).to_json()
+        headline_eta(report)
+        remember(report, config.run)
         return report
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 from reindex.batching import batch_budget, batch_texts, token_batches
@@ -51,7 +53,10 @@ class PlanReport:
     calibration_stage_seconds_per_document: float | None = None
     calibration_model_seconds_per_document: float | None = None
     devices: int = 0  # model processes a run would feed (GPUs; 1 for a model on the CPU in its own process)
-    eta_seconds: float | None = None
+    eta_seconds: float | None = None  # the model alone, on the calibration sample
+    # the one ETA `plan` prints: the run's stages and model on its workers where they were timed, else the
+    # model's alone (`headline_eta`); the report compares the run with it
+    eta_headline_seconds: float | None = None
     vector_bytes: int = 0
     index_bytes_estimate: int = 0  # vectors and their ANN index together (vectors alone: no index is built)
     # how the target stores its vectors (reindex.ports.StoragePlan): type, precision, index, bytes per vector
@@ -148,8 +153,8 @@ def estimate(
     )
     seen: set[str] = set()
     lengths: list[int] = []
-    rng = random.Random(0)
-    calibration: list[Any] = []
+    rng, picks = random.Random(0), random.Random(1)
+    calibration: list[Any] = []  # a uniform sample of the distinct texts: the ETA's, like the corpus
     sample: list[Record] = []
     others = dict(recount or {})
     report.tokens_by_fingerprint = dict.fromkeys(others, 0)
@@ -163,9 +168,8 @@ def estimate(
             report.tokens += tokens.count
             report.over_max_tokens += tokens.is_truncated
             _reservoir(lengths, tokens.count, report.unique_texts, rng)
+            _reservoir(calibration, tokens, report.unique_texts, picks, size=CALIBRATION_DOCS)
             report.unique_texts += 1
-            if len(calibration) < CALIBRATION_DOCS:
-                calibration.append(tokens)
     _summarise(report, lengths)
     _price(report, getattr(embedder, "prices", None), getattr(embedder, "completion_window_hours", 24.0))
     if isinstance(embedder, CaveatsPrices):
@@ -174,9 +178,38 @@ def estimate(
     report.token_counts = {"exact": counts.exact, "basis": counts.basis}
     paid = bool(getattr(embedder, "prices", None))
     if calibrate and calibration and not paid and hasattr(embedder, "embed"):  # a dry run never spends money
-        _calibrate(report, embedder, calibration, run)
         _calibrate_stages(report, embedder, source, len(sample), run)
+        _calibrate(report, embedder, calibration, run)
     return report
+
+
+def headline_eta(report: PlanReport) -> None:
+    report.eta_headline_seconds = (
+        report.eta_seconds_workers if report.eta_seconds_workers is not None else report.eta_seconds
+    )
+
+
+def printed_plan(run: RunConfig, plan_id: str) -> Path | None:
+    """Where `plan` keeps the estimate it printed, for the report's plan against actual: beside a SQLite
+    ledger (a Postgres ledger's plans are recomputed by the report instead)."""
+    try:
+        if run.ledger_on_postgres():
+            return None
+        return Path(run.ledger_location()).with_name(f"plan-{plan_id}.json")
+    except ConfigError:
+        return None
+
+
+def remember(report: PlanReport, run: RunConfig) -> None:
+    """Keep the printed estimate (`printed_plan`); a folder that cannot be written keeps nothing."""
+    path = printed_plan(run, report.plan_id)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({**report.to_json(), "printed_at": time.time()}))
+    except OSError:
+        return
 
 
 def spread(
@@ -218,10 +251,11 @@ def _new_texts(report: PlanReport, chunk: list[Record], seen: set[str]) -> list[
     return texts
 
 
-def _reservoir(sample: list[int], value: int, seen: int, rng: random.Random) -> None:
-    if len(sample) < SAMPLE:
+def _reservoir(sample: list[Any], value: Any, seen: int, rng: random.Random, *, size: int = SAMPLE) -> None:
+    """Algorithm R: after `seen` + 1 values, `sample` holds a uniform `size` of them."""
+    if len(sample) < size:
         sample.append(value)
-    elif (slot := rng.randrange(seen + 1)) < SAMPLE:
+    elif (slot := rng.randrange(seen + 1)) < size:
         sample[slot] = value
 
 
@@ -286,7 +320,9 @@ def _calibrate_stages(
 
 
 def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: RunConfig) -> None:
-    """Embed a small sample through the real batcher and extrapolate by tokens."""
+    """Embed a uniform sample of the distinct texts through the real batcher: the model's time per text,
+    and so the ETA, from texts like the corpus's (the first texts of a source are often not: a plan of
+    the same corpus once said 4 to 15 minutes for a 3-minute run, its first texts a third as long)."""
     lengths = [tokens.count for tokens in sample]
     batches = token_batches(lengths, batch_budget(run, embedder), batch_texts(run, embedder))
     embedder.embed([sample[i] for i in batches[0]])  # warm-up: first calls pay for lazy init
@@ -294,6 +330,10 @@ def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: R
     for batch in batches:
         embedder.embed([sample[i] for i in batch])
     seconds = max(time.perf_counter() - started, 1e-9)
-    report.calibration_docs_per_second = round(len(sample) / seconds, 1)
+    if report.calibration_docs_per_second is None:  # the stages' own figure, where they were timed
+        report.calibration_docs_per_second = round(len(sample) / seconds, 1)
     report.calibration_tokens_per_second = round(sum(lengths) / seconds, 1)
-    report.eta_seconds = round(report.tokens / report.calibration_tokens_per_second, 1)
+    per_text = seconds / len(sample)
+    report.eta_seconds = round(report.unique_texts * per_text, 1)
+    if report.documents:  # the model's share of each document: distinct texts are embedded once
+        report.calibration_model_seconds_per_document = per_text * report.unique_texts / report.documents

@@ -3,11 +3,12 @@
 Every figure `reindex status` also reports is taken from `commands.status` itself, so the page and
 `status --json` cannot disagree. The rest comes from the ledger (shard records, dead letters, the newest
 coverage and quality checks, the alias history) and, for the plan side of "plan against actual", from the
-planner run again now (see `_planned`): the ledger keeps no plan, and `reindex plan` writes nothing.
+estimate `reindex plan` printed, kept beside a SQLite ledger (else the planner runs again; see `_planned`).
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from reindex import commands
 from reindex.config import Config
 from reindex.errors import ConfigError
-from reindex.plan.estimate import estimate, spread
+from reindex.plan.estimate import estimate, headline_eta, printed_plan, spread
 from reindex.run.migration import known_run, ledger_of, open_backends, open_migration
 from reindex.state.ledger import Ledger
 from reindex.state.records import DeadLetter, RunSummary, ShardRecord, Verification
@@ -193,16 +194,27 @@ def _rate(amount: int, seconds: float) -> float | None:
 
 
 def _planned(config: Config, *, calibrate: bool) -> tuple[dict[str, Any], float | None]:
-    """The planner's estimate for the corpus as it is now, and the embedder's price per 1M tokens.
-
-    Recomputed rather than stored: tokens are exact (the embedder's own tokenizer), so a rerun gives the
-    run's plan for an unchanged source; it needs no ledger schema and works for runs made before reports
-    existed. It skips `plan`'s coverage scan: the report shows the newest verify instead."""
+    """The estimate `plan` printed for this migration (kept beside the ledger: `printed_plan`), and the
+    embedder's price per 1M tokens. Where none was kept (a Postgres ledger, no `plan` before the run), the
+    planner runs again now and says so (`computed_at`): its tokens are exact, its ETA a new one."""
     with open_migration(config) as m:
+        price = commands.price_of(m.embedder)
+        path = printed_plan(m.config.run, m.plan_id)
+        if path is not None and path.is_file():
+            planned = json.loads(path.read_text())
+            planned["cost_usd"] = (
+                round(planned["tokens"] * price / 1_000_000, 6) if price is not None else None
+            )
+            planned["price_per_million_usd"] = price
+            planned["computed_at"] = iso_utc(planned.pop("printed_at", None))
+            planned["printed"] = True
+            planned["calibrated"] = planned.get("eta_headline_seconds") is not None
+            return planned, price
         plan = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate)
         spread(plan, m.config.run, 1, None)
-        price = commands.price_of(m.embedder)
+        headline_eta(plan)
     planned = plan.to_json()
+    planned["printed"] = False
     planned["cost_usd"] = round(plan.tokens * price / 1_000_000, 6) if price is not None else None
     planned["price_per_million_usd"] = price
     planned["computed_at"] = now()
@@ -231,7 +243,10 @@ def plan_against_actual(
         _row("tokens embedded", "tokens", plan["tokens"], summary.tokens if summary else None),
         _row("cost", "USD", plan["cost_usd"], actual_cost),
         _row(
-            "duration (embedding and writing)", "s", plan["eta_seconds"], summary.seconds if summary else None
+            "duration (embedding and writing)",
+            "s",
+            plan.get("eta_headline_seconds", plan["eta_seconds"]),
+            summary.seconds if summary else None,
         ),
         _row(
             "throughput (planned: the model alone, calibrated)",

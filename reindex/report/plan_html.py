@@ -63,7 +63,10 @@ def _counted(p: PlanReport) -> str:
 
 def _time_and_cost(p: PlanReport) -> str:
     rows = [
-        ("Estimated embedding time", h.metric("eta_seconds", p.eta_seconds, h.duration(p.eta_seconds))),
+        (
+            "Estimated time",
+            h.metric("eta_headline_seconds", p.eta_headline_seconds, h.duration(p.eta_headline_seconds)),
+        ),
         (
             "Calibrated rate",
             h.metric(

@@ -172,7 +172,8 @@ def plan(
     html: HtmlOption = None,
 ) -> None:
     """Dry run: documents, tokens, ETA, storage, target and alias state, coverage, routes and their cost.
-    Changes nothing; exit 4 when no route meets [run] deadline and max_cost_usd."""
+    Changes nothing (it keeps its estimate beside the ledger, for the report); exit 4 when no route meets
+    [run] deadline and max_cost_usd."""
     cfg = _load(config)
     with _status("counting documents and tokens", as_json):
         report = _guarded(

@@ -132,10 +132,12 @@ def _route_duration(route: dict[str, Any]) -> str:
 
 
 def _eta(p: dict[str, Any]) -> str:
-    if p.get("eta_seconds_workers") is not None and p.get("workers", 1) > 1:
+    """One ETA: the run's stages and its model on its workers where they were timed, else the model's."""
+    if p.get("eta_seconds_workers") is not None:
+        workers = count(p.get("workers", 1), "worker")
         return (
-            f"about {duration(p['eta_seconds_workers'])} on {p['workers']} workers at "
-            f"{units.rate(p['worker_docs_per_second'], 'documents')} each"
+            f"about {duration(p['eta_seconds_workers'])} on {workers} at "
+            f"{units.rate(p['worker_docs_per_second'], 'documents')} each (timed on a sample like the corpus)"
         )
     if p.get("eta_seconds") is None:
         return "not estimated (run `plan` without --no-calibrate to time a sample)"

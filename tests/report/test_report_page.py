@@ -261,6 +261,6 @@ def test_plan_html_is_the_dry_run_page_with_the_figures_of_plan_json(migration: 
     assert dom.title.startswith("Reindex plan: docs → docs__")
     assert dom.sections == ["corpus", "time-and-cost", "storage", "target", "coverage"]
     keys = {key for key, _, _ in dom.metrics}
-    assert {"documents", "tokens", "eta_seconds", "vector_bytes", "target", "alias_target"} <= keys
+    assert {"documents", "tokens", "eta_headline_seconds", "vector_bytes", "target", "alias_target"} <= keys
     for key, shown_value, _ in dom.metrics:
         assert shown_value == plan[key], key
