@@ -163,7 +163,9 @@ def test_poison_documents_become_dead_letters_with_reasons(ledger):
         "dup": "duplicate_id_conflict",
     }
     summary = ledger.summary("plan")
-    assert summary.reconciled and summary.duplicates == 1 and summary.written == 51
+    # "same" twice with one text and "dup" twice with two: two rows folded, one dead letter for "dup"
+    assert summary.reconciled and summary.duplicates == 2 and summary.written == 51
+    assert summary.dead_letters == 6
     assert report.complete
 
 

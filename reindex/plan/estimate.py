@@ -32,6 +32,10 @@ class PlanReport:
     documents: int = 0
     embeddable: int = 0
     unreadable_or_empty: int = 0
+    # an id column that is not unique: ids whose rows hold different texts (each one dead letter,
+    # duplicate_id_conflict) and rows folded into the first row of their id (repeats, same text or not)
+    id_conflicts: int = 0
+    repeated_rows: int = 0
     unique_texts: int = 0
     tokens: int = 0  # tokens of the unique texts that will be embedded (after truncation)
     # exact, in the model's own tokenizer, or estimated, and how (reindex.ports.CountsTokens)
@@ -242,7 +246,10 @@ def _new_texts(report: PlanReport, chunk: list[Record], seen: set[str]) -> list[
     screened = screen(chunk)
     report.documents += len(chunk)
     report.embeddable += len(screened.records)
-    report.unreadable_or_empty += len(screened.dead)
+    conflicts = sum(letter.reason == "duplicate_id_conflict" for letter in screened.dead)
+    report.id_conflicts += conflicts
+    report.repeated_rows += screened.duplicates
+    report.unreadable_or_empty += len(screened.dead) - conflicts
     texts = []
     for text, digest in zip(screened.records.texts, screened.hashes, strict=True):
         if digest not in seen:

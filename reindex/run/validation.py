@@ -82,31 +82,25 @@ def screen(records: Sequence[Record], hashes: Sequence[str | None] | None = None
 
 
 def _fold(result: Screened, docs: Documents, hashes: list[str | None], rows: list[int]) -> list[int]:
-    """Keep the first of each id; a repeat with the same text is a duplicate, with another a conflict that
-    dead-letters every copy of that id."""
+    """Keep the first of each id; every later row of an id is folded (counted in `duplicates`), and an id
+    whose rows hold different texts is one dead letter, `duplicate_id_conflict`: the unit is the document
+    id, so `plan`, `run`, `dlq list` and `verify` count it once however many rows repeat it."""
     first: dict[str, int] = {}
+    copies: dict[str, int] = {}
     conflicted: set[str] = set()
-    repeats: list[int] = []
     for row in rows:
         doc_id = docs.ids[row]
         if doc_id not in first:
             first[doc_id] = row
-        elif hashes[first[doc_id]] == hashes[row]:
-            result.duplicates += 1
-            repeats.append(row)
-        else:
+            continue
+        result.duplicates += 1
+        copies[doc_id] = copies.get(doc_id, 1) + 1
+        if hashes[first[doc_id]] != hashes[row]:
             conflicted.add(doc_id)
-            repeats.append(row)
-            result.dead.append(
-                DeadLetter(doc_id, "duplicate_id_conflict", "same id, different text", hashes[row])
-            )
-    kept = [row for row in first.values() if docs.ids[row] not in conflicted]
-    for doc_id in conflicted:
-        row = first[doc_id]
-        result.dead.append(
-            DeadLetter(doc_id, "duplicate_id_conflict", "same id, different text", hashes[row])
-        )
-    return sorted(kept)
+    for doc_id in sorted(conflicted):
+        detail = f"{copies[doc_id]} rows with this id hold different texts"
+        result.dead.append(DeadLetter(doc_id, "duplicate_id_conflict", detail, hashes[first[doc_id]]))
+    return sorted(row for row in first.values() if docs.ids[row] not in conflicted)
 
 
 def is_excusable(reason: str) -> bool:

@@ -28,7 +28,13 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
         (
             "documents",
             f"{integer(p['documents'])}: {integer(p['embeddable'])} to embed, "
-            f"{integer(p['unreadable_or_empty'])} unreadable or empty (dead letters)",
+            f"{integer(p['unreadable_or_empty'])} unreadable or empty (dead letters)"
+            + (
+                f", {integer(p['id_conflicts'])} ids with conflicting rows (dead letters),"
+                f" {integer(p['repeated_rows'])} repeated rows folded"
+                if p.get("repeated_rows")
+                else ""
+            ),
         ),
         (
             "texts",
@@ -63,6 +69,12 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
     if p["unreadable_or_empty"]:
         s.warn(
             f"{count(p['unreadable_or_empty'], 'document')} will be dead letters (unreadable or empty text)"
+        )
+    if p.get("repeated_rows"):
+        s.warn(
+            f"the id column is not unique: {count(p['repeated_rows'], 'row')} repeat an earlier row's id and are"
+            f" folded into it; {count(p.get('id_conflicts', 0), 'id')} hold different texts in their rows and will be"
+            " dead letters (duplicate_id_conflict): make the ids unique to embed them"
         )
     if p["alias_target"] != p["target"] and (p["alias_target"] or p["alias_is_physical"]):
         serves = p["alias_target"] or "the plain table or collection itself"

@@ -200,3 +200,29 @@ def test_status_says_a_plain_table_alias_serves_its_own_vectors_not_nothing(
     assert "quotes → quotes itself (the application's own table or collection)" in out
     code, out, _ = cli("status", "-c", str(path), "--json")
     assert json.loads(out)["alias_is_physical"] is True
+
+
+def test_an_id_column_that_is_not_unique_is_named_by_plan_and_counted_once_by_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """300 rows, 200 ids: 100 ids twice with different texts. Counted four ways before (200 unreadable, 200
+    dead letters of which 100 conflicts, 100 in the dead-letter queue, 100 over the ceiling)."""
+    monkeypatch.chdir(tmp_path)
+    rows = (json.dumps({"id": f"d{i % 200}", "text": f"text number {i} about things"}) for i in range(300))
+    Path("docs.jsonl").write_text("\n".join(rows) + "\n")
+    Path("dup.toml").write_text(
+        '[source]\nkind = "jsonl"\npath = "docs.jsonl"\n[embedder]\nkind = "hash"\ndim = 8\n'
+        '[target]\nkind = "qdrant"\npath = "store"\nalias = "dup"\n[run]\nstate = "state.db"\n'
+    )
+    _, out, _ = cli("plan", "-c", "dup.toml", "--json")
+    plan = json.loads(out)
+    assert (plan["unreadable_or_empty"], plan["id_conflicts"], plan["repeated_rows"]) == (0, 100, 100)
+    assert "the id column is not unique" in cli("plan", "-c", "dup.toml")[1]
+    code, out, _ = cli("run", "-c", "dup.toml", "--json")
+    assert code == 0
+    run = json.loads(out)
+    assert (run["written"], run["dead_letters"], run["duplicates"]) == (100, 100, 100)
+    _, out, _ = cli("dlq", "list", "-c", "dup.toml", "--json")
+    assert len(json.loads(out)["dead_letters"]) == 100
+    _, out, _ = cli("verify", "-c", "dup.toml", "--json")
+    assert json.loads(out)["dead_letters"] == 100
