@@ -185,8 +185,34 @@ def throughput(shards: list[ShardRecord]) -> dict[str, Any]:
         "seconds": round(seconds, 3),
         "docs_per_second": _rate(sum(s.documents for s in shards), seconds),
         "tokens_per_second": _rate(sum(s.tokens for s in shards), seconds),
+        "windows": windows(shards, start),
         "shards": rows,
     }
+
+
+WINDOWS = 20
+
+
+def windows(shards: list[ShardRecord], start: float) -> list[dict[str, Any]]:
+    """The run's rate over time: what was written in each of up to WINDOWS equal spans of wall time, over
+    the span's length. A shard's own rate means little (workers overlap, and a shard recorded milliseconds
+    after the one before showed 41,000 documents/s in a 72 documents/s run)."""
+    end = max(s.written_at for s in shards)
+    count = max(1, min(WINDOWS, len(shards)))
+    width = max(end - start, 1e-9) / count
+    documents, tokens = [0] * count, [0] * count
+    for shard in shards:
+        slot = min(count - 1, int((shard.written_at - start) / width))
+        documents[slot] += shard.documents
+        tokens[slot] += shard.tokens
+    return [
+        {
+            "elapsed_seconds": round((slot + 1) * width, 3),
+            "docs_per_second": round(documents[slot] / width, 1),
+            "tokens_per_second": round(tokens[slot] / width, 1),
+        }
+        for slot in range(count)
+    ]
 
 
 def _rate(amount: int, seconds: float) -> float | None:

@@ -158,14 +158,15 @@ def _throughput(report: Report) -> str:
         return h.section("throughput", "Throughput over time", '<p class="empty">No shard written yet.</p>')
     span = max(row["elapsed_seconds"] for row in shards)
     scale, unit = (60.0, "min") if span >= 180 else (1.0, "s")
-    x_label = f"time since the run began ({unit}); one point per shard"
-    docs = [(row["elapsed_seconds"] / scale, row["docs_per_second"] or 0.0) for row in shards]
-    tokens = [(row["elapsed_seconds"] / scale, row["tokens_per_second"] or 0.0) for row in shards]
+    x_label = f"time since the run began ({unit}); each point the end of an equal window"
+    windows = t.get("windows") or []
+    docs = [(row["elapsed_seconds"] / scale, row["docs_per_second"]) for row in windows]
+    tokens = [(row["elapsed_seconds"] / scale, row["tokens_per_second"]) for row in windows]
     charts = (
         '<div class="charts">'
         + svg.line_chart(
             docs,
-            title="Documents per second, per shard",
+            title="Documents per second, over the run",
             x_label=x_label,
             y_label="documents/s",
             mean=t["docs_per_second"],
@@ -173,7 +174,7 @@ def _throughput(report: Report) -> str:
         )
         + svg.line_chart(
             tokens,
-            title="Tokens per second, per shard",
+            title="Tokens per second, over the run",
             x_label=x_label,
             y_label="tokens/s",
             mean=t["tokens_per_second"],
@@ -193,7 +194,7 @@ def _throughput(report: Report) -> str:
             ),
         ]
     )
-    note = '<p class="note">A shard\'s rate is its documents (tokens) over the time since the run recorded the shard before it. The dashed line is the mean over the whole run.</p>'
+    note = '<p class="note">Each point is what was written in one of up to 20 equal windows of the run, over the window\'s length. The dashed line is the mean over the whole run.</p>'
     return h.section("throughput", "Throughput over time", facts, charts, note)
 
 

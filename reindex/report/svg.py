@@ -7,7 +7,12 @@ from collections.abc import Sequence
 from html import escape
 
 WIDTH, HEIGHT = 600, 280
-LEFT, RIGHT, TOP, BOTTOM = 72, 16, 36, 48  # room for tick labels, the title and the axis labels
+LEFT, RIGHT, TOP, BOTTOM = (
+    72,
+    16,
+    52,
+    48,
+)  # room for tick labels, the title, the y label above and the x label
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
@@ -112,12 +117,11 @@ def _axes(box: _Box, x_ticks: list[float], y_ticks: list[float], x_label: str, y
         f'<line class="axis" x1="{LEFT}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#57606a"/>'
     )
     parts.append(f'<line class="axis" x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{bottom}" stroke="#57606a"/>')
-    middle_x, middle_y = (LEFT + right) / 2, (TOP + bottom) / 2
+    middle_x = (LEFT + right) / 2
     parts.append(
         f'<text x="{middle_x:.1f}" y="{HEIGHT - 8}" text-anchor="middle" class="axis-label">{escape(x_label)}</text>'
     )
-    parts.append(
-        f'<text x="16" y="{middle_y:.1f}" text-anchor="middle" class="axis-label"'
-        f' transform="rotate(-90 16 {middle_y:.1f})">{escape(y_label)}</text>'
+    parts.append(  # above the axis, level: a rotated label at the edge ran into wide tick labels
+        f'<text x="{LEFT - 6}" y="{TOP - 12}" text-anchor="start" class="axis-label">{escape(y_label)}</text>'
     )
     return parts
