@@ -527,6 +527,7 @@ def _verify(
     summary = ledger.summary(m.plan_id)
     if report.target_exists and summary is not None and not summary.finalized:
         report = replace(report, complete=False, run_unfinished=True)
+    report = replace(report, is_live=m.sink.alias(m.spec.alias).target == m.spec.name)
     ledger.record_verification(m.plan_id, report.complete, report.to_json())
     return report
 

@@ -74,6 +74,7 @@ class Coverage:
     # the run that builds the target has not finished (its finalize: the ANN index, the triggers that take
     # the application's writes, grants), though every row may be there: never complete until it has
     run_unfinished: bool = False
+    is_live: bool = False  # the alias serves this target already: nothing to cut over to
     # the application's rows re-embedded and compared with what they store (`refute_application_rows`):
     # checked, stale (counted in `stale` too), min_cosine, threshold; None when no embedder was at hand
     application_check: dict[str, Any] | None = None

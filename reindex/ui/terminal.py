@@ -202,7 +202,11 @@ def verify(s: Screen, c: dict[str, Any]) -> None:
         s.next("reindex run")
         return
     _coverage(s, c)
-    if c["complete"]:
+    if c["complete"] and c.get("is_live"):
+        s.line(
+            f"The alias already serves {c['target']}: nothing to cut over. Later: reindex sync -c {s.config}"
+        )
+    elif c["complete"]:
         s.next("reindex cutover")
     elif c.get("after_flip_pending"):
         s.next("reindex cutover --sync")

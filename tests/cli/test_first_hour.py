@@ -69,6 +69,8 @@ def test_a_configs_relative_paths_are_the_config_files_wherever_the_command_runs
     status = json.loads(out)
     assert status["is_live"] and status["written"] == 120
     assert not (elsewhere / ".reindex").exists()  # no empty ledger made up in the working directory
+    code, out, _ = cli("verify", "-c", config)  # live now: the hint is not to cut over again
+    assert code == 0 and "The alias already serves" in out and "Next: reindex cutover" not in out
 
 
 def test_a_missing_ledger_for_an_alias_the_tool_moved_is_exit_2_naming_where_it_was_looked_for(
