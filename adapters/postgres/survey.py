@@ -124,8 +124,8 @@ def _alias_state(conn: Connection, table: str, oid: int, relkind: str) -> tuple[
     """Whether the name is an alias (a view over one table) today, and what its first cutover will do."""
     if relkind in ("r", "p"):
         return None, (
-            f"{table} is a plain table today: the first cutover renames it to {table}__adopted "
-            f"(kept for rollback) and puts a view named {table} in its place"
+            f"{table} is a plain table today, and stays the table applications use: the new vectors go in a"
+            ' column beside the old ones ([target] mode = "column"), and cutover renames the two'
         )
     if relkind != "v" or len(_base_tables(conn, oid)) != 1:
         kind = _RELATIONS.get(relkind, "relation") if relkind != "v" else "view over several tables"

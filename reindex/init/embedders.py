@@ -65,7 +65,7 @@ def _local(kind: str) -> Callable[[str, str], list[Entry]]:
                 kind,
                 "or vllm on GPUs" if kind == "sentence-transformers" else "continuous batching on GPUs",
             ),
-            Entry("model", model, "a model name or a local path"),
+            Entry("model", model, "a Hugging Face name, or a folder relative to this file"),
             Entry("normalize", True),
             Entry(
                 "prompt",

@@ -157,7 +157,9 @@ def target_entries(
         Entry(
             "accept",
             ("extra_column",) if in_place else ("table_statements", "column_order"),
-            "what the cutover may not keep of the table; `reindex plan` lists what it finds",
+            "column mode adds one column while in flight: uncomment to accept it (plan refuses until then)"
+            if in_place
+            else "what the cutover may not keep of the table; `reindex plan` lists what it finds",
             is_example=True,
         )
     ]

@@ -147,7 +147,8 @@ def _target(p: PlanReport) -> str:
         ),
     ]
     adopt = (
-        '<p class="callout">The alias is a plain table today: the first cutover adopts it (see the README).</p>'
+        '<p class="callout">The alias is the application\'s own table or collection today: what the first'
+        " cutover does with it is in the target's line above (docs/backends.md).</p>"
         if p.alias_is_physical
         else ""
     )

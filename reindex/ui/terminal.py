@@ -29,7 +29,10 @@ def run(s: Screen, r: dict[str, Any]) -> None:
     )
     rows = [
         ("documents", _reconciliation(r)),
-        ("tokens", f"{integer(r['tokens'])} embedded ({integer(r['truncated'])} texts truncated)"),
+        (
+            "tokens",
+            f"{integer(r['tokens'])} embedded ({count(r['truncated'], 'document')} cut at the model's limit)",
+        ),
         ("throughput", _throughput(r)),
     ]
     if r.get("requests") is not None:  # a remote model: its traffic, not padding or busy time

@@ -87,7 +87,7 @@ def test_a_postgres_table_becomes_a_commented_config_that_plan_reads(
     assert source_dsn not in Path("docs.toml").read_text()
     text = unwrapped("docs.toml")
     assert "Found: table docs, 40 rows; current vectors: embedding vector(8), cosine." in text
-    assert "docs is a plain table today: the first cutover renames it to docs__adopted" in text
+    assert "docs is a plain table today, and stays the table applications use" in text
     assert 'also found: "title" (8 characters on average); --text-column picks another' in text
     config = load(Path("docs.toml"))
     assert config.source == {
@@ -111,7 +111,7 @@ def test_a_postgres_table_becomes_a_commented_config_that_plan_reads(
     plan = planned("docs.toml", code=2)
     assert plan["documents"] == DOCUMENTS and plan["alias"] == "docs" and plan["alias_is_physical"]
     assert [loss["key"] for loss in plan["losses"]] == ["extra_column"]
-    assert 'accept = ["extra_column"] what the cutover may not keep' in text
+    assert 'accept = ["extra_column"] column mode adds one column while in flight' in text
 
 
 def test_a_view_an_earlier_migration_made_is_recognised_as_the_alias(
