@@ -135,7 +135,7 @@ class RunReport:
     reused: int
     tokens: int
     truncated: int
-    seconds: float
+    seconds: float  # this invocation's, as are the rates; the counts above are the run's totals
     docs_per_second: float
     tokens_per_second: float
     padding_fraction: float | None  # None for a remote model: it pads nothing we pay for or wait on
@@ -157,6 +157,7 @@ class RunReport:
     # the device's busy fraction after its first batch (a model process's busy time over the rest of the load)
     device_busy_fraction: float | None = None
     note: str | None = None  # why the run used fewer processes than asked for, in one line
+    documents_this_run: int | None = None  # what this invocation read, where a resume did less than all
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -386,6 +387,7 @@ def _run_report(summary: RunSummary, progress: Progress, price: float | None = N
         dead_letter_reasons=summary.dead_letter_reasons,
         billed_tokens=summary.billed_tokens,
         cost_usd=round(summary.billed_tokens * price / 1_000_000, 6) if price is not None else None,
+        documents_this_run=progress.documents,
     )
 
 

@@ -23,10 +23,17 @@ from reindex.units import count, duration, integer, local_time, model_line, rati
 
 def run(s: Screen, r: dict[str, Any]) -> None:
     done = r["reconciled"]
-    s.headline(
-        f"Run finished: {count(r['written'], 'vector')} written to {r['target']} in {duration(r['seconds'])}",
-        ok=done,
-    )
+    this_run = r.get("documents_this_run")
+    if (
+        this_run is not None and this_run < r["documents"]
+    ):  # a resume: the totals are the run's, the time ours
+        headline = (
+            f"Run finished: {count(r['written'], 'vector')} in {r['target']}; this invocation read "
+            f"{count(this_run, 'document')} in {duration(r['seconds'])} (the rest before it was resumed)"
+        )
+    else:
+        headline = f"Run finished: {count(r['written'], 'vector')} written to {r['target']} in {duration(r['seconds'])}"
+    s.headline(headline, ok=done)
     rows = [
         ("documents", _reconciliation(r)),
         (

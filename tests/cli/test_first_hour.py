@@ -228,3 +228,26 @@ def test_an_id_column_that_is_not_unique_is_named_by_plan_and_counted_once_by_ev
     assert len(json.loads(out)["dead_letters"]) == 100
     _, out, _ = cli("verify", "-c", "dup.toml", "--json")
     assert json.loads(out)["dead_letters"] == 100
+
+
+def test_a_resumed_runs_summary_does_not_mix_the_runs_totals_with_this_invocations_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    rows = (json.dumps({"id": f"d{i}", "text": f"text number {i} about things"}) for i in range(2000))
+    Path("docs.jsonl").write_text("\n".join(rows) + "\n")
+    Path("r.toml").write_text(
+        '[source]\nkind = "jsonl"\npath = "docs.jsonl"\n[embedder]\nkind = "hash"\ndim = 8\n'
+        '[target]\nkind = "qdrant"\npath = "store"\nalias = "r"\n[run]\nstate = "state.db"\nshard_size = 250\n'
+        "workers = 1\n"
+    )
+    killed = subprocess.run(
+        [sys.executable, "-m", "reindex", "run", "-c", "r.toml"],
+        env={**os.environ, "REINDEX_CRASH_AT": "after_write:3"},
+        capture_output=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9
+    code, out, _ = cli("run", "-c", "r.toml")
+    assert code == 0
+    assert "Run finished: 2,000 vectors in r__" in out and "this invocation read 1,500 documents" in out
