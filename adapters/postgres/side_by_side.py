@@ -71,7 +71,60 @@ class PgvectorColumnSink(_ColumnAlias):
             f"mode column: the new vectors go in {spec.alias}.{column} beside {vector}, their text hashes in"
             f" {book}; the flip renames the two columns"
         )
-        return {"mode": "column", "table": spec.alias, "column": column, "hashes": book, "summary": [line]}
+        summary = [line]
+        kept = self._old_vectors_bytes(spec.alias, vector)
+        if kept:
+            summary.append(
+                f"the vectors served now ({vector}, about {_mib(kept)} MiB with its indexes) stay in the table for"
+                " rollback until `reindex prune`: the storage above comes on top of them"
+            )
+        return {
+            "mode": "column",
+            "table": spec.alias,
+            "column": column,
+            "hashes": book,
+            "old_vector_bytes": kept,
+            "summary": summary,
+        }
+
+    def _old_vectors_bytes(self, alias: str, vector: str) -> int:
+        """The served vector column's bytes, estimated without a scan (one value's size times the planner's
+        row count, or a count where the table was never analyzed), and its indexes' size."""
+        from psycopg import sql
+
+        with self._db.errors():
+            conn = self._db.connection()
+            oid = conn.execute(
+                "SELECT to_regclass(%s)::oid::int8", [_identifier(alias).as_string(conn)]
+            ).fetchone()
+            if oid is None or oid[0] is None:
+                return 0
+            has = conn.execute(
+                "SELECT 1 FROM pg_attribute WHERE attrelid = %s AND attname = %s AND NOT attisdropped",
+                [oid[0], vector],
+            ).fetchone()
+            if has is None:
+                return 0
+            one = conn.execute(
+                sql.SQL("SELECT pg_column_size({0}) FROM {1} WHERE {0} IS NOT NULL LIMIT 1").format(
+                    sql.Identifier(vector), _identifier(alias)
+                )
+            ).fetchone()
+            rows = conn.execute("SELECT reltuples::int8 FROM pg_class WHERE oid = %s", [oid[0]]).fetchone()
+            estimate = int((rows or [0])[0])
+            if estimate <= 0:
+                counted = conn.execute(
+                    sql.SQL("SELECT count(*) FROM {}").format(_identifier(alias))
+                ).fetchone()
+                estimate = int((counted or [0])[0])
+            values = [int(one[0]) * estimate if one and one[0] else 0]
+            indexes = conn.execute(
+                "SELECT coalesce(sum(pg_relation_size(i.indexrelid)), 0)::int8 FROM pg_index i"
+                " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+                " WHERE i.indrelid = %s AND a.attname = %s",
+                [oid[0], vector],
+            ).fetchone()
+            return int((values or [0])[0]) + int((indexes or [0])[0])
 
     def prepare(self, spec: TargetSpec) -> None:
         """Add the target's column and its bookkeeping table (idempotent); refuse first what the table has
@@ -449,3 +502,7 @@ class PgvectorColumnSink(_ColumnAlias):
 
 
 MODES["column"] = PgvectorColumnSink
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f}"

@@ -187,10 +187,10 @@ def test_status_says_a_plain_table_alias_serves_its_own_vectors_not_nothing(
     tmp_path: Path, pg_dsn: str
 ) -> None:
     """Before the first cutover the alias is the application's table, which serves every vector it holds."""
-    rows = ", ".join(f"({i}, 'quote {i}')" for i in range(1, 21))
+    rows = ", ".join(f"({i}, 'quote {i}', '[1,2,3,{i}]')" for i in range(1, 21))
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE quotes (id bigint PRIMARY KEY, body text NOT NULL, embedding vector(4))")
-        conn.execute(f"INSERT INTO quotes (id, body) VALUES {rows}")
+        conn.execute(f"INSERT INTO quotes (id, body, embedding) VALUES {rows}")
     path = tmp_path / "quotes.toml"
     path.write_text(
         f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "quotes"\nid_column = "id"\ntext_column = "body"\n'
@@ -202,6 +202,9 @@ def test_status_says_a_plain_table_alias_serves_its_own_vectors_not_nothing(
     assert "quotes → quotes itself (the application's own table or collection)" in out
     code, out, _ = cli("status", "-c", str(path), "--json")
     assert json.loads(out)["alias_is_physical"] is True
+    # plan's storage says the vectors served now stay until prune, on top of the new ones
+    _, out, _ = cli("plan", "-c", str(path), "--json", "--no-calibrate")
+    assert json.loads(out)["target_layout"]["old_vector_bytes"] > 0
 
 
 def test_an_id_column_that_is_not_unique_is_named_by_plan_and_counted_once_by_every_command(
