@@ -28,6 +28,18 @@ def cli(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def jsonl_project(name: str, ids: list[str], *, run: str = "") -> None:
+    """docs.jsonl (row i: id ids[i], text "text number i ...") and <name>.toml into Qdrant local mode."""
+    rows = (
+        json.dumps({"id": doc_id, "text": f"text number {i} about things"}) for i, doc_id in enumerate(ids)
+    )
+    Path("docs.jsonl").write_text("\n".join(rows) + "\n")
+    Path(f"{name}.toml").write_text(
+        '[source]\nkind = "jsonl"\npath = "docs.jsonl"\n[embedder]\nkind = "hash"\ndim = 8\n'
+        f'[target]\nkind = "qdrant"\npath = "store"\nalias = "{name}"\n[run]\nstate = "state.db"\n{run}'
+    )
+
+
 @pytest.fixture
 def project(tmp_path: Path, pg_dsn: str, tiny_model: Path) -> Iterator[Path]:
     """kb/kb.toml with every path relative to kb/: its corpus, its model folder and its ledger."""
@@ -213,12 +225,7 @@ def test_an_id_column_that_is_not_unique_is_named_by_plan_and_counted_once_by_ev
     """300 rows, 200 ids: 100 ids twice with different texts. Counted four ways before (200 unreadable, 200
     dead letters of which 100 conflicts, 100 in the dead-letter queue, 100 over the ceiling)."""
     monkeypatch.chdir(tmp_path)
-    rows = (json.dumps({"id": f"d{i % 200}", "text": f"text number {i} about things"}) for i in range(300))
-    Path("docs.jsonl").write_text("\n".join(rows) + "\n")
-    Path("dup.toml").write_text(
-        '[source]\nkind = "jsonl"\npath = "docs.jsonl"\n[embedder]\nkind = "hash"\ndim = 8\n'
-        '[target]\nkind = "qdrant"\npath = "store"\nalias = "dup"\n[run]\nstate = "state.db"\n'
-    )
+    jsonl_project("dup", [f"d{i % 200}" for i in range(300)])
     _, out, _ = cli("plan", "-c", "dup.toml", "--json")
     plan = json.loads(out)
     assert (plan["unreadable_or_empty"], plan["id_conflicts"], plan["repeated_rows"]) == (0, 100, 100)
@@ -237,13 +244,7 @@ def test_a_resumed_runs_summary_does_not_mix_the_runs_totals_with_this_invocatio
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    rows = (json.dumps({"id": f"d{i}", "text": f"text number {i} about things"}) for i in range(2000))
-    Path("docs.jsonl").write_text("\n".join(rows) + "\n")
-    Path("r.toml").write_text(
-        '[source]\nkind = "jsonl"\npath = "docs.jsonl"\n[embedder]\nkind = "hash"\ndim = 8\n'
-        '[target]\nkind = "qdrant"\npath = "store"\nalias = "r"\n[run]\nstate = "state.db"\nshard_size = 250\n'
-        "workers = 1\n"
-    )
+    jsonl_project("r", [f"d{i}" for i in range(2000)], run="shard_size = 250\nworkers = 1\n")
     killed = subprocess.run(
         [sys.executable, "-m", "reindex", "run", "-c", "r.toml"],
         env={**os.environ, "REINDEX_CRASH_AT": "after_write:3"},
