@@ -588,6 +588,7 @@ def cutover(
         sync: first re-embed what changed in the source since the run and delete what vanished.
         sample: also re-embed this many documents as part of the verification.
     """
+    _refuse_before_any_run(config)
     with ledger_of(config) as ledger, ledger.alias_lock(config.alias):
         restored = _restore_table(config, ledger)
         if restored is not None:
@@ -597,6 +598,21 @@ def cutover(
                 return _cutover(attach(m, ledger), ledger, force, sample, sync=True)
         with open_migration(config) as m:
             return _cutover(m, ledger, force, sample)
+
+
+def _refuse_before_any_run(config: Config) -> None:
+    """No ledger where the config says: nothing has run, so there is no target to flip to (exit 3, as for a
+    target not built yet), unless the alias carries the tool's mark: then its ledger is elsewhere
+    (MissingLedger, exit 2). Either way no ledger is made up."""
+    try:
+        open_ledger(config, create=False).close()
+    except MissingLedger as missing:
+        with open_backends(config) as (_, sink):
+            if sink.alias(config.alias).fingerprint is not None:
+                raise
+        raise VerificationFailed(
+            f"nothing has run with this config: {missing.message}", hint="run `reindex run` first"
+        ) from None
 
 
 def _restore_table(config: Config, ledger: Ledger) -> alias_moves.AliasMove | None:
@@ -867,7 +883,7 @@ class DeadLetterReport:
 
 def dlq_list(config: Config) -> DeadLetterReport:
     """The documents that could not be embedded, with their reasons. Needs no model."""
-    with open_backends(config) as (source, sink), ledger_of(config) as ledger:
+    with open_backends(config) as (source, sink), _read_ledger(config, sink) as ledger:
         run = known_run(config, ledger, source, sink)
         return _dead_letter_report(ledger, run.plan_id if run else "")
 

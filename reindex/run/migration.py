@@ -193,13 +193,29 @@ class MissingLedger(ConfigError):
 
 @contextmanager
 def ledger_of(config: Config, *, create: bool = False) -> Iterator[Ledger]:
-    """The config's ledger. Only a verb that starts a run (`create`) makes a SQLite ledger that is not there
-    (MissingLedger otherwise); a Postgres ledger's tables are made by whoever connects first."""
-    ledger = open_ledger(config, create=create)
+    """The config's ledger. A SQLite ledger that is not there is made only where nothing can have run: by a
+    verb that starts a run (`create`), or for an alias that carries no mark of the tool. For an alias the
+    tool has moved it is MissingLedger (exit 2, naming where it looked), never a new empty ledger that
+    would answer "no run yet" or "nothing to roll back to"."""
+    try:
+        ledger = open_ledger(config, create=create)
+    except MissingLedger:
+        if _alias_marked(config):
+            raise
+        ledger = open_ledger(config)
     try:
         yield ledger
     finally:
         ledger.close()
+
+
+def _alias_marked(config: Config) -> bool:
+    """Whether the config's alias carries the tool's mark (a fingerprint the tool recorded on it)."""
+    sink = registry.build("target", config.target)
+    try:
+        return sink.alias(config.alias).fingerprint is not None
+    finally:
+        sink.close()
 
 
 def lease_key(config: Config) -> str:

@@ -298,10 +298,10 @@ def test_json_is_one_document_for_every_outcome_errors_included(
     code, report, _ = invoke("verify", "-c", str(old), "--json")
     assert code == 3 and report is not None and report["complete"] is False
     assert report["target_exists"] is False and report["missing"] == 301 and report["target_vectors"] == 0
-    code, refused, _ = invoke("cutover", "-c", str(old), "--json")  # nothing ran: no ledger to flip from
-    assert code == 2 and refused is not None
-    assert refused["error"]["code"] == 2 and "no ledger at" in refused["error"]["message"]
-    assert refused["error"]["hint"].startswith("run `reindex run` first")
+    code, refused, _ = invoke("cutover", "-c", str(old), "--json")  # nothing ran: no target to flip to
+    assert code == 3 and refused is not None
+    assert refused["error"]["code"] == 3 and "nothing has run" in refused["error"]["message"]
+    assert refused["error"]["hint"] == "run `reindex run` first"
     # a configuration error, a missing file and a usage error: JSON on stdout, with the exit code
     bad = tmp_path / "bad.toml"
     bad.write_text(old.read_text().replace('alias = "docs"', 'alias = "docs"\naliass = "typo"'))

@@ -200,7 +200,10 @@ def test_workers_spend_from_one_budget_and_stop_within_it(
             with leased(config, create=True) as (ledger, lease), open_migration(config) as m:
                 m = commands.attach(m, ledger, create=True)
                 budget = Budget(limit, commands.price_of(m.embedder))
-                return processes.run(m, ledger, lease, workers=2, stop=threading.Event(), budget=budget)
+                progress = processes.run(m, ledger, lease, workers=2, stop=threading.Event(), budget=budget)
+                m.sink.finalize(m.spec)  # as every run ends (commands.run): verify wants a finalized target
+                ledger.finish(m.plan_id)
+                return progress
 
         limit = tokens / 4 * 0.02 / 1e6  # a quarter of the corpus
         with pytest.raises(Interrupted, match="budget reached") as stopped:

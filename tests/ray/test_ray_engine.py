@@ -344,7 +344,7 @@ def test_an_actor_holds_a_second_shard_in_its_own_lane_while_the_first_is_in_the
     source = corpus(tmp_path / "docs.jsonl")
     slow = {"kind": "hash", "dim": 16, "latency_ms": 400}  # a model call long enough to arrive during
     cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray", embedder=slow)
-    with leased(cluster) as (ledger, lease), open_migration(cluster) as m:
+    with leased(cluster, create=True) as (ledger, lease), open_migration(cluster) as m:
         m = commands.attach(m, ledger, create=True)
         first, second = planning.plan(m, ledger)[:2]
         items = [
