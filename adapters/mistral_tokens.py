@@ -31,6 +31,11 @@ def _tokenizer() -> Any:
     return MistralTokenizer.v1().instruct_tokenizer.tokenizer
 
 
+def count(text: str) -> int:
+    """A whole text's tokens, BOS included: what the API checks against MAX_TOKENS."""
+    return len(_tokenizer().encode(text, bos=True, eos=False))
+
+
 def tokenize(texts: Sequence[str], max_tokens: int) -> list[Tokens]:
     """Exact counts; `data` is the text sent, cut at a token boundary when longer than `max_tokens`."""
     tokenizer = _tokenizer()

@@ -268,7 +268,7 @@ class MistralState(ProviderState):
 
     def _embed(self, body: Mapping[str, Any], job: LineJob) -> dict[str, Any]:
         """One embeddings request of a job: Mistral's EmbeddingResponse; bills its tokens."""
-        from reindex_adapters.mistral_tokens import MAX_TOKENS, _tokenizer
+        from reindex_adapters.mistral_tokens import MAX_TOKENS, count
 
         texts = body.get("input")
         texts = [texts] if isinstance(texts, str) else texts
@@ -281,7 +281,7 @@ class MistralState(ProviderState):
         poison = job.plan.poison_substring
         if poison and any(poison in text for text in texts):
             raise ApiError(400, INVALID_INPUT)
-        counts = [len(_tokenizer().encode(text, bos=True, eos=False)) for text in texts]
+        counts = [count(text) for text in texts]
         if max(counts) > MAX_TOKENS:
             raise ApiError(400, f"Too many tokens in input. Max is {MAX_TOKENS} got {max(counts)}")
         vectors = self.embedder.embed(self.embedder.tokenize(texts))
