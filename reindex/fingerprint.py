@@ -54,6 +54,14 @@ def text_hash(record: Record) -> str | None:
     return _hash_or_none(record.text)
 
 
+def fields_version(payload: Mapping[str, Any]) -> str:
+    """A digest of a document's payload less the tool's `reindex_*` keys: what a target that copies the
+    payload whole holds of it (`Record.fields`, `IndexEntry.fields`)."""
+    fields = {k: v for k, v in payload.items() if not k.startswith("reindex_")}
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:32]
+
+
 def document_version(payload: Mapping[str, Any], carried: Mapping[str, str] | None) -> str:
     """A digest of what the application can change of a document other than the vector re-embedded: its
     payload (less the tool's `reindex_*` keys) and the digests of its carried parts (a Qdrant point's other

@@ -33,6 +33,10 @@ class Record:
     # part (Qdrant: the point's other named vectors, carried unchanged); None: nothing. Verify and sync
     # compare them with `IndexEntry.carried`, so an edit of a carried part alone is seen and carried.
     carried: Mapping[str, str] | None = None
+    # a digest of the payload the target copies whole (`reindex.fingerprint.fields_version`: a Qdrant
+    # point's fields); None: the source does not say. Verify and sync compare it with `IndexEntry.fields`
+    # where both sides have one, so a field the application set alone, the text untouched, is carried.
+    fields: str | None = None
 
     @property
     def position(self) -> str:
@@ -316,6 +320,7 @@ class IndexEntry:
     # point the application upserted since the tool last wrote or adopted it)
     derived: bool = False
     carried: Mapping[str, str] | None = None  # digests of the parts carried beside it, as `Record.carried`
+    fields: str | None = None  # the digest of the payload it holds, as `Record.fields`; None: not read
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,11 +46,6 @@ class _Bookkeeping:
             return cls(None, None)
         return cls(fingerprint, text_field)
 
-    @property
-    def keys(self) -> list[str]:
-        """The payload keys to read of an unhashed point: the index keys and the top of the text's path."""
-        return INDEX_KEYS if self.text_field is None else [*INDEX_KEYS, self.text_field.split(".")[0]]
-
     def read(self, payload: Mapping[str, Any]) -> tuple[str | None, str | None, bool]:
         """(content hash, fingerprint, written by the application) of one point's payload."""
         if "reindex_content_hash" in payload:

@@ -98,8 +98,9 @@ class _Reads:
     def _pages(
         self, target: str, name: str | None, limit: int, carried: Sequence[str] = (), *, whole: bool = False
     ) -> Iterator[list[models.Record]]:
-        """Every point with the index keys and its vector (and the carried ones), a scroll page at a time;
-        `whole`: with its whole payload and every vector."""
+        """Every point with its payload and its vector (and the carried ones), a scroll page at a time;
+        `whole`: with every vector. The whole payload is read: verify compares it with the source's
+        (`IndexEntry.fields`), and a point the application upserted needs its text for its hash."""
         offset: Any = None
         wanted: bool | list[str] = [name or "", *carried] if carried else _with_vector(name)
         while True:
@@ -108,7 +109,7 @@ class _Reads:
                     target,
                     limit=limit,
                     offset=offset,
-                    with_payload=True if whole else INDEX_KEYS,
+                    with_payload=True,
                     with_vectors=True if whole else wanted,
                 )
             yield points

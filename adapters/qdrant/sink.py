@@ -13,7 +13,7 @@ from pydantic import Field, field_validator
 
 from reindex.columns import documents
 from reindex.errors import ConfigError, CutoverRefused
-from reindex.fingerprint import document_version
+from reindex.fingerprint import document_version, fields_version
 from reindex.ports import (
     IndexEntry,
     Loss,
@@ -278,8 +278,8 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
         """Points the application upserted through the alias lost the reindex keys (an upsert replaces the
-        whole payload): their hash and fingerprint are derived (`_Bookkeeping`), and they are marked. Only
-        their texts are read, one extra request per page that holds any: the tool's points cost no text."""
+        whole payload): their hash and fingerprint are derived from their text (`_Bookkeeping`), and they
+        are marked. Every point's payload is digested for verify (`IndexEntry.fields`)."""
         for entry, _ in self._entries(target, dim, whole=False):
             yield entry
 
@@ -299,31 +299,26 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         with _translated():
             bookkeeping = _Bookkeeping.of(_reindex_meta(self._client.get_collection(target).config))
         for points in self._pages(target, name, self.upsert_batch, carried, whole=whole):
-            texts = {} if whole else self._texts_of_unhashed(target, points, bookkeeping)
             for point in points:
                 vector = _stored_vector(point, name)
                 if not vector.size and not whole:  # a document kept without a vector (`keep`): no entry
                     continue
-                payload = texts.get(str(point.id), point.payload or {})
+                payload = point.payload or {}
                 digest, fingerprint, application = bookkeeping.read(payload)
                 derived = "reindex_content_hash" not in payload
                 problem = vector_problem(vector, dim)
                 parts = digests(carried_vectors(point, carried)) if carried else None
                 entry = IndexEntry(
-                    _document_id(point), digest, fingerprint, problem, application, derived, parts
+                    _document_id(point),
+                    digest,
+                    fingerprint,
+                    problem,
+                    application,
+                    derived,
+                    parts,
+                    fields_version(payload),
                 )
                 yield entry, point
-
-    def _texts_of_unhashed(
-        self, target: str, points: Sequence[models.Record], bookkeeping: _Bookkeeping
-    ) -> dict[str, Mapping[str, Any]]:
-        """point id -> payload with the text, for the points of a page that carry no content hash."""
-        unhashed = [p.id for p in points if "reindex_content_hash" not in (p.payload or {})]
-        if not unhashed or bookkeeping.text_field is None:
-            return {}
-        with _translated():
-            found = self._client.retrieve(target, unhashed, with_payload=bookkeeping.keys, with_vectors=False)
-        return {str(p.id): p.payload or {} for p in found}
 
     def adopt(self, target: str, hashes: Mapping[str, str], fingerprint: str) -> int:
         """Store the bookkeeping `scan_index` derived for application points, in one request per

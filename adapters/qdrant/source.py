@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from reindex.errors import ConfigError
+from reindex.fingerprint import fields_version
 from reindex.ports import Record, Sink, SourceSchema
 from reindex_adapters.qdrant.carried import PointPayload, carried_vectors, digests
 from reindex_adapters.qdrant.connection import _acquire, _Connection, _location, _release, _translated
@@ -217,11 +218,12 @@ class QdrantSource:
         text = _dotted(payload, self.text_field)
         doc_id = _document_id(point)
         cursor = None if doc_id == str(point.id) else str(point.id)  # scans resume after a point id
+        fields = fields_version(payload)
         if text is None:
-            return Record(doc_id, "", payload, cursor, defect="missing_text", carried=carried)
+            return Record(doc_id, "", payload, cursor, "missing_text", carried, fields)
         if not isinstance(text, str):
-            return Record(doc_id, "", payload, cursor, defect="invalid_text_type", carried=carried)
-        return Record(doc_id, text, payload, cursor, carried=carried)
+            return Record(doc_id, "", payload, cursor, "invalid_text_type", carried, fields)
+        return Record(doc_id, text, payload, cursor, carried=carried, fields=fields)
 
     def _pick_vector(self, vectors: Any) -> tuple[str | None, Any]:
         if not isinstance(vectors, Mapping):

@@ -38,6 +38,8 @@ from reindex.vectors import AGREEMENT, as_stored
 CHUNK = 20_000
 EXAMPLES = 5
 APPLICATION_CHUNK = 256  # application rows re-embedded per model call
+# the part `carried_vectors` counts documents whose payload differs under (no vector has this name)
+FIELDS = "(payload)"
 CARRIED_CHUNK = 256  # documents whose carried parts the sink compares by value at once
 Category = Literal[
     "missing", "stale", "orphaned", "invalid_vectors", "dead_letters", "unhashed", "conflicting", "carried"
@@ -99,7 +101,9 @@ class Coverage:
         }
         parts = [f"{v:,} {k}" for k, v in counts.items() if v]
         parts += [
-            f"{n:,} documents whose carried vector {name!r} is missing or differs from the source"
+            f"{n:,} documents whose payload differs from the source's"
+            if name == FIELDS
+            else f"{n:,} documents whose carried vector {name!r} is missing or differs from the source"
             for name, n in sorted(self.carried_vectors.items())
         ]
         if not self.target_exists:
@@ -165,7 +169,7 @@ _FOREIGN = "SELECT t.id FROM tgt t WHERE coalesce(t.fp, 'none') IS NOT ?"
 
 # A source may hold one id twice (a JSONL file): with two texts, a fresh migration dead-letters the id.
 _INSERT_SOURCE = (
-    "INSERT INTO src (id, hash, carried, blank) VALUES (?,?,?,?) ON CONFLICT (id) DO UPDATE"
+    "INSERT INTO src (id, hash, carried, blank, fields) VALUES (?,?,?,?,?) ON CONFLICT (id) DO UPDATE"
     " SET conflict = conflict OR (hash IS NOT excluded.hash), blank = blank OR excluded.blank"
 )
 
@@ -297,7 +301,7 @@ def compare(
             load_rows(db, "INSERT OR IGNORE INTO dead VALUES (?,?)", (dead_letters or {}).items())
             if exists:  # a target not built yet is an empty one: every source document is missing
                 entries = _target_rows(sink.scan_index(target, dim))
-                load_rows(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?,?,?)", entries)
+                load_rows(db, "INSERT OR REPLACE INTO tgt VALUES (?,?,?,?,?,?,?)", entries)
             comparison = Comparison(db, target, time.monotonic() - started, exists=exists)
             if exists and embedder is not None:
                 refute_application_rows(comparison, source, sink, embedder)
@@ -434,6 +438,15 @@ _CARRIED_CANDIDATES = (
 )
 
 
+# Documents present on both sides, their text current, whose payloads differ where both sides digest theirs
+# (`Record.fields`, `IndexEntry.fields`): a field the application set alone, copied by the next sync.
+_FIELDS_DIFFER = (
+    "INSERT OR IGNORE INTO carried SELECT t.id, ? FROM src s JOIN tgt t ON t.id = s.id"
+    " WHERE s.fields IS NOT NULL AND t.fields IS NOT NULL AND s.fields != t.fields AND t.hash IS s.hash"
+    " AND t.problem IS NULL AND NOT s.conflict AND t.id NOT IN (SELECT id FROM refuted)"
+)
+
+
 def find_carried(comparison: Comparison, source: Source, sink: Sink) -> None:
     """Record, by part, the documents whose carried parts (a Qdrant point's other named vectors) the target
     lacks, holds extra or holds otherwise than the source: by digest, then by value where the sink can
@@ -448,6 +461,7 @@ def find_carried(comparison: Comparison, source: Source, sink: Sink) -> None:
             parts = sink.carried_differences(comparison.target, source, parts)
         rows = ((doc_id, part) for doc_id, names in parts.items() for part in names)
         load_rows(comparison.db, "INSERT OR IGNORE INTO carried VALUES (?,?)", rows)
+    comparison.db.execute(_FIELDS_DIFFER, (FIELDS,))
 
 
 def _differing_parts(source_parts: str | None, target_parts: str | None) -> list[str]:
@@ -466,11 +480,11 @@ def _scratch_db(path: Path) -> sqlite3.Connection:
         PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA temp_store=FILE;
         CREATE TABLE src (
             id TEXT PRIMARY KEY, hash TEXT, conflict INTEGER NOT NULL DEFAULT 0, carried TEXT,
-            blank INTEGER NOT NULL DEFAULT 0
+            blank INTEGER NOT NULL DEFAULT 0, fields TEXT
         ) WITHOUT ROWID;
         CREATE TABLE dead (id TEXT PRIMARY KEY, hash TEXT) WITHOUT ROWID;
         CREATE TABLE tgt (
-            id TEXT PRIMARY KEY, hash TEXT, fp TEXT, problem TEXT, app INTEGER, carried TEXT
+            id TEXT PRIMARY KEY, hash TEXT, fp TEXT, problem TEXT, app INTEGER, carried TEXT, fields TEXT
         ) WITHOUT ROWID;
         CREATE TABLE refuted (id TEXT PRIMARY KEY) WITHOUT ROWID;
         CREATE TABLE carried (id TEXT NOT NULL, part TEXT NOT NULL, PRIMARY KEY (id, part)) WITHOUT ROWID;
@@ -478,18 +492,20 @@ def _scratch_db(path: Path) -> sqlite3.Connection:
     return db
 
 
-def _source_rows(records: Iterable[Record]) -> Iterator[tuple[str, str | None, str | None, bool]]:
+def _source_rows(
+    records: Iterable[Record],
+) -> Iterator[tuple[str, str | None, str | None, bool, str | None]]:
     """(id, content hash, carried digests, blank): blank where a migration embeds nothing (no text, an
     empty one, one of another type, undecodable: what `screen` drops), so a vector held for it is stale."""
     for record in records:
         digest = text_hash(record)
         blank = digest is None or record.defect is not None or not record.text or record.text.isspace()
-        yield record.id, digest, _carried(record.carried), blank
+        yield record.id, digest, _carried(record.carried), blank, record.fields
 
 
 def _target_rows(
     entries: Iterable[IndexEntry],
-) -> Iterator[tuple[str, str | None, str | None, str | None, bool | None, str | None]]:
+) -> Iterator[tuple[str, str | None, str | None, str | None, bool | None, str | None, str | None]]:
     for entry in entries:
         yield (
             entry.id,
@@ -498,6 +514,7 @@ def _target_rows(
             entry.problem,
             entry.application,
             _carried(entry.carried),
+            entry.fields,
         )
 
 

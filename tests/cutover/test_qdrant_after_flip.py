@@ -248,3 +248,40 @@ def test_a_run_after_the_flip_brings_back_nothing_the_application_deleted_throug
     invoke("sync", "-c", str(config))
     served_exactly(storage, expected)
     assert invoke("verify", "-c", str(config))["complete"]
+
+
+@BOTH_SOURCES
+def test_a_field_set_before_a_sync_is_carried_and_a_plain_cutover_then_rollback_keep_it(
+    tmp_path: Path, source: str
+) -> None:
+    """A payload field the application sets through the alias, the text untouched, is part of what a fresh
+    migration copies: verify holds it against the target until a sync carries it (the vector kept, nothing
+    embedded again), and after a plain cutover and a rollback the alias still serves it (the model
+    checker's history: the rollback read its absence in the newer collection as a removal)."""
+    config = migration(tmp_path, source)
+    storage = tmp_path / "qdrant"
+    invoke("run", "-c", str(config))
+    with_client(storage, lambda c: c.set_payload(ALIAS, {"acl": "team-a"}, points=[8], wait=True))
+
+    verified = invoke("verify", "-c", str(config), exit_code=3)
+    assert not verified["complete"] and verified["carried"] == 1, verified
+    report = invoke("sync", "-c", str(config))
+    assert (report["carried"], report["changed"], report["added"]) == (1, 0, 0), report
+    assert invoke("verify", "-c", str(config))["complete"]
+
+    invoke("cutover", "-c", str(config))
+    assert acl(storage) == {8: "team-a"}
+    served_exactly(storage, {i: f"note {i}" for i in range(1, DOCS + 1)})
+    invoke("rollback", "-c", str(config))
+    assert acl(storage) == {8: "team-a"}
+
+
+def acl(storage: Path) -> dict[Any, str]:
+    found: dict[Any, str] = {}
+
+    def read(client: QdrantClient) -> None:
+        points, _ = client.scroll(ALIAS, limit=1000, with_payload=True)
+        found.update({p.id: p.payload["acl"] for p in points if p.payload and "acl" in p.payload})
+
+    with_client(storage, read)
+    return found
