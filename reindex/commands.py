@@ -987,6 +987,9 @@ class ResolveReport:
     is_physical: bool
     # what the served vectors are stored as (pgvector: float16 in halfvec, bit): what queries are cast to
     precision: str | None = None
+    # where `model` comes from: "target" (recorded on it when the tool built it), "config" (a table the tool
+    # never built, the application's own: `[compare] embedder` names its model, unchecked), None: unknown
+    model_from: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -999,13 +1002,11 @@ def resolve(config: Config, alias: str | None = None) -> ResolveReport:
         if info.target is None and not info.is_physical:
             raise ConfigError(f"alias {info.alias!r} does not exist", hint="run `reindex cutover` first")
         precision = sink.precision(info.target) if isinstance(sink, PlansStorage) and info.target else None
+        model, origin = (dict(info.model), "target") if info.model else (None, None)
+        if model is None and info.fingerprint is None and config.compare.embedder:
+            model, origin = dict(config.compare.embedder), "config"  # the live index's model, as named
         return ResolveReport(
-            info.alias,
-            info.target,
-            info.fingerprint,
-            dict(info.model) if info.model else None,
-            info.is_physical,
-            precision,
+            info.alias, info.target, info.fingerprint, model, info.is_physical, precision, origin
         )
 
 

@@ -435,7 +435,11 @@ def resolve(s: Screen, r: dict[str, Any]) -> None:
     target = r["target"] or f"{r['alias']} (a table or collection, not an alias yet)"
     s.headline(f"Alias {r['alias']} → {target}")
     model = r.get("model") or {}
-    rows = [("model", model_line(model) if model else "unknown: not built by reindex")]
+    if r.get("model_from") == "config":
+        line = f"{_named_model(model)}, as [compare] embedder names it (the tool did not build this index)"
+    else:
+        line = model_line(model) if model else "unknown: not built by reindex; [compare] embedder can name it"
+    rows = [("model", line)]
     options = model.get("options") or {}
     if options.get("prompt"):
         rows.append(("query prefix", f"documents were embedded with prompt {options['prompt']!r}"))
@@ -444,6 +448,12 @@ def resolve(s: Screen, r: dict[str, Any]) -> None:
     s.facts(rows)
     if model:
         s.line("Embed queries with this model so they compare with the stored vectors.")
+
+
+def _named_model(table: dict[str, Any]) -> str:
+    """An [embedder] table as a config names it: kind and model (or the kind alone)."""
+    name = table.get("model") or table.get("model_id")
+    return f"{table.get('kind', '?')} {name}" if name else str(table.get("kind", "?"))
 
 
 RENDERERS: dict[str, Callable[[Screen, dict[str, Any]], None]] = {

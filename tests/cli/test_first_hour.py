@@ -255,3 +255,37 @@ def test_a_resumed_runs_summary_does_not_mix_the_runs_totals_with_this_invocatio
     code, out, _ = cli("run", "-c", "r.toml")
     assert code == 0
     assert "Run finished: 2,000 vectors in r__" in out and "this invocation read 1,500 documents" in out
+
+
+def test_resolve_after_a_rollback_to_the_applications_own_vectors_names_the_model_compare_names(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """After a rollback the table serves the application's own vectors, which the tool never embedded: the
+    model cannot be read from them, but `[compare] embedder` names it, and resolve says where it came from."""
+    rows = ", ".join(f"({i}, 'line {i}', '[1,2,3,{i}]')" for i in range(1, 11))
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE lines (id bigint PRIMARY KEY, body text NOT NULL, embedding vector(4))")
+        conn.execute(f"INSERT INTO lines (id, body, embedding) VALUES {rows}")
+    base = (
+        f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "lines"\ntext_column = "body"\n'
+        f'[embedder]\nkind = "hash"\ndim = 8\n[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "lines"\n'
+        'mode = "column"\naccept = ["extra_column"]\n[run]\nstate = "state.db"\n'
+    )
+    path = tmp_path / "lines.toml"
+    path.write_text(base)
+    for verb in ("run", "cutover", "rollback"):
+        assert cli(verb, "-c", str(path))[0] == 0, verb
+    code, out, err = cli("resolve", "-c", str(path))
+    assert code == 0, err
+    assert "unknown: not built by reindex; [compare] embedder can name it" in out
+
+    path.write_text(base + '[compare]\nembedder = { kind = "hash", dim = 4, seed = "legacy" }\n')
+    code, out, err = cli("resolve", "-c", str(path), "--json")
+    resolved = json.loads(out)
+    assert code == 0 and resolved["model_from"] == "config", err
+    assert resolved["model"] == {"kind": "hash", "dim": 4, "seed": "legacy"}
+    _, out, _ = cli("resolve", "-c", str(path))
+    assert "as [compare] embedder names it (the tool did not build this index)" in out
+    assert cli("cutover", "-c", str(path))[0] == 0  # forward again: the model is the one recorded
+    _, out, _ = cli("resolve", "-c", str(path), "--json")
+    assert json.loads(out)["model_from"] == "target"
