@@ -51,7 +51,7 @@ class _CarryBack:
         """Write into `older` what the application wrote into `newer` since the flip between them. With
         `since` (what the first pass left, returned by it), only what changed in `newer` since then, and
         only where `older` still holds what that pass left. Returns the state both now agree on."""
-        name, text_field = self._rollback_layout(newer)
+        name, text_field, keeps = self._rollback_layout(newer)
         ours = dict(self._states(newer, name, text_field))
         if since is None:
             theirs = dict(self._states(older, name, text_field))
@@ -60,8 +60,9 @@ class _CarryBack:
             changed = sorted({*ours, *since} - {i for i in ours if ours[i] == since.get(i)}, key=str)
             theirs = dict(self._states(older, name, text_field, only=changed))
             changed = [i for i in changed if theirs.get(i) == since.get(i)]  # an older write stands
-        # a blank point only the older holds is a dead letter an earlier version did not keep in the newer
-        if since is None:
+        # a blank point only the older holds is a dead letter an earlier version did not keep in the newer;
+        # in a newer that keeps them, the application deleted it through the alias
+        if since is None and not keeps:
             changed = [i for i in changed if i in ours or not _blank(theirs[i][1])]
         self._carry(newer, older, name, changed, ours, theirs)
         return dict(ours)  # what the older collection holds now, as far as the application can change it
@@ -148,11 +149,13 @@ class _CarryBack:
             if offset is None:
                 return
 
-    def _rollback_layout(self, newer: str) -> tuple[str | None, str]:
-        """The migration's vector name and text field, as the newer collection records them."""
+    def _rollback_layout(self, newer: str) -> tuple[str | None, str, bool]:
+        """The migration's vector name and text field, as the newer collection records them, and whether
+        it keeps the dead letters' points (made by a version that does)."""
         with _translated():
             meta = _reindex_meta(self._client.get_collection(newer).config)
-        return self._vector_name(newer), str(meta.get("text_field") or "page_content")
+        text_field = str(meta.get("text_field") or "page_content")
+        return self._vector_name(newer), text_field, bool(meta.get("keeps_dead_letters"))
 
 
 def _blank(text: Any) -> bool:

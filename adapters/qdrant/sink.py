@@ -136,6 +136,10 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
             "created_at": datetime.now(UTC).isoformat(),
             "point_ids": NATIVE_IDS,
             "options": self.options.chosen(),
+            # the cutover keeps every dead letter's point here (`keep`): a blank point only the collection
+            # rolled back to holds was deleted through the alias (rollback.py), not left out by an earlier
+            # version that kept none
+            "keeps_dead_letters": True,
         }
         refuse_unaccepted(self.losses(spec), spec.source.layout.get("source") or spec.alias)
         metadata = {**spec.source.layout.get("metadata", {}), META_KEY: meta}  # the application's kept
