@@ -22,6 +22,7 @@ from reindex.run.validation import screen
 
 CHUNK = 1000
 SAMPLE = 10_000
+SIZE_SAMPLE = 1_000  # documents whose JSON size estimates what the target copies of them
 CALIBRATION_DOCS = 256
 STAGE_DOCS = 2000  # documents the real stages are timed on (reindex.plan.estimate._calibrate_stages)
 HNSW_M = 16
@@ -63,6 +64,10 @@ class PlanReport:
     eta_headline_seconds: float | None = None
     vector_bytes: int = 0
     index_bytes_estimate: int = 0  # vectors and their ANN index together (vectors alone: no index is built)
+    # the documents as the target copies them beside each vector (a new table's other columns, a Qdrant
+    # point's payload): their JSON size on a uniform sample, times the documents; not where the vectors go
+    # into the application's own table (mode column)
+    document_bytes_estimate: int = 0
     # how the target stores its vectors (reindex.ports.StoragePlan): type, precision, index, bytes per vector
     storage: dict[str, Any] | None = None
     # what the target is created with besides its vector, where the sink says (reindex.ports.DescribingSink:
@@ -157,7 +162,8 @@ def estimate(
     )
     seen: set[str] = set()
     lengths: list[int] = []
-    rng, picks = random.Random(0), random.Random(1)
+    rng, picks, rows = random.Random(0), random.Random(1), random.Random(2)
+    sizes: list[Record] = []  # a uniform sample of the documents, measured by their JSON size
     calibration: list[Any] = []  # a uniform sample of the distinct texts: the ETA's, like the corpus
     sample: list[Record] = []
     others = dict(recount or {})
@@ -165,6 +171,8 @@ def estimate(
     scan = source.scan()
     while chunk := list(islice(scan, CHUNK)):
         sample += chunk[: STAGE_DOCS - len(sample)]
+        for read, record in enumerate(chunk, start=report.documents):
+            _reservoir(sizes, record, read, rows, size=SIZE_SAMPLE)
         texts = _new_texts(report, chunk, seen)
         for fingerprint, other in others.items():
             report.tokens_by_fingerprint[fingerprint] += sum(tokens.count for tokens in other.tokenize(texts))
@@ -175,6 +183,9 @@ def estimate(
             _reservoir(calibration, tokens, report.unique_texts, picks, size=CALIBRATION_DOCS)
             report.unique_texts += 1
     _summarise(report, lengths)
+    if sizes:
+        measured = [len(json.dumps(dict(r.payload), default=str).encode()) for r in sizes]
+        report.document_bytes_estimate = round(sum(measured) / len(measured) * report.documents)
     _price(report, getattr(embedder, "prices", None), getattr(embedder, "completion_window_hours", 24.0))
     if isinstance(embedder, CaveatsPrices):
         report.price_caveats = list(embedder.price_caveats)

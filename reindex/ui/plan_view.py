@@ -49,6 +49,7 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
         rows += [("", f"unconfirmed: {caveat}") for caveat in p.get("price_caveats") or []]
     rows += [
         ("storage", _storage(p)),
+        *(("", line) for line in [_copied(p)] if line),
         (
             "shards",
             f"{integer(p['shards'])}; a reclaimed worker redoes at most "
@@ -104,6 +105,13 @@ def _storage(p: dict[str, Any]) -> str:
     if p["index_bytes_estimate"] > p["vector_bytes"]:
         line += f", about {size(p['index_bytes_estimate'])} with the index"
     return line + (f" — {stored['note']}" if stored.get("note") else "")
+
+
+def _copied(p: dict[str, Any]) -> str | None:
+    """What the target holds of the documents besides the vectors, where it copies them."""
+    if (p.get("target_layout") or {}).get("mode") == "column" or not p.get("document_bytes_estimate"):
+        return None  # the vectors go into the application's own table: nothing else is copied
+    return f"about {size(p['document_bytes_estimate'])} of the documents' fields, copied beside the vectors"
 
 
 def _routes(s: Screen, routes: list[dict[str, Any]], pick: dict[str, Any]) -> bool:

@@ -217,6 +217,8 @@ def test_status_says_a_plain_table_alias_serves_its_own_vectors_not_nothing(
     # plan's storage says the vectors served now stay until prune, on top of the new ones
     _, out, _ = cli("plan", "-c", str(path), "--json", "--no-calibrate")
     assert json.loads(out)["target_layout"]["old_vector_bytes"] > 0
+    _, out, _ = cli("plan", "-c", str(path), "--no-calibrate")
+    assert "copied beside the vectors" not in out  # mode column: the vectors go into the table itself
 
 
 def test_an_id_column_that_is_not_unique_is_named_by_plan_and_counted_once_by_every_command(
@@ -289,3 +291,18 @@ def test_resolve_after_a_rollback_to_the_applications_own_vectors_names_the_mode
     assert cli("cutover", "-c", str(path))[0] == 0  # forward again: the model is the one recorded
     _, out, _ = cli("resolve", "-c", str(path), "--json")
     assert json.loads(out)["model_from"] == "target"
+
+
+def test_plans_storage_counts_the_documents_the_target_copies_beside_the_vectors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new table or collection holds each document's fields too, not only its vector (36 MB real against
+    29.7 MiB planned, before): plan adds their size, measured on a sample of their JSON."""
+    monkeypatch.chdir(tmp_path)
+    jsonl_project("kb", [f"doc-{i}" for i in range(300)])
+    lines = Path("docs.jsonl").read_text().splitlines()
+    code, out, err = cli("plan", "-c", "kb.toml", "--json", "--no-calibrate")
+    assert code == 0, err
+    assert json.loads(out)["document_bytes_estimate"] == sum(len(line.encode()) for line in lines)
+    _, out, _ = cli("plan", "-c", "kb.toml", "--no-calibrate")
+    assert "of the documents' fields, copied beside the vectors" in out
