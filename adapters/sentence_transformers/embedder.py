@@ -21,6 +21,7 @@ from reindex_adapters.sentence_transformers.model import (
     _max_tokens,
     _resolve_device,
     _tokenizer,
+    _truncation,
 )
 from reindex_adapters.sentence_transformers.tokenizer import ColumnTokenizer, _special_count
 
@@ -44,6 +45,9 @@ class SentenceTransformerEmbedder:
         batch_tokens: int | None = Field(default=None, gt=0)  # padded tokens per call; None: by device
         threads: int | None = Field(default=None, gt=0)
         tokenizer_threads: int | None = Field(default=None, gt=0)  # None: every core (see ColumnTokenizer)
+        # keep the first n dimensions of each vector, then normalize (a Matryoshka-trained model's smaller
+        # sizes: nomic-embed-text-v1.5, mxbai-embed-large-v1); None: the model's full dimension
+        truncate_dim: int | None = Field(default=None, gt=0)
 
     def __init__(
         self,
@@ -57,6 +61,7 @@ class SentenceTransformerEmbedder:
         batch_tokens: int | None = None,
         threads: int | None = None,
         tokenizer_threads: int | None = None,
+        truncate_dim: int | None = None,
     ) -> None:
         torch = _import_torch()
         if threads:
@@ -79,7 +84,16 @@ class SentenceTransformerEmbedder:
         self.tokenizer = ColumnTokenizer(
             backend, limit, prompt=prompt, lowercase=lowercase, threads=tokenizer_threads
         )
-        self.info = _info(self.model, model, limit, normalize=normalize, prompt=prompt, precision=precision)
+        self.truncate_dim = _truncation(self.model, model, truncate_dim)
+        self.info = _info(
+            self.model,
+            model,
+            limit,
+            normalize=normalize,
+            prompt=prompt,
+            precision=precision,
+            **({"truncate_dim": truncate_dim} if truncate_dim else {}),
+        )
 
     @classmethod
     def from_config(cls, config: Config) -> SentenceTransformerEmbedder:
@@ -93,6 +107,7 @@ class SentenceTransformerEmbedder:
             batch_tokens=config.batch_tokens,
             threads=config.threads,
             tokenizer_threads=config.tokenizer_threads,
+            truncate_dim=config.truncate_dim,
         )
 
     def device_count(self) -> int:
@@ -140,7 +155,7 @@ class SentenceTransformerEmbedder:
         import torch
 
         with torch.inference_mode():
-            output = self.model(features)["sentence_embedding"].float()
+            output = self.model(features)["sentence_embedding"][:, : self.truncate_dim].float()
             if self.normalize:
                 output = torch.nn.functional.normalize(output, p=2, dim=1)
             if self.device == "cpu":
@@ -155,7 +170,8 @@ class SentenceTransformerEmbedder:
         import torch
 
         with torch.inference_mode():
-            output = self.model(self._features(ids, mask))["sentence_embedding"].float()
+            output = self.model(self._features(ids, mask))["sentence_embedding"][:, : self.truncate_dim]
+            output = output.float()
             if self.normalize:
                 output = torch.nn.functional.normalize(output, p=2, dim=1)
             return np.ascontiguousarray(output.cpu().numpy(), dtype=np.float32)

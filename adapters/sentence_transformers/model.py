@@ -134,13 +134,29 @@ def _position_limit(model: SentenceTransformer, tokenizer: Any) -> int:
     return min(value for value in limits if isinstance(value, int) and 0 < value < 1_000_000)
 
 
-def _info(model: SentenceTransformer, name: str, limit: int, **choices: Any) -> EmbedderInfo:
+def _full_dim(model: SentenceTransformer, name: str) -> int:
     dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     dim = dimension()
     if not isinstance(dim, int):
         raise ConfigError(
             f"model {name!r} does not report its embedding dimension", hint="use a text encoder"
         )
+    return dim
+
+
+def _truncation(model: SentenceTransformer, name: str, truncate_dim: int | None) -> int | None:
+    """`truncate_dim` as given, where the model's vectors are at least that long; ConfigError otherwise."""
+    full = _full_dim(model, name)
+    if truncate_dim is not None and truncate_dim > full:
+        raise ConfigError(
+            f"truncate_dim {truncate_dim} is more than model {name!r} gives ({full} dimensions)",
+            hint=f"set [embedder] truncate_dim to at most {full}, or remove it",
+        )
+    return truncate_dim
+
+
+def _info(model: SentenceTransformer, name: str, limit: int, **choices: Any) -> EmbedderInfo:
+    dim = choices.get("truncate_dim") or _full_dim(model, name)
     options = {
         "weights": weights_digest(_model_dir(name)),
         "pooling": _pooling(model),

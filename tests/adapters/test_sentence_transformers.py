@@ -85,6 +85,24 @@ def test_embed_of_no_items_is_an_empty_matrix(embedder: SentenceTransformerEmbed
     assert embedder.embed([]).shape == (0, 32)
 
 
+def test_truncate_dim_matches_encode_with_truncate_dim_and_is_checked_against_the_model(
+    tiny_model: Path,
+) -> None:
+    """A Matryoshka model's smaller size: the first n dimensions, normalized after the cut, as
+    sentence-transformers' own `encode` gives them with `truncate_dim`."""
+    embedder = SentenceTransformerEmbedder(str(tiny_model), device="cpu", truncate_dim=16)
+    assert embedder.info.dim == 16 and embedder.info.options["truncate_dim"] == 16
+    vectors = embedder.embed(embedder.tokenize(TEXTS))
+    model = SentenceTransformer(str(tiny_model), device="cpu", truncate_dim=16)
+    model.max_seq_length = embedder.info.max_tokens
+    expected = model.encode(TEXTS, normalize_embeddings=True)
+    assert vectors.shape == expected.shape == (len(TEXTS), 16)
+    assert np.min(np.sum(vectors * expected, axis=1)) >= 0.9999
+    with pytest.raises(ConfigError, match="truncate_dim 64 is more than model") as refused:
+        SentenceTransformerEmbedder(str(tiny_model), device="cpu", truncate_dim=64)
+    assert refused.value.hint == "set [embedder] truncate_dim to at most 32, or remove it"
+
+
 def test_fingerprint_changes_with_every_option_that_changes_vectors(tiny_model: Path) -> None:
     def fingerprint(**options: object) -> str:
         return SentenceTransformerEmbedder(str(tiny_model), device="cpu", **options).info.fingerprint  # type: ignore[arg-type]
@@ -95,6 +113,7 @@ def test_fingerprint_changes_with_every_option_that_changes_vectors(tiny_model: 
         fingerprint(prompt="passage: "),
         fingerprint(max_tokens=64),
         fingerprint(precision="bf16"),
+        fingerprint(truncate_dim=16),
     ]
     assert len(set(variants)) == len(variants)
     assert fingerprint() == variants[0]
