@@ -381,3 +381,37 @@ def test_copies_a_shard_must_embed_itself_need_the_budget_too(tmp_path, engine):
     assert coverage(
         raised.source, sink, spec.name, dim=16, fingerprint=spec.fingerprint, dead_letters=dead
     ).complete
+
+
+class Watching(HashEmbedder):
+    """Records, at each model call, how far the pipeline says the model has come (`Progress.embedding`)."""
+
+    pipeline: Pipeline | None = None
+    seen: list[float]
+
+    def embed_columns(self, tokens):
+        assert self.pipeline is not None
+        self.seen.append(self.pipeline.progress.embedding)
+        return super().embed_columns(tokens)
+
+
+def test_progress_moves_with_each_model_call_not_a_shard_at_a_time(tmp_path):
+    """The bar moved a whole shard at a time (issue 43): within one window of 400 documents, what the
+    progress says grows with every call, and ends at the documents read."""
+    records = corpus(400)
+    embedder = Watching(dim=16, max_tokens=8)
+    embedder.seen = []
+    source, sink, ledger = MemorySource(records), MemorySink(), SqliteLedger(tmp_path / "state.db")
+    spec = TargetSpec(
+        "docs__t", "docs", 16, embedder.info.fingerprint, embedder.info.describe(), source.schema()
+    )
+    sink.prepare(spec)
+    ledger.begin("plan", alias="docs", target=spec.name, fingerprint=spec.fingerprint, model={})
+    run = RunConfig(shard_size=400, sort_window=1, batch_tokens=64, queue_depth=1)
+    embedder.pipeline = Pipeline(
+        source=source, embedder=embedder, sink=sink, ledger=ledger, spec=spec, plan_id="plan", run=run
+    )
+    progress = embedder.pipeline.run()
+    assert len(embedder.seen) > 10 and embedder.seen == sorted(embedder.seen)
+    assert len({value for value in embedder.seen if 0 < value < 400}) > 5  # between the shard's start and end
+    assert progress.embedding == progress.documents == 400

@@ -89,6 +89,9 @@ class Progress:
     finished: float | None = None  # set when the load ends: later work (the index build) is not counted
     device_started: float | None = None  # a model process's first batch (the `processes` engine)
     processes: int = 1  # worker processes that did the load (the `processes` engine)
+    # documents of the windows the model has embedded, a window in flight counted by its share of model
+    # calls done: what a progress bar shows between shards (`documents` moves a shard at a time)
+    embedding: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -328,10 +331,13 @@ class Pipeline:
         problems: dict[int, str] = {}
         done = 0
         stopped = self.stop.is_set if stoppable else lambda: False
+        documents, before = sum(shard.documents for shard in window), self.progress.embedding
         for batch, vectors, refused in self._feeder.calls(tokens, batches, stopped, ahead):
             unique[batch] = _checked(vectors, len(batch), dim, self.embedder)
             problems |= {int(batch[row]): reason for row, reason in refused.items()}
             done += 1
+            self.progress.embedding = before + documents * done / len(batches)
+        self.progress.embedding = before + documents  # a window with nothing to embed (all reused) too
         if done < len(batches):
             return False  # released by a stop request midway
         self.progress.model_seconds += time.monotonic() - started

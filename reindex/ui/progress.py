@@ -22,6 +22,8 @@ from rich.progress import (
 
 from reindex.ui.consoles import err
 
+TICK_SECONDS = 0.25  # how often the bar reads the run's progress between shards
+
 
 @contextmanager
 def _status(message: str, quiet: bool) -> Iterator[None]:
@@ -66,15 +68,34 @@ def _progress_bar(quiet: bool) -> Iterator[tuple[Callable[[int | None, int], Non
     )
     with Progress(*columns, console=err) as bar:
         task = bar.add_task("run", total=None, rate="")
-        resumed_at = [0]
+        resumed_at, latest, closed = [0], [None], threading.Event()
 
         def on_start(total: int | None, done: int) -> None:
             resumed_at[0] = done
             bar.update(task, total=total, completed=done)
 
-        def on_progress(progress: Any) -> None:
+        def show() -> None:
+            progress = latest[0]
+            if progress is None:
+                return
             seconds = max(progress.seconds, 1e-9)
             rate = f"{progress.documents / seconds:,.0f} docs/s  {progress.tokens / seconds:,.0f} tok/s"
-            bar.update(task, completed=resumed_at[0] + progress.documents, rate=rate)
+            # between shards, the model's calls (`Progress.embedding`): the bar moves as the model works
+            moved = max(progress.documents, int(getattr(progress, "embedding", 0)))
+            bar.update(task, completed=resumed_at[0] + moved, rate=rate)
 
-        yield on_start, on_progress
+        def on_progress(progress: Any) -> None:
+            latest[0] = progress
+            show()
+
+        def tick() -> None:
+            while not closed.wait(TICK_SECONDS):
+                show()
+
+        ticker = threading.Thread(target=tick, name="reindex-progress", daemon=True)
+        ticker.start()
+        try:
+            yield on_start, on_progress
+        finally:
+            closed.set()
+            ticker.join()
