@@ -495,7 +495,7 @@ def verify(config: Config, *, sample: int = 0) -> Coverage:
     Args:
         sample: also re-embed this many random documents and require cosine >= 0.999 with the stored vectors.
     """
-    with open_migration(config) as m, _read_ledger(config, m.sink) as ledger:
+    with open_migration(config, lazy=True) as m, _read_ledger(config, m.sink) as ledger:
         return _verify(m, ledger, sample=sample)
 
 
@@ -596,7 +596,7 @@ def cutover(
         if sync:
             with ledger.lease(lease_key(config)), open_migration(config) as m:
                 return _cutover(attach(m, ledger), ledger, force, sample, sync=True)
-        with open_migration(config) as m:
+        with open_migration(config, lazy=True) as m:
             return _cutover(m, ledger, force, sample)
 
 

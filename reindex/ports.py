@@ -144,6 +144,17 @@ class Embedder(Protocol):
     def embed(self, items: Sequence[Tokens]) -> Vectors: ...
 
 
+@runtime_checkable
+class KnowsIdentity(Protocol):
+    """An embedder class slow to load (a local model) that names, without loading, everything its `info`
+    depends on: the config, the model's files, the library versions. `reindex.identities` remembers each
+    load's `info` under that key, so a verb that needs only the identity (verify, cutover) loads nothing."""
+
+    def identity_key(self, config: Any) -> str | None:
+        """A digest that changes whenever `info` could; None where it cannot be told without loading."""
+        ...
+
+
 ONLINE = "online"  # the job id of lines sent through the online endpoint (or of a job left with no lines)
 
 

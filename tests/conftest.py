@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import tempfile
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ if not os.environ.get("XDG_RUNTIME_DIR"):  # pgserver asks platformdirs, which w
     os.environ["XDG_RUNTIME_DIR"] = str(_runtime)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the models' remembered identities (reindex.run.identities): one folder per test session, not the user's
+os.environ.setdefault("REINDEX_CACHE_DIR", tempfile.mkdtemp(prefix="reindex-identities-"))
 
 _databases = itertools.count()
 

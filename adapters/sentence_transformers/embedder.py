@@ -4,14 +4,14 @@ on CUDA the next batch's copy to the device started while the current one runs."
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.columns import TokenColumns, ragged
-from reindex.ports import Tokens, Vectors
+from reindex.ports import EmbedderInfo, Tokens, Vectors
 from reindex_adapters.sentence_transformers.model import (
     Device,
     Precision,
@@ -22,8 +22,12 @@ from reindex_adapters.sentence_transformers.model import (
     _resolve_device,
     _tokenizer,
     _truncation,
+    identity_key,
 )
 from reindex_adapters.sentence_transformers.tokenizer import ColumnTokenizer, _special_count
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 
 class SentenceTransformerEmbedder:
@@ -31,6 +35,20 @@ class SentenceTransformerEmbedder:
 
     # The `processes` engine loads it once per GPU in a model process the workers feed with tokens
     runs_on_device = True
+
+    # what a loaded one holds (declared: `reindex.identities.Unloaded` loads on the first use of these)
+    info: EmbedderInfo
+    device: str
+    model: SentenceTransformer
+    normalize: bool
+    prompt: str
+    batch_tokens: int
+    tokenizer: ColumnTokenizer
+    truncate_dim: int | None
+    _dtype: Any
+    _pad_id: int
+    _pad_left: bool
+    _type_ids: bool
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
@@ -94,6 +112,12 @@ class SentenceTransformerEmbedder:
             precision=precision,
             **({"truncate_dim": truncate_dim} if truncate_dim else {}),
         )
+
+    @classmethod
+    def identity_key(cls, config: Config) -> str | None:
+        """The config less what leaves the vectors as they are, and the model's files (`ports.KnowsIdentity`)."""
+        unchanged = {"device", "batch_tokens", "threads", "tokenizer_threads"}
+        return identity_key(config.model, config.model_dump(exclude=unchanged))
 
     @classmethod
     def from_config(cls, config: Config) -> SentenceTransformerEmbedder:

@@ -4,9 +4,11 @@ limit it accepts, and its identity (the weights digest, pooling and modules its 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -173,6 +175,38 @@ def _info(model: SentenceTransformer, name: str, limit: int, **choices: Any) -> 
         fingerprint=fingerprint("sentence-transformers", identity, dim, options),
         options=options,
     )
+
+
+def identity_key(name: str, choices: dict[str, Any]) -> str | None:
+    """A digest of what the model's `info` depends on, read without loading it: `choices`, every file of
+    its folder by path, size and modification time, and the versions of the libraries that read them. None
+    for a hub model not downloaded yet."""
+    directory = Path(name) if Path(name).is_dir() else _downloaded(name)
+    if directory is None:
+        return None
+    files = sorted(
+        (path.relative_to(directory).as_posix(), stat.st_size, stat.st_mtime_ns)
+        for path in directory.rglob("*")
+        if path.is_file() and (stat := path.stat())
+    )
+    versions: dict[str, str | None] = {}
+    for package in ("sentence-transformers", "transformers", "reindex-embeddings"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    canonical = json.dumps([name, choices, files, versions], sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _downloaded(name: str) -> Path | None:
+    """The folder a hub model was downloaded to, without asking the hub; None where it is not here."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # not downloaded, a name that is no repo id: the full load says which
+        return None
 
 
 def _model_dir(name: str) -> Path:

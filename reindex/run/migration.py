@@ -40,6 +40,7 @@ from reindex.ports import (
     StoragePlan,
     TargetSpec,
 )
+from reindex.run.identities import build_embedder
 from reindex.run.pipeline import Pipeline
 from reindex.run.synchronous import SynchronousBatches
 from reindex.state.ledger import Ledger
@@ -91,15 +92,18 @@ def open_backends(config: Config) -> Iterator[tuple[Source, Sink]]:
 
 
 @contextmanager
-def open_migration(config: Config) -> Iterator[Migration]:
-    """Build source, embedder and sink (closing whatever was opened, whatever happens)."""
+def open_migration(config: Config, *, lazy: bool = False) -> Iterator[Migration]:
+    """Build source, embedder and sink (closing whatever was opened, whatever happens). `lazy`: a model whose
+    identity is remembered is loaded only when used (`reindex.run.identities`): verify, cutover."""
     with open_backends(config) as (source, sink):
-        yield migration(config, source, sink)
+        yield migration(config, source, sink, lazy=lazy)
 
 
-def migration(config: Config, source: Source, sink: Sink, embedder: Embedder | None = None) -> Migration:
-    """Load the model (unless given one already loaded) and name the target and the plan."""
-    embedder = embedder or registry.build("embedder", config.embedder)
+def migration(
+    config: Config, source: Source, sink: Sink, embedder: Embedder | None = None, *, lazy: bool = False
+) -> Migration:
+    """Load the model (unless given one already loaded, or `lazy`) and name the target and the plan."""
+    embedder = embedder or build_embedder(config.embedder, lazy=lazy)
     info = embedder.info
     schema = source.schema()
     refuse_uncarried(schema, sink)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,9 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from reindex.errors import ConfigError
+from reindex.ports import DeferredEmbedder
 from reindex.registry import build
+from reindex.run.identities import Unloaded, build_embedder
 from reindex_adapters.sentence_transformers import SentenceTransformerEmbedder
 from tests.support.tiny_model import build_tiny_model
 
@@ -190,3 +194,46 @@ def test_packaged_minilm_matches_encode() -> None:
     expected = reference(model_dir, texts, prompt="", max_tokens=256, normalize=True)
     assert embedder.info.dim == 384
     assert np.min(np.sum(vectors * expected, axis=1)) >= 0.9999
+
+
+def test_a_remembered_identity_names_the_model_without_loading_it_until_it_is_used(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verify and cutover need only the model's identity (issue 43: 7 s of loading for a 0.25 s check):
+    after one load, its `info` is remembered under a key of its config and files, and the model is loaded
+    on first use; a protocol check loads nothing; a changed weight file is a new key and a real load."""
+    monkeypatch.setenv("REINDEX_CACHE_DIR", str(tmp_path / "identities"))
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    section = {"kind": "sentence-transformers", "model": str(model), "device": "cpu"}
+    loaded = build_embedder(section, lazy=True)  # nothing remembered yet: loaded
+    assert isinstance(loaded, SentenceTransformerEmbedder)
+    again = build_embedder(section | {"device": "auto", "tokenizer_threads": 1}, lazy=True)  # same vectors
+    assert isinstance(again, Unloaded) and again.info == loaded.info
+    assert not isinstance(again, DeferredEmbedder) and again._loaded is None  # decided without loading
+    vectors = again.embed(again.tokenize(TEXTS[:2]))  # first use: loaded now
+    assert again._loaded is not None
+    np.testing.assert_allclose(vectors, loaded.embed(loaded.tokenize(TEXTS[:2])), atol=1e-6)
+    assert isinstance(build_embedder(section | {"prompt": "query: "}, lazy=True), SentenceTransformerEmbedder)
+
+    weights = next(p for p in model.rglob("*") if p.suffix in (".safetensors", ".bin"))
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")  # retrained: other bytes, same size
+    changed = build_embedder(section, lazy=True)
+    assert isinstance(changed, SentenceTransformerEmbedder)
+    assert changed.info.fingerprint != loaded.info.fingerprint
+
+
+def test_a_remembered_identity_the_model_no_longer_has_stops_at_first_use(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REINDEX_CACHE_DIR", str(tmp_path / "identities"))
+    section = {"kind": "sentence-transformers", "model": str(tiny_model), "device": "cpu"}
+    build_embedder(section)
+    (remembered,) = (tmp_path / "identities").glob("*.json")
+    raw = json.loads(remembered.read_text())
+    remembered.write_text(json.dumps(raw | {"fingerprint": "0" * 16}))  # what no load of it gives
+    lazy = build_embedder(section, lazy=True)
+    assert isinstance(lazy, Unloaded) and lazy.info.fingerprint == "0" * 16
+    with pytest.raises(ConfigError, match="is not what it was when last loaded"):
+        lazy.tokenize(["x"])
+    assert not remembered.exists()  # forgotten: the next command loads

@@ -306,3 +306,26 @@ def test_plans_storage_counts_the_documents_the_target_copies_beside_the_vectors
     assert json.loads(out)["document_bytes_estimate"] == sum(len(line.encode()) for line in lines)
     _, out, _ = cli("plan", "-c", "kb.toml", "--no-calibrate")
     assert "of the documents' fields, copied beside the vectors" in out
+
+
+def test_verify_and_cutover_after_a_run_name_the_model_without_loading_it(project: Path) -> None:
+    """Each loaded the model to learn its identity (7 s for a 0.25 s check); the run remembered it, and
+    a fresh process now answers without importing torch."""
+    config = str(project / "kb.toml")
+    assert cli("run", "-c", config)[0] == 0
+    probe = (
+        "import atexit, sys; atexit.register(lambda: print('torch loaded:', 'torch' in sys.modules,"
+        " file=sys.stderr)); from reindex.ui.cli import app; app()"
+    )
+    for verb in ("verify", "cutover"):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, verb, "-c", config, "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=os.environ | {"HF_HUB_OFFLINE": "1"},
+        )
+        assert done.returncode == 0, done.stderr
+        assert "torch loaded: False" in done.stderr, (verb, done.stderr)
+    code, out, _ = cli("status", "-c", config, "--json")
+    assert code == 0 and json.loads(out)["is_live"]
