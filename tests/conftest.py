@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import tempfile
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
