@@ -130,6 +130,9 @@ class RayConfig(BaseModel):
     namespace: str | None = None
     runtime_env: dict[str, Any] = Field(default_factory=dict)  # passed to ray.init as given
     num_cpus: int | None = Field(None, ge=1)  # local Ray only: CPUs it may use (default: all)
+    # the run ends resumably (exit 75) when no shard comes back for this long: an actor stalled, or one
+    # that keeps dying and being restarted (reindex.run.ray.driver); longer than the slowest shard
+    stall_seconds: float = Field(600.0, gt=0)
 
 
 class CompareConfig(BaseModel):

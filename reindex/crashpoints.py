@@ -2,13 +2,15 @@
 
 `after_embed:3` dies the third time the run reaches `after_embed`. Unset in production: one dict lookup.
 With REINDEX_CRASH_ONCE=<path> as well, only the first process to get there dies (it creates <path>):
-a Ray actor that is restarted after the crash does not crash again.
+a Ray actor that is restarted after the crash does not crash again. REINDEX_CRASH_HOW=hang: it stalls
+there instead of dying.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 POINTS = (
     "after_embed",  # vectors computed, nothing written
@@ -53,4 +55,9 @@ def crash_if_armed(name: str) -> None:
 
 
 def die() -> None:
+    """SIGKILL; with REINDEX_CRASH_HOW=hang, never return instead (a process that stalls: a hung driver
+    call, a GPU that stopped answering), for the tests of what waits on it."""
+    if os.environ.get("REINDEX_CRASH_HOW") == "hang":
+        while True:
+            time.sleep(3600)
     os.kill(os.getpid(), signal.SIGKILL)

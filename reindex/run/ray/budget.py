@@ -1,5 +1,6 @@
-"""The `ray` engine's spending limit: `BudgetBook`, one budget for the whole cluster held by an actor on the
-driver's node, and `RemoteBudget`, a worker's view of it."""
+"""Actors on the driver's node that the whole cluster asks: the `ray` engine's spending limit (`BudgetBook`,
+one budget for the whole cluster, and `RemoteBudget`, a worker's view of it), and `Halt`, which a driver
+that gave up waiting uses to stop every shard and free what a stuck actor holds."""
 
 from __future__ import annotations
 
@@ -14,10 +15,41 @@ def _budget_book(ray: Any, budget: Budget | None) -> Any:
     budget lives exactly as long as the driver: a lost worker node takes none of it along."""
     if budget is None or budget.max_usd is None or not budget.price_per_million:
         return None
-    here = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+    return ray.remote(BudgetBook).options(num_cpus=0, scheduling_strategy=_here(ray)).remote(budget)
+
+
+def _halt(ray: Any) -> Any:
+    """The run's `Halt`, on the driver's node: it lives exactly as long as the driver."""
+    return ray.remote(Halt).options(num_cpus=0, scheduling_strategy=_here(ray)).remote()
+
+
+def _here(ray: Any) -> Any:
+    return ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
         ray.get_runtime_context().get_node_id(), soft=False
     )
-    return ray.remote(BudgetBook).options(num_cpus=0, scheduling_strategy=here).remote(budget)
+
+
+class Halt:
+    """Whether the driver has given up on this run, and the embedding actors to stop. Each read task and
+    each actor asks before a shard and does nothing once halted; an actor registers itself as it starts
+    (again after each restart). A driver that waited `[ray] stall_seconds` for a shard halts the run and
+    kills every actor: Ray restarts each and retries its shard, which is then refused at once, so the
+    stream ends and closes cleanly (a stuck actor, or one that dies at every shard, would hold it
+    forever: Ray Data restarts actors without end)."""
+
+    def __init__(self) -> None:
+        self.halted = False
+        self.actors: list[Any] = []
+
+    def register(self, actor: Any) -> None:
+        self.actors.append(actor)
+
+    def halt(self) -> list[Any]:
+        self.halted = True
+        return list(self.actors)
+
+    def is_halted(self) -> bool:
+        return self.halted
 
 
 class RemoteBudget:

@@ -6,19 +6,21 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import queue
 import threading
+import time
 from collections.abc import Callable, Generator
 from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
 from reindex.config import Config
-from reindex.errors import ConfigError, Interrupted
+from reindex.errors import ConfigError, Interrupted, ReindexError
 from reindex.run.cost import Budget
 from reindex.run.migration import Migration
 from reindex.run.pipeline import Progress
 from reindex.run.planning import plan
-from reindex.run.ray.budget import _budget_book
+from reindex.run.ray.budget import _budget_book, _halt
 from reindex.run.ray.cluster import _LOCAL_ADDRESSES, _cluster, _ray
 from reindex.run.ray.sizing import pool_size
 from reindex.run.ray.worker import ShardWorker, _read_shard
@@ -122,8 +124,12 @@ def _stream(
     the budget refused comes back as a row of nothing; the stream is drained, not cut: shards already
     in flight land (cutting them would bill them again on the rerun), and the rest are refused unread."""
     progress = RayProgress()
-    with closing(_results(_dataset(ray, m, lease, pending, book))) as rows:
-        for row in rows:  # leaving closes the stream: Ray Data stops its tasks and actors
+    halt = _halt(ray)
+    rows = _Rows(
+        _results(_dataset(ray, m, lease, pending, book, halt)), m.config.ray.stall_seconds, ray, halt
+    )
+    try:
+        while (row := rows.next(progress, len(pending))) is not None:
             if row["error"]:  # a worker's ReindexError, raised as itself: same exit code and hint
                 raise pickle.loads(row["error"])
             _count(progress, row)
@@ -131,7 +137,99 @@ def _stream(
                 on_progress(progress)
             if stop.is_set():
                 break
+    finally:
+        rows.close()
     return progress
+
+
+_DONE = object()
+CLOSE_WAIT_S = 10.0  # how long a stopped driver waits for the reader to close the stream itself
+HALT_WAIT_S = 60.0  # how long a driver that gave up waits for the halted stream to end
+
+
+class _Rows:
+    """The stream's rows, read by a thread of their own, so the driver can stop waiting: no row for
+    `stall` seconds ends the run resumably (exit 75), and a rerun redoes only the shards not recorded.
+    Ray Data restarts a dead actor forever (its actors' `max_restarts` is -1, settable only through
+    `ray_remote_args`, deprecated in Ray 2.60), so an actor that dies at every shard, like one that hangs,
+    would hold the stream forever; a failure Ray does raise ends the run the same way."""
+
+    def __init__(
+        self, rows: Generator[dict[str, Any], None, None], stall: float, ray: Any, halt: Any
+    ) -> None:
+        self._rows, self._stall, self._ray, self._halt = rows, stall, ray, halt
+        self._found: queue.Queue[Any] = queue.Queue()
+        self._closing, self._stalled = threading.Event(), False
+        self._reader = threading.Thread(target=self._read, name="reindex-ray-rows", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for row in self._rows:
+                if self._closing.is_set():
+                    break
+                self._found.put(row)
+            else:
+                self._found.put(_DONE)
+        except BaseException as exc:  # handed to the driver, raised there
+            self._found.put(exc)
+        finally:
+            self._rows.close()  # here, the thread that runs it: Ray Data stops its tasks and actors
+
+    def next(self, progress: RayProgress, shards: int) -> dict[str, Any] | None:
+        """The next shard's row; None at the end of the stream."""
+        done = sum(stats.shards for stats in progress.workers.values())
+        try:
+            row = self._found.get(timeout=self._stall)
+        except queue.Empty:
+            self._give_up()
+            raise Interrupted(
+                f"no shard came back from the Ray embedding actors for {self._stall:g} s ({done} of"
+                f" {shards} done): an actor is stalled or keeps dying; rerun the same command to continue"
+                " ([ray] stall_seconds sets the wait)"
+            ) from None
+        if row is _DONE:
+            return None
+        if isinstance(row, BaseException):
+            if isinstance(row, ReindexError) or not type(row).__module__.startswith("ray"):
+                raise row
+            last = (str(row).strip().splitlines() or [""])[-1][:300]
+            raise Interrupted(
+                f"the Ray embedding actors failed ({done} of {shards} shards done): {type(row).__name__}:"
+                f" {last}; rerun the same command to continue"
+            ) from row
+        return dict(row)
+
+    def _give_up(self) -> None:
+        """Halt the run and kill every embedding actor (`budget.Halt`): Ray restarts each, retries its
+        shard, and the shard is refused at once, so the stream ends and the reader closes it. Waited for
+        up to a minute; past that (Ray cannot even restart an actor), the stream is left to the driver's
+        exit."""
+        try:
+            actors = self._ray.get(self._halt.halt.remote(), timeout=HALT_WAIT_S)
+            for actor in actors:
+                self._ray.kill(actor, no_restart=False)
+        except Exception:  # the actors are gone already, or Ray does not answer: nothing more to do here
+            pass
+        self._stalled = self._drain(HALT_WAIT_S)
+
+    def _drain(self, seconds: float) -> bool:
+        """Drop rows until the stream ends; True when it did not within `seconds`."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                row = self._found.get(timeout=left)
+            except queue.Empty:
+                break
+            if row is _DONE or isinstance(row, BaseException):
+                return False
+        return True
+
+    def close(self) -> None:
+        """Stop reading: the reader closes the stream once its current row is in (waited for up to a
+        few seconds, or not at all after a stall: shutting the local Ray down, or the driver's exit, ends it)."""
+        self._closing.set()
+        self._reader.join(timeout=0.1 if self._stalled else min(self._stall, CLOSE_WAIT_S))
 
 
 def _results(dataset: Any) -> Generator[dict[str, Any], None, None]:
@@ -158,7 +256,9 @@ def _count(progress: RayProgress, row: dict[str, Any]) -> None:
     stats.seconds += float(row["seconds"])
 
 
-def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], book: Any) -> Any:
+def _dataset(
+    ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], book: Any, halt: Any = None
+) -> Any:
     """One row per shard. Ray Data's defaults make it fault tolerant: a task whose worker dies runs
     again, an actor that dies is restarted and its shard retried (a system failure, not an exception)."""
     settings = m.config.ray
@@ -169,7 +269,12 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], 
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
     dataset = dataset.map(
         _read_shard,
-        fn_kwargs={"config": m.config, "book": book, "tokenizer": _shipped_tokenizer(m.embedder)},
+        fn_kwargs={
+            "config": m.config,
+            "book": book,
+            "tokenizer": _shipped_tokenizer(m.embedder),
+            "halt": halt,
+        },
         num_cpus=settings.cpus_per_task,
         runtime_env=settings.runtime_env or None,  # also on a Ray this run did not start
     )
@@ -181,6 +286,7 @@ def _dataset(ray: Any, m: Migration, lease: Lease, pending: list[PlannedShard], 
             "nonce": m.spec.nonce,
             "lease": (lease.key, lease.token),
             "book": book,
+            "halt": halt,
         },
         compute=ray.data.ActorPoolStrategy(
             **pool_size(settings, ray.cluster_resources()),

@@ -30,7 +30,11 @@ _tokenizers: dict[str, Callable[[list[str]], Any]] = {}  # per worker process, b
 
 
 def _read_shard(
-    item: dict[str, Any], config: Config, book: Any = None, tokenizer: tuple[str, bytes] | None = None
+    item: dict[str, Any],
+    config: Config,
+    book: Any = None,
+    tokenizer: tuple[str, bytes] | None = None,
+    halt: Any = None,
 ) -> dict[str, Any]:
     """Read one planned shard: exactly the documents after its first cursor up to its last, and tokenize
     its distinct texts with `tokenizer` (`driver._shipped_tokenizer`); nothing once the budget (`book`) has
@@ -49,7 +53,7 @@ def _read_shard(
         "error": b"",
         "refused": False,
     }
-    if book is not None and _ray().get(book.snapshot.remote()).exhausted:
+    if (book is not None and _ray().get(book.snapshot.remote()).exhausted) or _halted(halt):
         return row | {"refused": True}
     try:
         docs = _read(item, config)
@@ -60,6 +64,11 @@ def _read_shard(
         ready = pretokenize(_tokenizer(tokenizer, config.ray.cpus_per_task), docs)
         tokens = pickle.dumps(ready, protocol=pickle.HIGHEST_PROTOCOL)
     return row | {"docs": pickle.dumps(docs, protocol=pickle.HIGHEST_PROTOCOL), "tokens": tokens}
+
+
+def _halted(halt: Any) -> bool:
+    """Whether the driver gave up on this run (`budget.Halt`): a round trip to its actor per shard."""
+    return halt is not None and bool(_ray().get(halt.is_halted.remote()))
 
 
 def _tokenizer(shipped: tuple[str, bytes], cpus: float) -> Callable[[list[str]], Any]:
@@ -90,9 +99,18 @@ class ShardWorker:
     itself; raised here, Ray would report a dead actor and a traceback."""
 
     def __init__(
-        self, config: Config, plan_id: str, nonce: str | None, lease: tuple[str, int], book: Any = None
+        self,
+        config: Config,
+        plan_id: str,
+        nonce: str | None,
+        lease: tuple[str, int],
+        book: Any = None,
+        halt: Any = None,
     ) -> None:
         context = _ray().get_runtime_context()
+        self.halt = halt
+        if halt is not None:  # so that a driver that gives up can stop this actor (budget.Halt)
+            halt.register.remote(context.current_actor)
         self.node = f"{socket.gethostname()}:{context.get_node_id()[:8]}"
         self.actor = f"{(context.get_actor_id() or 'task')[:8]}:pid-{os.getpid()}"
         self.config, self.plan_id, self.nonce, self.lease = config, plan_id, nonce, lease
@@ -133,6 +151,8 @@ class ShardWorker:
             return nothing | {"error": self._broken}
         if item["refused"] or (not item["error"] and self.budget is not None and self.budget.exhausted):
             return nothing | {"refused": True}  # the budget refused a shard: claim nothing more
+        if _halted(self.halt):
+            return nothing | {"refused": True}  # the driver gave up: a retried shard ends at once
         error = item["error"]
         if not error:
             try:
