@@ -72,6 +72,10 @@ class RunConfig(BaseModel):
     engine: Literal["local", "ray"] = "local"  # "ray": shards spread over a Ray cluster ([ray] section)
     # worker processes of the local engine (reindex.run.processes); None: one per core; 1: one process
     workers: int | None = Field(None, ge=1)
+    # how far a repeated text is embedded once (reindex.run.claims): "run", across the whole run (a ledger
+    # row per text; exactly-once billing); "window", the texts in flight and lately recorded (no row per
+    # text: a flat cost per document); "auto", "run" for a paid embedder, else "window"
+    dedupe: Literal["auto", "run", "window"] = "auto"
 
     @model_validator(mode="after")
     def _fraction_or_count(self) -> RunConfig:

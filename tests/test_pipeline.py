@@ -415,3 +415,44 @@ def test_progress_moves_with_each_model_call_not_a_shard_at_a_time(tmp_path):
     assert len(embedder.seen) > 10 and embedder.seen == sorted(embedder.seen)
     assert len({value for value in embedder.seen if 0 < value < 400}) > 5  # between the shard's start and end
     assert progress.embedding == progress.documents == 400
+
+
+def texts_in_ledger(ledger: SqliteLedger) -> int:
+    return int(ledger._db.execute("SELECT count(*) FROM texts").fetchone()[0])
+
+
+class CountingTexts(HashEmbedder):
+    """Counts the texts it embeds (a free model: no `billed_tokens`)."""
+
+    embedded = 0
+
+    def embed_columns(self, tokens):
+        self.embedded += len(tokens)
+        return super().embed_columns(tokens)
+
+
+def test_a_free_models_dedupe_reaches_the_recent_texts_and_writes_no_row_per_text(tmp_path, monkeypatch):
+    """Issue 44: a ledger row per text made the cost per document grow with the corpus. A local model bills
+    nothing, so by default its dedupe keeps the recent texts in memory (bounded) and the ledger none: a
+    repeat within reach is copied, one beyond it embedded again, and coverage is exact either way."""
+    monkeypatch.setattr("reindex.run.claims.RECENT_TEXTS", 50)
+    records = [Record(f"d{i:04d}", f"document {i} text", {}) for i in range(300)]  # read in id order
+    records += [Record(f"e-{i}", f"document {i} text", {}) for i in range(280, 300)]  # just after
+    records += [Record(f"f-{i}", f"document {i} text", {}) for i in range(20)]  # 300 texts after
+    ledger = SqliteLedger(tmp_path / "state.db")
+    embedder = CountingTexts(dim=16, max_tokens=8)
+    report = migrate(records, MemorySink(), ledger, embedder=embedder, shard_size=20, sort_window=20)
+    assert report.complete and report.target_vectors == 340
+    assert texts_in_ledger(ledger) == 0
+    assert embedder.embedded == 320  # the near repeats copied, the far ones embedded again
+    summary = ledger.summary("plan")
+    assert summary is not None and summary.reconciled
+
+
+def test_run_wide_dedupe_embeds_every_repeat_once_with_a_row_per_text(tmp_path):
+    records = corpus(300) + [Record(f"far-{i}", f"document {i} text", {}) for i in range(20)]
+    ledger = SqliteLedger(tmp_path / "state.db")
+    embedder = CountingTexts(dim=16, max_tokens=8)
+    report = migrate(records, MemorySink(), ledger, embedder=embedder, shard_size=20, dedupe="run")
+    assert report.complete and report.target_vectors == 320
+    assert texts_in_ledger(ledger) == 300 and embedder.embedded == 300

@@ -1,4 +1,13 @@
-"""Text claims of a running pipeline, held in memory until their shard is recorded.
+"""Text claims of a running pipeline, held in memory until their shard is recorded; and how far dedupe reaches.
+
+Dedupe is run-wide (`[run] dedupe = "run"`): every text is embedded once per run, whatever shard or process
+meets it again, because every text's owner and state are written to the ledger with its shard. That is
+exactly-once billing for a paid embedder, and the default there. Its price is a ledger row per text, whose
+cost per document grows with the corpus (random keys in a B-tree: each shard's texts dirty one page each once
+the table outgrows them, and every page goes through the WAL). A local model bills nothing: by default
+(`"auto"`) its dedupe reaches the texts in flight and those recorded lately in this process
+(`WindowClaims`), and a text met again beyond that is embedded again (the same vector), so the ledger gains
+no row per text and the run's cost per document stays flat (issue 44).
 
 A claim says "this document will carry this text's vector for the whole run", so other documents with
 the same text copy it instead of embedding it again. The pipeline's claims live only as long as the
@@ -11,17 +20,32 @@ their claims in the ledger (their jobs outlive the process).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Protocol
 
+from reindex.config import RunConfig
+from reindex.ports import DeferredEmbedder
 from reindex.state import ledger
 from reindex.state.ledger import Ledger
+
+RECENT_TEXTS = 100_000  # texts a windowed dedupe remembers after their shard is recorded (about 15 MB)
 
 
 class Claims(Protocol):
     def claim(self, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]: ...
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]: ...
     def release(self, hashes: Iterable[str]) -> None: ...
+
+
+def run_wide(run: RunConfig, embedder: object) -> bool:
+    """Whether dedupe reaches the whole run (texts in the ledger) or the texts in flight (see above)."""
+    if run.dedupe != "auto":
+        return run.dedupe == "run"
+    billed = hasattr(embedder, "billed_tokens") or bool(
+        getattr(embedder, "prices", None)
+    )  # the pipeline's mark
+    return billed or isinstance(embedder, DeferredEmbedder)
 
 
 class ClaimBook:
@@ -85,3 +109,39 @@ class LedgerClaims:
 
     def release(self, hashes: Iterable[str]) -> None:
         """Nothing to forget: the claims are rows the shard's record already settled."""
+
+
+class WindowClaims(ClaimBook):
+    """Claims for a run whose dedupe reaches the texts in flight (`run_wide` False): in-flight claims in
+    memory, as `ClaimBook`, and the last `RECENT_TEXTS` settled ones, so a copy whose owner's shard was
+    recorded meanwhile still finds it; the ledger is never asked, and holds no row per text."""
+
+    def __init__(self, plan_id: str, recent: int | None = None) -> None:
+        self.plan_id = plan_id
+        self._claims: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._recent: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._room = RECENT_TEXTS if recent is None else recent
+
+    def claim(self, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+        with self._lock:
+            booked = self._booked(owners.keys())
+            recent = {d: self._recent[d] for d in owners.keys() - booked.keys() if d in self._recent}
+            self._claims.update({d: owners[d] for d in owners.keys() - booked.keys() - recent.keys()})
+        return ledger.held(owners, recent | booked)
+
+    def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
+        with self._lock:
+            return {d: self._recent[d] for d in hashes if d in self._recent} | self._booked(set(hashes))
+
+    def settle(self, states: Sequence[tuple[str, str]], owners: Mapping[str, str]) -> None:
+        """Remember what became of a recorded shard's texts (the oldest forgotten past the bound)."""
+        with self._lock:
+            for digest, state in states:
+                owner = owners.get(digest) or self._claims.get(digest)
+                if owner is None:
+                    continue
+                self._recent[digest] = (owner, state)
+                self._recent.move_to_end(digest)
+            while len(self._recent) > self._room:
+                self._recent.popitem(last=False)

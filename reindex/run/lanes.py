@@ -12,7 +12,7 @@ from typing import Any
 
 from reindex.config import Config
 from reindex.errors import ConfigError
-from reindex.run.claims import LedgerClaims
+from reindex.run.claims import LedgerClaims, run_wide
 from reindex.run.cost import Spending
 from reindex.run.migration import migration, open_backends, open_ledger, with_nonce
 from reindex.run.pipeline import Pipeline
@@ -45,7 +45,8 @@ def open_lane(
     model_lock: threading.Lock | None = None,
 ) -> Lane:
     """Open a lane's connections, fenced with the coordinator's lease, and its pipeline over `embedder` (or
-    the config's, built here). Claims go to the ledger, so dedupe holds across every worker of the run."""
+        the config's, built here). With run-wide dedupe, claims go to the ledger, so it holds across every worker
+    of the run (`reindex.run.claims`)."""
     with ExitStack() as resources:
         ledger = open_ledger(config)
         resources.callback(ledger.close)
@@ -66,7 +67,8 @@ def open_lane(
             spec=m.spec,
             plan_id=plan_id,
             run=config.run,
-            claims=LedgerClaims(ledger, plan_id),
+            # run-wide dedupe: claims in the ledger, seen by every worker; windowed: each lane's own
+            claims=LedgerClaims(ledger, plan_id) if run_wide(config.run, m.embedder) else None,
             worker=worker,
             budget=budget,
             model_lock=model_lock,

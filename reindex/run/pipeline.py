@@ -30,7 +30,7 @@ from reindex.config import RunConfig
 from reindex.errors import BudgetRefused, ConfigError, Interrupted
 from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
 from reindex.retry import retrying
-from reindex.run.claims import ClaimBook, Claims
+from reindex.run.claims import ClaimBook, Claims, WindowClaims, run_wide
 from reindex.run.copies import Copies, copy_rows
 from reindex.run.cost import Budget, Spending
 from reindex.run.feeding import Batch, Feeder
@@ -133,7 +133,9 @@ class Pipeline:
         self._last_mark = time.monotonic()
         self._model = model_lock or threading.Lock()  # the writer re-embeds lost copies: one call at a time
         self._feeder = Feeder(embedder, retrying)
-        self._claims = claims or ClaimBook(ledger, plan_id)
+        # dedupe across the whole run (texts in the ledger) or the texts in flight here (reindex.run.claims)
+        self._run_wide = run_wide(run, embedder)
+        self._claims = claims or (ClaimBook(ledger, plan_id) if self._run_wide else WindowClaims(plan_id))
         self.worker = worker
         if self.budget.max_usd is not None and hasattr(embedder, "count_tokens_exactly"):
             embedder.count_tokens_exactly()  # the cap reserves each shard's tokens before sending it
@@ -181,10 +183,21 @@ class Pipeline:
         shard = self._prepare(0, None, records)
         self._embed([shard])
         self._store(shard)
-        settle = functools.partial(self.ledger.settle_texts, owners=shard.claimed | shard.owners)
-        retrying(settle, self.plan_id, text_settlements(shard))
-        self._claims.release(shard.claimed | shard.owners)
+        self._settle(shard)
         return shard
+
+    def _settle(self, shard: Shard) -> None:
+        """Outside a shard record (sync, dlq retry): the texts this shard claimed or took over."""
+        owners = shard.claimed | shard.owners
+        if self._run_wide:
+            retrying(
+                functools.partial(self.ledger.settle_texts, owners=owners),
+                self.plan_id,
+                text_settlements(shard),
+            )
+        elif isinstance(self._claims, WindowClaims):
+            self._claims.settle(text_settlements(shard), owners)
+        self._claims.release(owners)
 
     def run_shard(
         self, seq: int, after: str | None, records: Sequence[Record], pretokenized: Pretokenized | None = None
@@ -394,6 +407,7 @@ class Pipeline:
 
     def _record(self, shard: Shard) -> None:
         now = time.monotonic()
+        texts, owners = text_settlements(shard), shard.claimed | shard.owners
         result = ShardResult(
             shard.seq,
             shard.after_cursor,
@@ -407,14 +421,17 @@ class Pipeline:
             shard.truncated,
             now - self._last_mark,
             billed_tokens=shard.billed_tokens,
-            texts=text_settlements(shard),
-            owners=shard.claimed | shard.owners,  # the claims were only in memory: written here, once
+            # the claims were only in memory: written here, once; none where dedupe is windowed
+            texts=texts if self._run_wide else (),
+            owners=owners if self._run_wide else {},
             worker=self.worker,
         )
         self.budget.charge(shard.billed_tokens, reserved=shard.reserved)
         self._last_mark = now
         retrying(self.ledger.record_shard, self.plan_id, result)
-        self._claims.release(shard.claimed | shard.owners)
+        if isinstance(self._claims, WindowClaims):
+            self._claims.settle(texts, owners)
+        self._claims.release(owners)
         self.progress.documents += shard.documents
         self.progress.written += len(shard.written_ids)
         self.progress.dead_letters += len(shard.dead)

@@ -57,7 +57,8 @@ PACED = 'kind = "paced"\ndim = 16\nmax_tokens = 128\nrate = 200000\nbatch_tokens
 
 
 def test_two_workers_write_what_one_process_writes(tmp_path: Path, pg_dsn: str) -> None:
-    tool, texts = _tool(tmp_path, pg_dsn, run="workers = 2\n")
+    # run-wide dedupe, as a paid embedder has it by default: claims in the ledger, seen by both processes
+    tool, texts = _tool(tmp_path, pg_dsn, run='workers = 2\ndedupe = "run"\n')
     report = tool.json("run")
     assert report["processes"] == 2 and report["note"] is None
     assert report["documents"] == len(texts) + 10  # the poison lines are documents too
