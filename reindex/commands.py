@@ -40,6 +40,7 @@ from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
 from reindex.run import processes
+from reindex.run.claims import run_wide
 from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun
 from reindex.run.migration import (
@@ -100,7 +101,9 @@ def plan(
         spread(report, config.run, workers or default, worker_docs_per_second, _devices(config, m))
         priced = routing.price(report, config.run, routes, report.tokens_by_fingerprint)
         report.routes, report.route = routing.to_json(priced), routing.choose(priced, config.run)
-        report.ledger_advice = ledger_advice(config.run, report.documents)
+        report.ledger_advice = ledger_advice(
+            config.run, report.documents, run_wide=run_wide(config.run, m.embedder)
+        )
         alias = m.sink.alias(m.spec.alias)
         report.plan_id, report.target, report.target_exists = m.plan_id, m.spec.name, exists
         report.alias, report.alias_target, report.alias_fingerprint = (

@@ -744,15 +744,8 @@ def child_run(
     its wall time, RunReport and peak RSS; the table is dropped after."""
     target = {"kind": "pgvector", "dsn": bench.dsn, "alias": alias, "index": "none"}
     path = write_config(bench.work, alias.replace("_", "-"), source(corpus), embedder, target, run)
-    child = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", str(path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    outcome = json.loads(child.stdout)
+    outcome = run_in_child(path, bench.dsn)
     report = outcome["report"]
-    drop_table(bench.dsn, str(report["target"]))
     extra = {
         "peak_rss_mb": outcome["peak_rss_kb"] / 1024,
         "ru_maxrss_mb": outcome["ru_maxrss_kb"] / 1024,
@@ -904,6 +897,20 @@ def write_config(
     path = work / f"{label}.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def run_in_child(config: Path, dsn: str) -> dict[str, Any]:
+    """`reindex run -c config` in a child process (`--child`): its wall time, CPU seconds (its own and its
+    ended children's), peak RSS and RunReport; the pgvector table it built is dropped after."""
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", str(config)],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    outcome: dict[str, Any] = json.loads(child.stdout)
+    drop_table(dsn, str(outcome["report"]["target"]))
+    return outcome
 
 
 def drop_table(dsn: str, table: str) -> None:

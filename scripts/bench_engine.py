@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -127,15 +126,8 @@ def _run(
         from reindex.config import load
 
         eta = commands.plan(load(path)).eta_seconds_workers
-    child = subprocess.run(
-        [sys.executable, str(Path(bench.__file__).resolve()), "--child", str(path)],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    outcome = json.loads(child.stdout)
+    outcome = bench.run_in_child(path, dsn)
     report = outcome["report"]
-    bench.drop_table(dsn, str(report["target"]))
     row = {
         "label": label,
         "documents": report["documents"],

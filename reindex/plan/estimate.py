@@ -127,9 +127,10 @@ class PlanReport:
 SQLITE_LEDGER_DOCUMENTS = 500_000
 
 
-def ledger_advice(run: RunConfig, documents: int) -> str | None:
-    """The warning `plan` gives when a SQLite ledger would carry more than SQLITE_LEDGER_DOCUMENTS."""
-    if documents <= SQLITE_LEDGER_DOCUMENTS:
+def ledger_advice(run: RunConfig, documents: int, *, run_wide: bool = True) -> str | None:
+    """The warning `plan` gives when a SQLite ledger would carry more than SQLITE_LEDGER_DOCUMENTS texts:
+    only with run-wide dedupe (`reindex.run.claims`), since a windowed one writes no row per text."""
+    if documents <= SQLITE_LEDGER_DOCUMENTS or not run_wide:
         return None
     try:
         if run.ledger_on_postgres():
