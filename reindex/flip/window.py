@@ -30,7 +30,8 @@ from reindex.ports import (
     Sink,
     Source,
 )
-from reindex.prove.verify import Comparison, load_rows
+from reindex.prove.scratch import load_rows
+from reindex.prove.verify import Comparison
 from reindex.retry import retrying
 from reindex.run.validation import excused
 from reindex.state.ledger import Ledger

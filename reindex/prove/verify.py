@@ -7,7 +7,6 @@ scroll is in point-id order, a Postgres scan in key order).
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import tempfile
 import time
@@ -23,7 +22,6 @@ from numpy.typing import NDArray
 from reindex.batching import chunks
 from reindex.fingerprint import text_hash
 from reindex.ports import (
-    CarryingSink,
     Embedder,
     IndexEntry,
     PlansStorage,
@@ -32,15 +30,13 @@ from reindex.ports import (
     Sink,
     Source,
 )
+from reindex.prove.carried import FIELDS, find_carried, parts_json
+from reindex.prove.scratch import load_rows
 from reindex.run.validation import screen
 from reindex.vectors import AGREEMENT, as_stored
 
-CHUNK = 20_000
 EXAMPLES = 5
 APPLICATION_CHUNK = 256  # application rows re-embedded per model call
-# the part `carried_vectors` counts documents whose payload differs under (no vector has this name)
-FIELDS = "(payload)"
-CARRIED_CHUNK = 256  # documents whose carried parts the sink compares by value at once
 Category = Literal[
     "missing", "stale", "orphaned", "invalid_vectors", "dead_letters", "unhashed", "conflicting", "carried"
 ]
@@ -306,7 +302,7 @@ def compare(
             if exists and embedder is not None:
                 refute_application_rows(comparison, source, sink, embedder)
             if exists:
-                find_carried(comparison, source, sink)
+                find_carried(db, target, source, sink)
             yield comparison
         finally:
             db.close()
@@ -429,51 +425,6 @@ def refute_application_rows(
     return found
 
 
-# Documents present on both sides, their text current, whose carried digests differ: candidates, which the
-# sink then compares by value (`CarryingSink.carried_differences`).
-_CARRIED_CANDIDATES = (
-    "SELECT t.id, s.carried, t.carried FROM src s JOIN tgt t ON t.id = s.id"
-    " WHERE s.carried IS NOT t.carried AND t.hash IS s.hash AND t.problem IS NULL AND NOT s.conflict"
-    " AND t.id NOT IN (SELECT id FROM refuted) ORDER BY 1"
-)
-
-
-# Documents present on both sides, their text current, whose payloads differ where both sides digest theirs
-# (`Record.fields`, `IndexEntry.fields`): a field the application set alone, copied by the next sync.
-_FIELDS_DIFFER = (
-    "INSERT OR IGNORE INTO carried SELECT t.id, ? FROM src s JOIN tgt t ON t.id = s.id"
-    " WHERE s.fields IS NOT NULL AND t.fields IS NOT NULL AND s.fields != t.fields AND t.hash IS s.hash"
-    " AND t.problem IS NULL AND NOT s.conflict AND t.id NOT IN (SELECT id FROM refuted)"
-)
-
-
-def find_carried(comparison: Comparison, source: Source, sink: Sink) -> None:
-    """Record, by part, the documents whose carried parts (a Qdrant point's other named vectors) the target
-    lacks, holds extra or holds otherwise than the source: by digest, then by value where the sink can
-    compare values (a cosine vector renormalised on storage differs from its original in the last bit)."""
-    candidates = {
-        doc_id: _differing_parts(source_parts, target_parts)
-        for doc_id, source_parts, target_parts in comparison.db.execute(_CARRIED_CANDIDATES).fetchall()
-    }
-    for chunk in chunks(list(candidates.items()), CARRIED_CHUNK):
-        parts = dict(chunk)
-        if isinstance(sink, CarryingSink):
-            parts = sink.carried_differences(comparison.target, source, parts)
-        rows = ((doc_id, part) for doc_id, names in parts.items() for part in names)
-        load_rows(comparison.db, "INSERT OR IGNORE INTO carried VALUES (?,?)", rows)
-    comparison.db.execute(_FIELDS_DIFFER, (FIELDS,))
-
-
-def _differing_parts(source_parts: str | None, target_parts: str | None) -> list[str]:
-    theirs: dict[str, str] = json.loads(source_parts) if source_parts else {}
-    ours: dict[str, str] = json.loads(target_parts) if target_parts else {}
-    return sorted(name for name in {*theirs, *ours} if theirs.get(name) != ours.get(name))
-
-
-def _carried(parts: Mapping[str, str] | None) -> str | None:
-    return None if parts is None else json.dumps(dict(parts), sort_keys=True)
-
-
 def _scratch_db(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None)
     db.executescript("""
@@ -500,7 +451,7 @@ def _source_rows(
     for record in records:
         digest = text_hash(record)
         blank = digest is None or record.defect is not None or not record.text or record.text.isspace()
-        yield record.id, digest, _carried(record.carried), blank, record.fields
+        yield record.id, digest, parts_json(record.carried), blank, record.fields
 
 
 def _target_rows(
@@ -513,13 +464,6 @@ def _target_rows(
             entry.fingerprint,
             entry.problem,
             entry.application,
-            _carried(entry.carried),
+            parts_json(entry.carried),
             entry.fields,
         )
-
-
-def load_rows(db: sqlite3.Connection, sql: str, rows: Iterable[tuple[Any, ...]]) -> None:
-    for chunk in chunks(rows, CHUNK):
-        db.execute("BEGIN")
-        db.executemany(sql, chunk)
-        db.execute("COMMIT")
