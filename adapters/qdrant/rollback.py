@@ -151,11 +151,14 @@ class _CarryBack:
 
     def _rollback_layout(self, newer: str) -> tuple[str | None, str, bool]:
         """The migration's vector name and text field, as the newer collection records them, and whether
-        it keeps the dead letters' points (made by a version that does)."""
+        every blank point it lacks was deleted from it: it keeps the dead letters' points (made by a version
+        that does), or the tool did not build it (the application's own collection, rolled away from when a
+        rollback is rolled forward again: what it lacks, the application deleted)."""
         with _translated():
             meta = _reindex_meta(self._client.get_collection(newer).config)
         text_field = str(meta.get("text_field") or "page_content")
-        return self._vector_name(newer), text_field, bool(meta.get("keeps_dead_letters"))
+        keeps = bool(meta.get("keeps_dead_letters")) or not meta.get("fingerprint")
+        return self._vector_name(newer), text_field, keeps
 
 
 def _blank(text: Any) -> bool:

@@ -148,3 +148,26 @@ def test_a_blank_document_deleted_through_the_alias_stays_deleted_after_a_rollba
     assert point(storage, 1) is None
     for i in range(2, DOCS + 1):
         assert point(storage, i) is not None, i
+
+
+@BOTH_SOURCES
+def test_a_blank_document_deleted_after_a_rollback_stays_deleted_when_the_rollback_is_rolled_forward(
+    tmp_path: Path, source: str
+) -> None:
+    """A second `rollback` moves forward again, from the application's own collection to the newer target,
+    carrying back what the application wrote meanwhile. A blank document it deleted there must not stay
+    served from the target, which kept its point (the model checker's history: only the older collection
+    held the blank point, and that was read as a dead letter an earlier version never kept)."""
+    config = migration(tmp_path, source, {i: ("" if i == 1 else f"note {i}") for i in range(1, DOCS + 1)})
+    storage = tmp_path / "qdrant"
+    config.write_text(config.read_text().replace("max_dead_letters = 0", "max_dead_letters = 1"))
+    invoke("run", "-c", str(config))
+    invoke("cutover", "-c", str(config))
+    assert invoke("rollback", "-c", str(config))["target"] == "notes"
+    with_client(storage, lambda c: c.delete(ALIAS, models.PointIdsList(points=[1]), wait=True))
+
+    forward = invoke("rollback", "-c", str(config))  # the last move was a rollback: this undoes it
+    assert forward["target"] != "notes" and forward["changed"]
+    assert point(storage, 1) is None
+    for i in range(2, DOCS + 1):
+        assert point(storage, i) is not None, i
