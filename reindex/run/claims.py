@@ -5,7 +5,7 @@ meets it again, because every text's owner and state are written to the ledger w
 exactly-once billing for a paid embedder, and the default there. Its price is a ledger row per text, whose
 cost per document grows with the corpus (random keys in a B-tree: each shard's texts dirty one page each once
 the table outgrows them, and every page goes through the WAL). A local model bills nothing: by default
-(`"auto"`) its dedupe reaches the texts in flight and those recorded lately in this process
+(`"auto"`) its dedupe reaches the texts in flight and the last 50,000 to 100,000 recorded in this process
 (`WindowClaims`), and a text met again beyond that is embedded again (the same vector), so the ledger gains
 no row per text and the run's cost per document stays flat (issue 44).
 
@@ -28,7 +28,7 @@ from reindex.ports import DeferredEmbedder
 from reindex.state import ledger
 from reindex.state.ledger import Ledger
 
-RECENT_TEXTS = 100_000  # texts a windowed dedupe remembers after their shard is recorded (about 15 MB)
+RECENT_TEXTS = 100_000  # texts a windowed dedupe remembers after their shard is recorded: half to all
 
 
 class Claims(Protocol):
@@ -41,10 +41,9 @@ def run_wide(run: RunConfig, embedder: object) -> bool:
     """Whether dedupe reaches the whole run (texts in the ledger) or the texts in flight (see above)."""
     if run.dedupe != "auto":
         return run.dedupe == "run"
-    billed = hasattr(embedder, "billed_tokens") or bool(
-        getattr(embedder, "prices", None)
-    )  # the pipeline's mark
-    return billed or isinstance(embedder, DeferredEmbedder)
+    if isinstance(embedder, DeferredEmbedder) or getattr(embedder, "prices", None):
+        return True
+    return hasattr(embedder, "billed_tokens")  # the pipeline's mark of a model that bills
 
 
 class ClaimBook:
