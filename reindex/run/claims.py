@@ -34,6 +34,7 @@ RECENT_TEXTS = 100_000  # texts a windowed dedupe remembers after their shard is
 class Claims(Protocol):
     def claim(self, owners: Mapping[str, str]) -> dict[str, tuple[str, str]]: ...
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]: ...
+    def settle(self, states: Sequence[tuple[str, str]], owners: Mapping[str, str]) -> None: ...
     def release(self, hashes: Iterable[str]) -> None: ...
 
 
@@ -84,6 +85,9 @@ class ClaimBook:
             states |= self._booked(set(hashes))
         return states
 
+    def settle(self, states: Sequence[tuple[str, str]], owners: Mapping[str, str]) -> None:
+        """What became of a recorded shard's texts: the ledger holds it, nothing to keep here."""
+
     def release(self, hashes: Iterable[str]) -> None:
         """Forget claims whose shard is recorded: the ledger holds them now."""
         with self._lock:
@@ -104,6 +108,9 @@ class LedgerClaims:
 
     def text_states(self, plan_id: str, hashes: Sequence[str]) -> dict[str, tuple[str, str]]:
         return self.ledger.text_states(plan_id, hashes)
+
+    def settle(self, states: Sequence[tuple[str, str]], owners: Mapping[str, str]) -> None:
+        """Nothing to keep: the shard's record settled its rows."""
 
     def release(self, hashes: Iterable[str]) -> None:
         """Nothing to forget: the claims are rows the shard's record already settled."""

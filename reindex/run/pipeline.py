@@ -171,7 +171,7 @@ class Pipeline:
                 self.plan_id,
                 text_settlements(shard),
             )
-        elif isinstance(self._claims, WindowClaims):
+        else:
             self._claims.settle(text_settlements(shard), owners)
         self._claims.release(owners)
 
@@ -405,8 +405,7 @@ class Pipeline:
         self.budget.charge(shard.billed_tokens, reserved=shard.reserved)
         self._last_mark = now
         retrying(self.ledger.record_shard, self.plan_id, result)
-        if isinstance(self._claims, WindowClaims):
-            self._claims.settle(texts, owners)
+        self._claims.settle(texts, owners)  # a windowed dedupe remembers them; the ledger has them otherwise
         self._claims.release(owners)
         self.progress.documents += shard.documents
         self.progress.written += len(shard.written_ids)

@@ -264,10 +264,10 @@ def test_resolve_after_a_rollback_to_the_applications_own_vectors_names_the_mode
 ) -> None:
     """After a rollback the table serves the application's own vectors, which the tool never embedded: the
     model cannot be read from them, but `[compare] embedder` names it, and resolve says where it came from."""
-    rows = ", ".join(f"({i}, 'line {i}', '[1,2,3,{i}]')" for i in range(1, 11))
+    rows = [(i, f"line {i}", f"[1,2,3,{i}]") for i in range(1, 11)]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE lines (id bigint PRIMARY KEY, body text NOT NULL, embedding vector(4))")
-        conn.execute(f"INSERT INTO lines (id, body, embedding) VALUES {rows}")
+        conn.cursor().executemany("INSERT INTO lines (id, body, embedding) VALUES (%s, %s, %s)", rows)
     base = (
         f'[source]\nkind = "postgres"\ndsn = "{pg_dsn}"\ntable = "lines"\ntext_column = "body"\n'
         f'[embedder]\nkind = "hash"\ndim = 8\n[target]\nkind = "pgvector"\ndsn = "{pg_dsn}"\nalias = "lines"\n'
