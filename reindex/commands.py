@@ -25,8 +25,17 @@ from reindex.flip.window import (
     pending_after_flip,
     settled_path,
 )
-from reindex.plan import routing
-from reindex.plan.estimate import PlanReport, estimate, headline_eta, ledger_advice, remember, spread, stored
+from reindex.plan import rehearsal, routing
+from reindex.plan.estimate import (
+    PlanReport,
+    estimate,
+    headline_eta,
+    ledger_advice,
+    rehearsed,
+    remember,
+    spread,
+    stored,
+)
 from reindex.ports import (
     ChecksPrivileges,
     DeferredEmbedder,
@@ -74,16 +83,19 @@ def plan(
     config: Config,
     *,
     calibrate: bool = True,
+    rehearse: bool = True,
     workers: int | None = None,
     worker_docs_per_second: float | None = None,
 ) -> PlanReport:
     """Dry run: count documents and tokens, estimate time and storage, report the target's coverage, price
     each route ([embedder] and [[routes]]) and pick the cheapest meeting [run] deadline and max_cost_usd.
 
-    Changes nothing: no target is created, no ledger is written, no provider is called. The estimate it
+    Changes nothing: no target is kept, no ledger is written, no provider is called. The estimate it
     returns is kept beside a SQLite ledger (`plan-<plan id>.json`), for the report's plan against actual.
 
     Args:
+        rehearse: for a calibrated (free) model, run the engine on the first shards into a scratch target
+            and ledger, dropped after (`reindex.plan.rehearsal`): the ETA then holds the target's write.
         workers: the ETA on this many workers (default: [ray] actors with engine "ray" and an embedder that
             is not a provider batch one, else 1).
         worker_docs_per_second: each worker's rate (default: the rate calibrated here).
@@ -93,6 +105,13 @@ def plan(
         routes = routing.candidates(config, m.embedder)
         recount = routing.token_counters(routes, m.spec.fingerprint)
         report = estimate(m.source, m.embedder, m.config.run, calibrate=calibrate, recount=recount)
+        if rehearse and report.calibration_model_seconds_per_document is not None:  # a free model, called
+            stage = report.calibration_stage_seconds_per_document or 0.0
+            per_document = stage + report.calibration_model_seconds_per_document
+            rehearsed(
+                report,
+                rehearsal.rehearse(m, documents=report.documents, seconds_per_document=per_document),
+            )
         if m.storage is not None:
             stored(report, m.storage)
         if isinstance(m.sink, DescribingSink):

@@ -601,3 +601,14 @@ class NamesLosses(Protocol):
         """What the index `spec.alias` serves today has that the cutover onto `spec` would not keep; empty
         once the alias is the tool's own."""
         ...
+
+
+@runtime_checkable
+class MakesScratchTargets(Protocol):
+    """A sink that can make a throwaway target of a target's shape, apart from everything the application
+    reads: `plan` writes its first shards there, timed, and drops it (`reindex.plan.rehearsal`)."""
+
+    def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
+        """`spec` renamed to a throwaway target named with `token`, which `prepare` creates empty and `drop`
+        removes; None where no target of this sink stands apart (a column of the application's table)."""
+        ...

@@ -126,6 +126,10 @@ class PgvectorColumnSink(_ColumnAlias):
             ).fetchone()
             return int((values or [0])[0]) + int((indexes or [0])[0])
 
+    def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
+        """None: a target here is a column of the application's own table, never written to rehearse."""
+        return None
+
     def prepare(self, spec: TargetSpec) -> None:
         """Add the target's column and its bookkeeping table (idempotent); refuse first what the table has
         that the column mode would not keep, unless accepted."""

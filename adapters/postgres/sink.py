@@ -11,6 +11,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field
@@ -235,6 +236,11 @@ class PgvectorSink(_Reads):
                 _create_target(conn, spec, storage)
             else:
                 _check_same_target(spec, layout, storage)
+
+    def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
+        """A table of the target's shape in its schema, named `reindex_rehearsal_<token>`: created plain (the
+        application's policies, triggers and grants come onto a target only at its cutover)."""
+        return replace(spec, name=".".join([*_split(spec.name)[:-1], f"reindex_rehearsal_{token}"]))
 
     def write(self, target: str, rows: Rows) -> None:
         """Upsert by id. The batch goes as one binary COPY built per batch, straight into the table; keys

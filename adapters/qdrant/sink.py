@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -110,6 +111,10 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
     def identity(self) -> str:
         """`qdrant:<server url or absolute path>`: where the collections live, never the api key."""
         return f"qdrant:{_location(self._client)}"
+
+    def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
+        """A collection of the target's settings named `reindex_rehearsal_<token>`, served by no alias."""
+        return replace(spec, name=f"reindex_rehearsal_{token}")
 
     def prepare(self, spec: TargetSpec) -> None:
         """Create the collection with its identity in the metadata; an existing one is never re-stamped.

@@ -15,6 +15,7 @@ from reindex.batching import batch_budget, batch_texts, token_batches
 from reindex.columns import embed
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
+from reindex.plan.rehearsal import Rehearsal
 from reindex.ports import MODEL_TOKENIZER, CaveatsPrices, CountsTokens, Embedder, Record, Source, StoragePlan
 from reindex.run.io import scan_documents
 from reindex.run.shards import prepare_shard
@@ -54,9 +55,19 @@ class PlanReport:
     calibration_docs_per_second: float | None = None  # the real stages one after another, in one process
     calibration_tokens_per_second: float | None = None  # the model alone
     # the real stages timed on a sample: reading, screening, hashing and tokenizing (a worker's CPU, once per
-    # document), and the model; a dry run writes nothing, so the target's own ingest is not in them
+    # document), and the model; the target's own ingest is not in them, the rehearsal's pace is
     calibration_stage_seconds_per_document: float | None = None
     calibration_model_seconds_per_document: float | None = None
+    # the model on the corpus's first documents (those the rehearsal reads), against the uniform sample above
+    calibration_first_model_seconds_per_document: float | None = None
+    # the run's engine on the first shards into a scratch target and ledger (reindex.plan.rehearsal): its
+    # steady pace per document on `rehearsal_workers` workers, and the time its first shards took beyond it
+    rehearsal_documents: int | None = None
+    rehearsal_workers: int | None = None
+    rehearsal_devices: int | None = None
+    rehearsal_seconds_per_document: float | None = None
+    rehearsal_fill_seconds: float | None = None
+    eta_basis: str | None = None  # what the printed ETA counts, or why it counts less, in one line
     devices: int = 0  # model processes a run would feed (GPUs; 1 for a model on the CPU in its own process)
     eta_seconds: float | None = None  # the model alone, on the calibration sample
     # the one ETA `plan` prints: the run's stages and model on its workers where they were timed, else the
@@ -199,10 +210,39 @@ def estimate(
     return report
 
 
+def rehearsed(report: PlanReport, rehearsal: Rehearsal | str) -> None:
+    """Keep the rehearsal's figures for `spread`, and say what the ETA counts."""
+    if isinstance(rehearsal, str):
+        report.eta_basis = f"stages and model timed; not the target's write or the ledger ({rehearsal})"
+        return
+    report.rehearsal_documents = rehearsal.documents
+    report.rehearsal_workers, report.rehearsal_devices = rehearsal.workers, rehearsal.devices
+    report.rehearsal_seconds_per_document = rehearsal.seconds_per_document
+    report.rehearsal_fill_seconds = round(rehearsal.fill_seconds, 3)
+    engine = (
+        f"the processes engine ({rehearsal.workers} workers, {rehearsal.devices} model processes)"
+        if rehearsal.processes
+        else "the run's pipeline"
+    )
+    report.eta_basis = (
+        f"{engine} rehearsed on {rehearsal.documents:,} documents into a scratch target"
+        f" (shards of {rehearsal.shard_size:,}; write and ledger included), the model on a uniform sample"
+    )
+
+
 def headline_eta(report: PlanReport) -> None:
+    """The one ETA `plan` prints: the run's stages and model on its workers where they were timed, else the
+    model's alone; for a provider's online route (never called by a dry run), what its configured
+    per-minute limits allow (reindex.plan.routing), when they are given."""
     report.eta_headline_seconds = (
         report.eta_seconds_workers if report.eta_seconds_workers is not None else report.eta_seconds
     )
+    if report.eta_headline_seconds is not None:
+        return
+    configured = next((route for route in report.routes if route.get("is_configured")), None)
+    if configured and configured.get("tier") == "online" and configured.get("duration_seconds") is not None:
+        report.eta_headline_seconds = configured["duration_seconds"]
+        report.eta_basis = configured.get("duration_basis")
 
 
 def printed_plan(run: RunConfig, plan_id: str) -> Path | None:
@@ -231,27 +271,58 @@ def remember(report: PlanReport, run: RunConfig) -> None:
 def spread(
     report: PlanReport, run: RunConfig, workers: int, docs_per_second: float | None, devices: int = 0
 ) -> None:
-    """The ETA and ledger load of this plan on `workers` workers, each at `docs_per_second` (default: what
-    the calibration of the real stages says). Calibrated, the workers' stages scale with the workers and a
-    model on a device with the `devices` model processes (`reindex.run.processes`), whichever is slower;
-    a model without one runs in each worker. Given a rate, ideal scaling: the source reads and the ledger
-    must keep up, which `scripts/bench-ray` and `scripts/bench-engine` measure."""
+    """The ETA and ledger load of this plan on `workers` workers, each at `docs_per_second` (given: ideal
+    scaling; the source reads and the ledger must keep up, which `scripts/bench-ray` and
+    `scripts/bench-engine` measure), else at the rehearsed or calibrated rate."""
     report.workers, report.devices = workers, devices
     report.shards = -(-report.documents // run.shard_size)
     report.redone_documents_per_reclaim = min(run.shard_size, report.documents)
+    if docs_per_second:
+        rate, fill = docs_per_second * workers, 0.0
+    else:
+        rated = _rehearsed_rate(report, workers, devices) or _calibrated_rate(report, workers, devices)
+        if rated is None:
+            return
+        rate, fill = rated
+    report.worker_docs_per_second = round(rate / workers, 1)
+    report.eta_seconds_workers = round(fill + report.documents / rate, 1)
+    report.ledger_shards_per_second = round(rate / run.shard_size, 3)
+
+
+def _rehearsed_rate(report: PlanReport, workers: int, devices: int) -> tuple[float, float] | None:
+    """(rate, fill) of the rehearsal, where it ran as the run would (the same engine, workers and model
+    processes). Its pace holds the write and the ledger, and the model on the corpus's first texts: those
+    are swapped for the uniform sample's (a corpus's first texts are often not like the rest), spread over
+    the model's copies (a device each, or one in each worker)."""
+    pace, model = report.rehearsal_seconds_per_document, report.calibration_model_seconds_per_document
+    first = report.calibration_first_model_seconds_per_document
+    if pace is None or model is None or first is None:
+        return None
+    rehearsed_on = report.rehearsal_workers or 1
+    if (rehearsed_on, report.rehearsal_devices or 0) != (workers, devices):
+        return None
+    copies = report.rehearsal_devices or rehearsed_on
+    return 1 / max(pace + (model - first) / copies, 1e-9), report.rehearsal_fill_seconds or 0.0
+
+
+def _calibrated_rate(report: PlanReport, workers: int, devices: int) -> tuple[float, float] | None:
+    """(rate, fill) from the stages and the model timed apart: the workers' stages scale with the workers
+    and a model on a device with the `devices` model processes (`reindex.run.processes`), whichever is
+    slower; a model without one runs in each worker. Where a rehearsal ran on other workers (a Ray run,
+    `--workers`), a worker's share of its pace, less the model, stands for the stages."""
     stage, model = (
         report.calibration_stage_seconds_per_document,
         report.calibration_model_seconds_per_document,
     )
-    if docs_per_second:
-        rate = docs_per_second * workers
-    elif stage is not None and model is not None:
-        rate = min(workers / stage, devices / model) if devices else workers / (stage + model)
-    else:
-        return
-    report.worker_docs_per_second = round(rate / workers, 1)
-    report.eta_seconds_workers = round(report.documents / rate, 1)
-    report.ledger_shards_per_second = round(rate / run.shard_size, 3)
+    if stage is None or model is None:
+        return None
+    fill, pace = 0.0, report.rehearsal_seconds_per_document
+    first = report.calibration_first_model_seconds_per_document
+    if pace is not None and first is not None:
+        stage = max(stage, pace * (report.rehearsal_workers or 1) - first)
+        fill = report.rehearsal_fill_seconds or 0.0
+    rate = min(workers / stage, devices / model) if devices else workers / (stage + model)
+    return rate, fill
 
 
 def _new_texts(report: PlanReport, chunk: list[Record], seen: set[str]) -> list[str]:
@@ -335,6 +406,7 @@ def _calibrate_stages(
     model = time.perf_counter() - started
     report.calibration_stage_seconds_per_document = (read + prepared) / len(docs)
     report.calibration_model_seconds_per_document = model / len(docs)
+    report.calibration_first_model_seconds_per_document = model / len(docs)
     report.calibration_docs_per_second = round(len(docs) / max(read + prepared + model, 1e-9), 1)
 
 

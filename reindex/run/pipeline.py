@@ -94,10 +94,12 @@ class Pipeline:
         claims: Claims | None = None,
         worker: str | None = None,
         model_lock: threading.Lock | None = None,
+        limit: int | None = None,
     ) -> None:
         """`claims`: where text claims live (default: this process's memory, see `ClaimBook`); `worker`:
         recorded with each shard (the ray engine's "node/actor"); `model_lock`: held for each model call,
-        shared by pipelines that share the embedder (a ray actor's lanes)."""
+        shared by pipelines that share the embedder (a ray actor's lanes); `limit`: read no shard after the
+        one that reaches this many documents (plan's rehearsal)."""
         self.source, self.embedder, self.sink, self.ledger = source, embedder, sink, ledger
         self.spec, self.plan_id, self.config = spec, plan_id, run
         self.stop = stop or threading.Event()
@@ -113,6 +115,7 @@ class Pipeline:
         self._run_wide = run_wide(run, embedder)
         self._claims = claims or (ClaimBook(ledger, plan_id) if self._run_wide else WindowClaims(plan_id))
         self.worker = worker
+        self.limit = limit
         if self.budget.max_usd is not None and hasattr(embedder, "count_tokens_exactly"):
             embedder.count_tokens_exactly()  # the cap reserves each shard's tokens before sending it
 
@@ -229,6 +232,7 @@ class Pipeline:
     # reader stage -------------------------------------------------------------------------------------
 
     def _read(self, after: str | None, seq: int, out: queue.Queue[Any]) -> None:
+        read = 0
         for documents in scan_documents(self.source, after, self.config.shard_size):
             shard = self._prepare(seq, after, documents)
             if not self.budget.allows(shard.token_count):
@@ -237,7 +241,8 @@ class Pipeline:
             if self._failed.is_set() or not self._put(out, shard):
                 return
             after, seq = shard.last_cursor, seq + 1
-            if self.stop.is_set():
+            read += len(documents)
+            if self.stop.is_set() or (self.limit is not None and read >= self.limit):
                 break
         self._put(out, _DONE)
 

@@ -5,6 +5,7 @@ and a worker reads exactly its planned shard's documents, over its own connectio
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from itertools import islice
 from typing import Any
 
 from reindex.columns import Documents
@@ -16,13 +17,14 @@ from reindex.state.ledger import Ledger
 from reindex.state.records import PlannedShard
 
 
-def plan(m: Migration, ledger: Ledger) -> list[PlannedShard]:
+def plan(m: Migration, ledger: Ledger, limit: int | None = None) -> list[PlannedShard]:
     """The shards still to do: those planned before and not recorded, then new ones cut from the source
-    after the last planned (or, for a migration the one-process pipeline started, after its resume point)."""
+    after the last planned (or, for a migration the one-process pipeline started, after its resume point);
+    at most `limit` new ones."""
     planned = ledger.shard_plan(m.plan_id)
     after, seq = (planned[-1].last_cursor, planned[-1].seq + 1) if planned else ledger.resume_point(m.plan_id)
     new: list[PlannedShard] = []
-    for last, documents in shard_bounds(m.source, after, m.config.run.shard_size):
+    for last, documents in islice(shard_bounds(m.source, after, m.config.run.shard_size), limit):
         new.append(PlannedShard(seq, after, last, documents))
         after, seq = last, seq + 1
     if new:

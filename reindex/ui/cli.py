@@ -162,6 +162,10 @@ def plan(
     config: ConfigOption,
     as_json: JsonOption = False,
     calibrate: Annotated[bool, typer.Option(help="time a small sample to estimate the ETA")] = True,
+    rehearse: Annotated[
+        bool,
+        typer.Option(help="time the run's first shards into a scratch target, dropped after (free models)"),
+    ] = True,
     workers: Annotated[
         int | None, typer.Option(min=1, help="ETA on this many workers (default: [ray] actors, or 1)")
     ] = None,
@@ -172,13 +176,17 @@ def plan(
     html: HtmlOption = None,
 ) -> None:
     """Dry run: documents, tokens, ETA, storage, target and alias state, coverage, routes and their cost.
-    Changes nothing (it keeps its estimate beside the ledger, for the report); exit 4 when no route meets
-    [run] deadline and max_cost_usd."""
+    Changes nothing (it keeps its estimate beside the ledger, for the report; its rehearsal's scratch target
+    is dropped); exit 4 when no route meets [run] deadline and max_cost_usd."""
     cfg = _load(config)
     with _status("counting documents and tokens", as_json):
         report = _guarded(
             lambda: commands.plan(
-                cfg, calibrate=calibrate, workers=workers, worker_docs_per_second=worker_rate
+                cfg,
+                calibrate=calibrate,
+                rehearse=rehearse,
+                workers=workers,
+                worker_docs_per_second=worker_rate,
             )
         )
     if html is not None:

@@ -155,11 +155,14 @@ def _eta(p: dict[str, Any]) -> str:
     """One ETA: the run's stages and its model on its workers where they were timed, else the model's."""
     if p.get("eta_seconds_workers") is not None:
         workers = count(p.get("workers", 1), "worker")
+        basis = p.get("eta_basis") or "timed on a sample like the corpus"
         return (
             f"about {duration(p['eta_seconds_workers'])} on {workers} at "
-            f"{units.rate(p['worker_docs_per_second'], 'documents')} each (timed on a sample like the corpus)"
+            f"{units.rate(p['worker_docs_per_second'], 'documents')} each ({basis})"
         )
     if p.get("eta_seconds") is None:
+        if p.get("eta_headline_seconds") is not None:  # a provider's online route, by its limits
+            return f"about {duration(p['eta_headline_seconds'])} ({p.get('eta_basis')})"
         return "not estimated (run `plan` without --no-calibrate to time a sample)"
     return (
         f"about {duration(p['eta_seconds'])} embedding on this machine "

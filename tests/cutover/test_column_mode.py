@@ -26,6 +26,10 @@ from tests.cutover.support import reindex, reindex_json, sql
 OLD, NEW = 8, 16
 ROWS = 30
 COLUMNS = ["id", "body", "tenant", "url", "meta", "updated_at", "tsv", "embedding"]
+COLUMNS_SQL = (
+    "SELECT attname FROM pg_attribute WHERE attrelid = 'docs'::regclass AND attnum > 0 AND NOT attisdropped"
+    " ORDER BY attnum"
+)
 
 
 def vector(text: str, dim: int) -> str:
@@ -196,8 +200,13 @@ def test_the_table_keeps_everything_through_cutover_rollback_and_roll_forward(
     written = behaves(pg_dsn, OLD, "before")
     path = str(config(tmp_path, owner_dsn, ["extra_column"]))
 
-    plan = reindex_json("plan", "-c", path, "--no-calibrate")
+    audited = sql(owner_dsn, "SELECT count(*) FROM audit")
+    plan = reindex_json("plan", "-c", path)
     assert [(loss["key"], loss["accepted"]) for loss in plan["losses"]] == [("extra_column", True)]
+    # the ETA is not rehearsed here: a scratch write would be the application's table and fire its triggers
+    assert plan["rehearsal_documents"] is None and "column of the application's table" in plan["eta_basis"]
+    assert sql(owner_dsn, "SELECT count(*) FROM audit") == audited
+    assert [c for (c,) in sql(owner_dsn, COLUMNS_SQL)] == COLUMNS
     assert reindex_json("run", "-c", path)["reconciled"]
     assert reindex_json("verify", "-c", path)["complete"]
     moved = reindex_json("cutover", "-c", path)
@@ -228,14 +237,7 @@ def test_the_table_keeps_everything_through_cutover_rollback_and_roll_forward(
     reindex_json("sync", "-c", path)
     assert reindex_json("verify", "-c", path)["complete"]
     reindex_json("prune", "-c", path, "--keep", "1")
-    names = [
-        row[0]
-        for row in sql(
-            owner_dsn,
-            "SELECT attname FROM pg_attribute WHERE attrelid = 'docs'::regclass"
-            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-        )
-    ]
+    names = [row[0] for row in sql(owner_dsn, COLUMNS_SQL)]
     assert names == COLUMNS  # the same columns in the same order: COPY without a column list works again
     with (
         psycopg.connect(owner_dsn, autocommit=True) as conn,

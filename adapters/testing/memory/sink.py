@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
@@ -46,6 +47,9 @@ class MemorySink:
 
     def identity(self) -> str:
         return f"memory:{self.state.name}" if self.state.name else f"memory:{id(self.state):x}"
+
+    def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
+        return replace(spec, name=f"reindex_rehearsal_{token}")
 
     def prepare(self, spec: TargetSpec) -> None:
         with self.state.lock:

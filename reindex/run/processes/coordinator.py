@@ -77,10 +77,12 @@ def run(
     stop: threading.Event,
     on_progress: Callable[[Progress], None] | None = None,
     budget: Budget | None = None,
+    shards: int | None = None,
 ) -> Progress:
     """Do every planned shard not yet recorded on `workers` processes; raise Interrupted if stopped early, a
-    process died, or `budget` refused a shard (what was in flight lands first)."""
-    pending = plan(m, ledger)
+    process died, or `budget` refused a shard (what was in flight lands first). `shards`: cut at most this
+    many new shards from the source (plan's rehearsal)."""
+    pending = plan(m, ledger, shards)
     ledger.release_claims(m.plan_id)  # claims of shards that died in flight
     progress = Progress()
     count = workers_at(workers, len(pending))
