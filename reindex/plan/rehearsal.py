@@ -40,7 +40,7 @@ from reindex.state.sqlite import SqliteLedger
 
 REHEARSAL_SECONDS = 3.0  # the steady part a rehearsal aims at: it stops once its first shard is this old
 GIVE_UP_SECONDS = 120.0  # a rehearsal that wrote nothing by then is stopped (a model process that hangs)
-SHARDS = 8  # the steady pace is read over the second half of them, the queues filled
+SHARDS = 8  # shards timed: the steady pace is read over the second half of them, the queues filled
 MIN_SHARD = 50
 
 
@@ -93,8 +93,12 @@ def _rehearse(m: Migration, shard: int) -> Rehearsal | None:
     stop = threading.Event()
 
     def mark(progress: Progress) -> None:
+        """Time each shard written until enough were; the shards in flight at the stop land unmeasured (the
+        reader has stopped, so the stages after it would go faster than in a run)."""
+        if stop.is_set():
+            return
         marks.append((time.monotonic(), progress.documents))
-        if marks[-1][0] - marks[0][0] > REHEARSAL_SECONDS:
+        if len(marks) >= count or marks[-1][0] - marks[0][0] > REHEARSAL_SECONDS:
             stop.set()
 
     ledger = SqliteLedger(m.config.run.state)
@@ -118,7 +122,7 @@ def _rehearse(m: Migration, shard: int) -> Rehearsal | None:
             if many:
                 with ledger.lease(lease_key(m.config)) as lease:
                     processes.run(
-                        m, ledger, lease, workers=workers, stop=stop, on_progress=mark, shards=count
+                        m, ledger, lease, workers=workers, stop=stop, on_progress=mark, shards=2 * count
                     )
             else:
                 Pipeline(
@@ -131,7 +135,7 @@ def _rehearse(m: Migration, shard: int) -> Rehearsal | None:
                     run=m.config.run,
                     stop=stop,
                     on_progress=mark,
-                    limit=shard * count,
+                    limit=shard * 2 * count,  # the reader reads on while the shards measured land
                 ).run()
     finally:
         timer.cancel()
