@@ -108,10 +108,8 @@ def plan(
         if rehearse and report.calibration_model_seconds_per_document is not None:  # a free model, called
             stage = report.calibration_stage_seconds_per_document or 0.0
             per_document = stage + report.calibration_model_seconds_per_document
-            rehearsed(
-                report,
-                rehearsal.rehearse(m, documents=report.documents, seconds_per_document=per_document),
-            )
+            outcome = rehearsal.rehearse(m, documents=report.documents, seconds_per_document=per_document)
+            rehearsed(report, outcome, m.embedder, m.source, config.run)
         if m.storage is not None:
             stored(report, m.storage)
         if isinstance(m.sink, DescribingSink):

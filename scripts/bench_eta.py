@@ -4,6 +4,8 @@
     paced    the `paced` device at --busy-fraction of the free run's documents/s, the same corpus and target
     online   `kind = "openai"` through the emulator in its own process, which enforces a tokens-per-minute
              limit as the service does; [embedder] tokens_per_minute says the same limit
+    minilm   all-MiniLM-L6-v2 on the CPU into Qdrant local mode, 4,000 documents whose first 400 texts are
+             3-8 words and the rest 20-90 (a corpus whose first texts are not like the rest)
 
 Each repetition plans (`commands.plan`, in this process, as `reindex plan` does) and then runs in a child
 process (`reindex run`); the figure is the plan's headline ETA over the run's own `seconds` (the load: the
@@ -18,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tokens-per-minute", type=int, default=6_000_000, help="the emulator's limit, and the config's"
     )
     parser.add_argument("--busy-fraction", type=float, default=0.75, help="the paced device's rate")
-    parser.add_argument("--cases", default="free,paced,online")
+    parser.add_argument("--cases", default="free,paced,online,minilm")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "reindex-bench-eta")
     parser.add_argument("--json", type=Path, help="write every run and the figures here too")
     args = parser.parse_args(argv)
@@ -79,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                     "tokens_per_minute": args.tokens_per_minute,
                 }
                 runs.append(_case(args, dsn, online_corpus, "online", repeat, embedder))
+            if "minilm" in cases:
+                model = {"kind": "sentence-transformers", "model": str(bench.minilm_path()), "device": "cpu"}
+                runs.append(_case(args, dsn, short_first(args.workdir), "minilm", repeat, model, qdrant=True))
     figures = {
         case: _summary([r["eta_over_run"] for r in runs if r["case"] == case])
         for case in cases
@@ -91,13 +98,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _case(
-    args: argparse.Namespace, dsn: str, corpus: Path, case: str, repeat: int, embedder: dict[str, Any]
+    args: argparse.Namespace,
+    dsn: str,
+    corpus: Path,
+    case: str,
+    repeat: int,
+    embedder: dict[str, Any],
+    *,
+    qdrant: bool = False,
 ) -> dict[str, Any]:
     from reindex import commands
     from reindex.config import load
 
     label = f"eta_{case}_{repeat}"
     target = {"kind": "pgvector", "dsn": dsn, "alias": label, "index": "none"}
+    if qdrant:
+        storage = args.workdir / f"qdrant-{label}"
+        shutil.rmtree(storage, ignore_errors=True)
+        target = {"kind": "qdrant", "path": str(storage), "alias": label}
     path = bench.write_config(
         args.workdir, label, bench.source(corpus), embedder, target, {"shard_size": SHARD}
     )
@@ -118,6 +136,20 @@ def _case(
     }
     print(json.dumps(row), flush=True)
     return row
+
+
+def short_first(workdir: Path, documents: int = 4000, short: int = 400) -> Path:
+    """`documents` texts, the first `short` of 3-8 words and the rest of 20-90, from a fixed vocabulary."""
+    path = workdir / f"short-first-{documents}.jsonl"
+    if not path.exists():
+        rng = random.Random(documents)
+        words = [f"word{i}" for i in range(3000)]
+        with path.open("w") as out:
+            for i in range(documents):
+                size = rng.randint(3, 8) if i < short else rng.randint(20, 90)
+                text = " ".join(rng.choice(words) for _ in range(size))
+                out.write(json.dumps({"id": f"d{i}", "text": text}) + "\n")
+    return path
 
 
 def _summary(values: list[float]) -> dict[str, float]:

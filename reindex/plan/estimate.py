@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from reindex.batching import batch_budget, batch_texts, token_batches
-from reindex.columns import embed
+from reindex.columns import Documents, embed
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
 from reindex.plan.rehearsal import Rehearsal
@@ -58,14 +58,13 @@ class PlanReport:
     # document), and the model; the target's own ingest is not in them, the rehearsal's pace is
     calibration_stage_seconds_per_document: float | None = None
     calibration_model_seconds_per_document: float | None = None
-    # the model on the corpus's first documents (those the rehearsal reads), against the uniform sample above
-    calibration_first_model_seconds_per_document: float | None = None
     # the run's engine on the first shards into a scratch target and ledger (reindex.plan.rehearsal): its
     # steady pace per document on `rehearsal_workers` workers, and the time its first shards took beyond it
     rehearsal_documents: int | None = None
     rehearsal_workers: int | None = None
     rehearsal_devices: int | None = None
     rehearsal_seconds_per_document: float | None = None
+    rehearsal_model_seconds_per_document: float | None = None  # the model alone on the documents timed
     rehearsal_fill_seconds: float | None = None
     eta_basis: str | None = None  # what the printed ETA counts, or why it counts less, in one line
     devices: int = 0  # model processes a run would feed (GPUs; 1 for a model on the CPU in its own process)
@@ -210,11 +209,18 @@ def estimate(
     return report
 
 
-def rehearsed(report: PlanReport, rehearsal: Rehearsal | str) -> None:
-    """Keep the rehearsal's figures for `spread`, and say what the ETA counts."""
+def rehearsed(
+    report: PlanReport, rehearsal: Rehearsal | str, embedder: Embedder, source: Source, run: RunConfig
+) -> None:
+    """Keep the rehearsal's figures for `spread`, with the model alone on the documents it timed (the
+    model's share of its pace, which `spread` swaps for the uniform sample's), and say what the ETA
+    counts."""
     if isinstance(rehearsal, str):
         report.eta_basis = f"stages and model timed; not the target's write or the ledger ({rehearsal})"
         return
+    report.rehearsal_model_seconds_per_document = _window_model_seconds(
+        embedder, source, run.model_copy(update={"shard_size": rehearsal.shard_size}), *rehearsal.timed
+    )
     report.rehearsal_documents = rehearsal.documents
     report.rehearsal_workers, report.rehearsal_devices = rehearsal.workers, rehearsal.devices
     report.rehearsal_seconds_per_document = rehearsal.seconds_per_document
@@ -291,11 +297,11 @@ def spread(
 
 def _rehearsed_rate(report: PlanReport, workers: int, devices: int) -> tuple[float, float] | None:
     """(rate, fill) of the rehearsal, where it ran as the run would (the same engine, workers and model
-    processes). Its pace holds the write and the ledger, and the model on the corpus's first texts: those
-    are swapped for the uniform sample's (a corpus's first texts are often not like the rest), spread over
-    the model's copies (a device each, or one in each worker)."""
+    processes). Its pace holds the write and the ledger, and the model on the documents it timed, the
+    corpus's first: that share is swapped for the uniform sample's (a corpus's first texts are often not like
+    the rest), spread over the model's copies (a device each, or one in each worker)."""
     pace, model = report.rehearsal_seconds_per_document, report.calibration_model_seconds_per_document
-    first = report.calibration_first_model_seconds_per_document
+    first = report.rehearsal_model_seconds_per_document
     if pace is None or model is None or first is None:
         return None
     rehearsed_on = report.rehearsal_workers or 1
@@ -317,7 +323,7 @@ def _calibrated_rate(report: PlanReport, workers: int, devices: int) -> tuple[fl
     if stage is None or model is None:
         return None
     fill, pace = 0.0, report.rehearsal_seconds_per_document
-    first = report.calibration_first_model_seconds_per_document
+    first = report.rehearsal_model_seconds_per_document
     if pace is not None and first is not None:
         stage = max(stage, pace * (report.rehearsal_workers or 1) - first)
         fill = report.rehearsal_fill_seconds or 0.0
@@ -385,7 +391,7 @@ def _calibrate_stages(
 ) -> None:
     """The run's own stage functions on the first `count` documents, each timed: the source's read, then
     screening, hashing, tokenizing and the length policy (`prepare_shard`), then the model through the run's
-    batcher (its first batch twice: the first call pays for lazy initialisation)."""
+    batcher."""
     if not count:
         return
     started = time.perf_counter()
@@ -393,6 +399,16 @@ def _calibrate_stages(
     read = time.perf_counter() - started
     if docs is None or not len(docs):
         return
+    prepared, model = _timed_model(embedder, run, docs)
+    report.calibration_stage_seconds_per_document = (read + prepared) / len(docs)
+    report.calibration_model_seconds_per_document = model / len(docs)
+    report.calibration_docs_per_second = round(len(docs) / max(read + prepared + model, 1e-9), 1)
+
+
+def _timed_model(embedder: Embedder, run: RunConfig, docs: Documents) -> tuple[float, float]:
+    """(seconds preparing, seconds embedding) `docs` as a shard of the run: `prepare_shard` (screening,
+    hashing, tokenizing, the length policy), then the model through the run's batcher, its first batch
+    twice (the first call pays for lazy initialisation)."""
     started = time.perf_counter()
     shard = prepare_shard(embedder, run, 0, None, docs)
     prepared = time.perf_counter() - started
@@ -403,11 +419,19 @@ def _calibrate_stages(
     started = time.perf_counter()
     for batch in batches:
         embed(embedder, tokens.take(batch))
-    model = time.perf_counter() - started
-    report.calibration_stage_seconds_per_document = (read + prepared) / len(docs)
-    report.calibration_model_seconds_per_document = model / len(docs)
-    report.calibration_first_model_seconds_per_document = model / len(docs)
-    report.calibration_docs_per_second = round(len(docs) / max(read + prepared + model, 1e-9), 1)
+    return prepared, time.perf_counter() - started
+
+
+def _window_model_seconds(
+    embedder: Embedder, source: Source, run: RunConfig, start: int, stop: int
+) -> float | None:
+    """The model alone on documents `start` to `stop` of the source (those a rehearsal timed), per
+    document."""
+    docs = next(scan_documents(source, None, stop), None)
+    if docs is None or len(docs) <= start:
+        return None
+    window = Documents.from_records(list(docs)[start:stop])
+    return _timed_model(embedder, run, window)[1] / len(window)
 
 
 def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: RunConfig) -> None:

@@ -53,6 +53,7 @@ class Rehearsal:
     processes: bool  # the processes engine; else the one-process pipeline
     seconds: float
     seconds_per_document: float  # the steady pace, all workers together
+    timed: tuple[int, int]  # the documents that pace was read over, by their place in the source
     fill_seconds: float  # the time before that pace: start, first reads, the queues filling; once a run
 
 
@@ -155,7 +156,7 @@ def _paced(
         pace = (last - first) / (total - before)
         fill = max(0.0, first - started - before * pace)
     else:  # one shard: its whole time, filling included
-        pace, fill = (last - started) / total, 0.0
+        pace, fill, before = (last - started) / total, 0.0, 0
     return Rehearsal(
         documents=total,
         shard_size=shard,
@@ -164,5 +165,6 @@ def _paced(
         processes=many,
         seconds=round(last - started, 3),
         seconds_per_document=pace,
+        timed=(before, total),
         fill_seconds=fill,
     )
