@@ -258,7 +258,10 @@ def test_version_and_shell_completion_come_from_the_installed_command() -> None:
     env = {**os.environ, "_REINDEX_COMPLETE": "complete_bash", "COMP_WORDS": "reindex cu", "COMP_CWORD": "1"}
     done = subprocess.run([command], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.split() == ["cutover"]
-    script = subprocess.run([command, "--show-completion", "bash"], capture_output=True, text=True)
+    # Without this typer ignores "bash" and asks shellingham for the shell this runs under, which fails
+    # ("Shell  not supported") where no shell is among the ancestors (a pytest-xdist worker, a CI runner).
+    shown = {**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+    script = subprocess.run([command, "--show-completion", "bash"], capture_output=True, text=True, env=shown)
     assert script.returncode == 0, script.stderr + script.stdout
     assert "_REINDEX_COMPLETE=complete_bash" in script.stdout
 
