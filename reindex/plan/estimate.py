@@ -389,9 +389,9 @@ def _price(report: PlanReport, prices: dict[str, float | None] | None, window_ho
 def _calibrate_stages(
     report: PlanReport, embedder: Embedder, source: Source, count: int, run: RunConfig
 ) -> None:
-    """The run's own stage functions on the first `count` documents, each timed: the source's read, then
-    screening, hashing, tokenizing and the length policy (`prepare_shard`), then the model through the run's
-    batcher."""
+    """The run's own stage functions on the first `count` documents, timed: the source's read, then
+    screening, hashing, tokenizing and the length policy (`prepare_shard`). The model is timed on a uniform
+    sample instead (`_calibrate`), and the write by the rehearsal."""
     if not count:
         return
     started = time.perf_counter()
@@ -399,27 +399,24 @@ def _calibrate_stages(
     read = time.perf_counter() - started
     if docs is None or not len(docs):
         return
-    prepared, model = _timed_model(embedder, run, docs)
-    report.calibration_stage_seconds_per_document = (read + prepared) / len(docs)
-    report.calibration_model_seconds_per_document = model / len(docs)
-    report.calibration_docs_per_second = round(len(docs) / max(read + prepared + model, 1e-9), 1)
-
-
-def _timed_model(embedder: Embedder, run: RunConfig, docs: Documents) -> tuple[float, float]:
-    """(seconds preparing, seconds embedding) `docs` as a shard of the run: `prepare_shard` (screening,
-    hashing, tokenizing, the length policy), then the model through the run's batcher, its first batch
-    twice (the first call pays for lazy initialisation)."""
     started = time.perf_counter()
-    shard = prepare_shard(embedder, run, 0, None, docs)
+    prepare_shard(embedder, run, 0, None, docs)
     prepared = time.perf_counter() - started
-    tokens = shard.tokens
+    report.calibration_stage_seconds_per_document = (read + prepared) / len(docs)
+
+
+def _timed_model(embedder: Embedder, run: RunConfig, docs: Documents) -> float:
+    """Seconds embedding `docs` as a shard of the run (`prepare_shard`: screening, hashing, tokenizing, the
+    length policy; not timed) through the run's batcher, its first batch twice (the first call pays for lazy
+    initialisation)."""
+    tokens = prepare_shard(embedder, run, 0, None, docs).tokens
     batches = token_batches(tokens.counts, batch_budget(run, embedder), batch_texts(run, embedder))
     if batches:
         embed(embedder, tokens.take(batches[0]))
     started = time.perf_counter()
     for batch in batches:
         embed(embedder, tokens.take(batch))
-    return prepared, time.perf_counter() - started
+    return time.perf_counter() - started
 
 
 def _window_model_seconds(
@@ -431,7 +428,7 @@ def _window_model_seconds(
     if docs is None or len(docs) <= start:
         return None
     window = Documents.from_records(list(docs)[start:stop])
-    return _timed_model(embedder, run, window)[1] / len(window)
+    return _timed_model(embedder, run, window) / len(window)
 
 
 def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: RunConfig) -> None:
@@ -445,10 +442,13 @@ def _calibrate(report: PlanReport, embedder: Embedder, sample: list[Any], run: R
     for batch in batches:
         embedder.embed([sample[i] for i in batch])
     seconds = max(time.perf_counter() - started, 1e-9)
-    if report.calibration_docs_per_second is None:  # the stages' own figure, where they were timed
-        report.calibration_docs_per_second = round(len(sample) / seconds, 1)
+    report.calibration_docs_per_second = round(len(sample) / seconds, 1)
     report.calibration_tokens_per_second = round(sum(lengths) / seconds, 1)
     per_text = seconds / len(sample)
     report.eta_seconds = round(report.unique_texts * per_text, 1)
     if report.documents:  # the model's share of each document: distinct texts are embedded once
-        report.calibration_model_seconds_per_document = per_text * report.unique_texts / report.documents
+        model = per_text * report.unique_texts / report.documents
+        report.calibration_model_seconds_per_document = model
+        stage = report.calibration_stage_seconds_per_document
+        if stage is not None:  # the stages and the model, one after the other, as in one worker
+            report.calibration_docs_per_second = round(1 / max(stage + model, 1e-9), 1)
