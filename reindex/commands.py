@@ -49,6 +49,7 @@ from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
 from reindex.prove.verify import Comparison, Coverage, coverage
 from reindex.run import processes
+from reindex.run.arenas import limit_malloc_arenas
 from reindex.run.claims import run_wide
 from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun
@@ -197,6 +198,7 @@ def run(
         fresh: forget this migration's progress and drop its target (unless an alias serves it) first.
     """
     stop = stop or threading.Event()
+    limit_malloc_arenas()
     engine = registry.resolve_engine(config.run.engine) if config.run.engine != "local" else None
     if engine is not None:
         engine.require()  # before anything is opened or written
