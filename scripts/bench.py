@@ -1145,7 +1145,7 @@ def render(results: dict[str, Any]) -> Table:
             f"{pgvector['plain_index_seconds']:,.3f} s",
         )
     online = results["cases"].get("reindex_online")
-    if online is not None:
+    if online is not None and online.get("index_seconds") is not None:  # none with --online-index none
         table.add_row("online run: HNSW build (not in its docs/s)", f"{online['index_seconds']:,.3f} s")
     table.add_section()
     for name, value in ratios.items():
