@@ -609,6 +609,12 @@ class MakesScratchTargets(Protocol):
     reads: `plan` writes its first shards there, timed, and drops it (`reindex.plan.rehearsal`)."""
 
     def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
-        """`spec` renamed to a throwaway target named with `token`, which `prepare` creates empty and `drop`
-        removes; None where no target of this sink stands apart (a column of the application's table)."""
+        """`spec` renamed to a throwaway target `reindex_rehearsal_<token>` (in the target's schema, where
+        there are schemas), which `prepare` creates empty and `drop` removes; None where no target of this
+        sink stands apart (a column of the application's table)."""
+        ...
+
+    def scratches(self) -> list[str]:
+        """The scratch targets there are, by the names `drop` takes: a plan killed in its rehearsal leaves
+        one, which a later rehearsal drops once it is old (`reindex.plan.rehearsal`)."""
         ...

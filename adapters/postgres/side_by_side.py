@@ -130,6 +130,9 @@ class PgvectorColumnSink(_ColumnAlias):
         """None: a target here is a column of the application's own table, never written to rehearse."""
         return None
 
+    def scratches(self) -> list[str]:
+        return []
+
     def prepare(self, spec: TargetSpec) -> None:
         """Add the target's column and its bookkeeping table (idempotent); refuse first what the table has
         that the column mode would not keep, unless accepted."""

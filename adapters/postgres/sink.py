@@ -88,6 +88,12 @@ _T = TypeVar("_T")
 MODES: dict[str, type[PgvectorSink]] = {}
 
 
+SCRATCH_PREFIX = "reindex_rehearsal_"
+_SCRATCHES_SQL = r"""
+SELECT n.nspname, c.relname, pg_table_is_visible(c.oid) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.relkind = 'r' AND c.relname LIKE 'reindex\_rehearsal\_%' AND pg_has_role(c.relowner, 'USAGE')"""
+
+
 class PgvectorSink(_Reads):
     """Targets are tables `<alias>__<fingerprint8>`; the alias is a view `SELECT * FROM <target>`."""
 
@@ -240,7 +246,12 @@ class PgvectorSink(_Reads):
     def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
         """A table of the target's shape in its schema, named `reindex_rehearsal_<token>`: created plain (the
         application's policies, triggers and grants come onto a target only at its cutover)."""
-        return replace(spec, name=".".join([*_split(spec.name)[:-1], f"reindex_rehearsal_{token}"]))
+        return replace(spec, name=".".join([*_split(spec.name)[:-1], f"{SCRATCH_PREFIX}{token}"]))
+
+    def scratches(self) -> list[str]:
+        with self._db.errors():
+            rows = self._db.connection().execute(_SCRATCHES_SQL).fetchall()
+        return [name if visible else f"{schema}.{name}" for schema, name, visible in rows]  # as `targets`
 
     def write(self, target: str, rows: Rows) -> None:
         """Upsert by id. The batch goes as one binary COPY built per batch, straight into the table; keys

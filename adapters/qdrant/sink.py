@@ -116,6 +116,9 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         """A collection of the target's settings named `reindex_rehearsal_<token>`, served by no alias."""
         return replace(spec, name=f"reindex_rehearsal_{token}")
 
+    def scratches(self) -> list[str]:
+        return sorted(name for name in self._collections() if name.startswith("reindex_rehearsal_"))
+
     def prepare(self, spec: TargetSpec) -> None:
         """Create the collection with its identity in the metadata; an existing one is never re-stamped.
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reindex.errors import Interrupted, ReindexError
-from reindex.ports import MakesScratchTargets
+from reindex.ports import MakesScratchTargets, Sink
 from reindex.run import processes
 from reindex.run.migration import Migration, lease_key, migration, with_nonce
 from reindex.run.pipeline import Pipeline
@@ -42,6 +42,7 @@ REHEARSAL_SECONDS = 3.0  # the steady part a rehearsal aims at: it stops once it
 GIVE_UP_SECONDS = 120.0  # a rehearsal that wrote nothing by then is stopped (a model process that hangs)
 SHARDS = 8  # shards timed: the steady pace is read over the second half of them, the queues filled
 MIN_SHARD = 50
+STALE_SECONDS = 3600.0  # a scratch target this old is left from a plan that was killed
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,10 @@ def rehearse(m: Migration, *, documents: int, seconds_per_document: float | None
         return "no documents"
     if not isinstance(m.sink, MakesScratchTargets):
         return "the target kind cannot make a scratch target"
-    scratch = m.sink.scratch(m.spec, secrets.token_hex(6))
+    scratch = m.sink.scratch(m.spec, f"{int(time.time())}_{secrets.token_hex(4)}")
     if scratch is None:
         return "the target is a column of the application's table, which a dry run never writes"
+    _drop_stale(m.sink, m.sink.scratches())
     shard = m.config.run.shard_size
     if seconds_per_document:
         shard = max(MIN_SHARD, min(shard, int(2 * REHEARSAL_SECONDS / (SHARDS * seconds_per_document))))
@@ -82,6 +84,16 @@ def rehearse(m: Migration, *, documents: int, seconds_per_document: float | None
         finally:
             with suppress(ReindexError):
                 m.sink.drop(rehearsal.spec.name)
+
+
+def _drop_stale(sink: Sink, scratches: list[str]) -> None:
+    """Drop scratch targets older than STALE_SECONDS (a plan killed in its rehearsal leaves its own; a
+    rehearsal takes seconds, so one that old is no running plan's). Their names carry their creation time."""
+    for name in scratches:
+        made = name.rsplit(".", 1)[-1].removeprefix("reindex_rehearsal_").split("_")[0]
+        if made.isdigit() and time.time() - int(made) > STALE_SECONDS:
+            with suppress(ReindexError):
+                sink.drop(name)
 
 
 def _rehearse(m: Migration, shard: int) -> Rehearsal | None:

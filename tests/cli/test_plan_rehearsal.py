@@ -9,10 +9,12 @@ timed test's.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql
 from qdrant_client import QdrantClient
 
 from tests.cli.test_cli import invoke, write_config, write_corpus
@@ -63,6 +65,22 @@ def test_plan_rehearses_into_a_scratch_table_and_leaves_nothing(
     assert code == 0 and plain is not None and plain["rehearsal_documents"] is None
     assert plain["eta_seconds_workers"] is not None and plain["eta_basis"] is None
     assert tables(pg_dsn) == before
+
+
+def test_a_scratch_table_a_killed_plan_left_is_dropped_once_old(
+    tmp_path: Path, corpus: Path, pg_dsn: str
+) -> None:
+    """A plan killed in its rehearsal leaves its scratch table; the next rehearsal drops those an hour old
+    (their names carry their creation time) and leaves a younger one, which may be another plan's."""
+    config = pgvector_config(tmp_path, corpus, pg_dsn, 'kind = "hash"\ndim = 24')
+    stale, young = "reindex_rehearsal_1000000000_0dead0", f"reindex_rehearsal_{int(time.time())}_0live0"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for name in (stale, young):
+            conn.execute(sql.SQL("CREATE TABLE {} (id text)").format(sql.Identifier(name)))
+    code, plan, stderr = invoke("plan", "-c", str(config), "--json")
+    assert code == 0 and plan is not None and plan["rehearsal_documents"] == 301, stderr
+    left = {name for name in tables(pg_dsn) if name.startswith("reindex_rehearsal_")}
+    assert left == {young}
 
 
 def test_a_model_on_a_device_is_rehearsed_through_the_processes_engine(

@@ -8,7 +8,7 @@ import pytest
 
 from reindex.errors import ConfigError, CutoverRefused, RowsRejected
 from reindex.fingerprint import content_hash
-from reindex.ports import Record, Rows, Sink, SourceSchema, TargetSpec
+from reindex.ports import MakesScratchTargets, Record, Rows, Sink, SourceSchema, TargetSpec
 
 DIM = 8
 
@@ -185,3 +185,22 @@ def test_scan_vectors_search_and_distance_serve_the_quality_comparison(sink: Sin
     found = sink.search("docs__aaaa0001", written.vectors[[7, 21]], 3)
     nearest = np.argsort(-(unit[[7, 21]] @ unit.T), axis=1)[:, :3]
     assert found == [[ids[j] for j in row] for row in nearest]  # 40 points: any ANN index is exact here
+
+
+def test_a_scratch_target_stands_apart_lists_and_drops(sink: Sink) -> None:
+    """plan's rehearsal (`ports.MakesScratchTargets`): a scratch target takes writes like the target it
+    stands for, is listed by `scratches` and is gone after `drop`; it is none of the alias's targets."""
+    if not isinstance(sink, MakesScratchTargets):
+        pytest.skip("this sink makes no scratch targets")  # every sink here does; the check is the protocol
+    scratch = sink.scratch(spec("docs__aaaa0001"), "1700000000_0abc")
+    if scratch is None:  # a column mode: nothing apart from the application's table
+        assert sink.scratches() == []
+        return
+    assert scratch.name.rsplit(".", 1)[-1] == "reindex_rehearsal_1700000000_0abc"
+    sink.prepare(scratch)
+    sink.write(scratch.name, rows(["a", "b"]))
+    described = sink.describe(scratch.name)
+    assert described is not None and described.count == 2
+    assert scratch.name in sink.scratches() and scratch.name not in sink.targets("docs")
+    sink.drop(scratch.name)
+    assert sink.describe(scratch.name) is None and scratch.name not in sink.scratches()

@@ -51,6 +51,9 @@ class MemorySink:
     def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
         return replace(spec, name=f"reindex_rehearsal_{token}")
 
+    def scratches(self) -> list[str]:
+        return sorted(name for name in self.targets_ if name.startswith("reindex_rehearsal_"))
+
     def prepare(self, spec: TargetSpec) -> None:
         with self.state.lock:
             existing = self.specs.get(spec.name)
