@@ -20,6 +20,7 @@ from reindex.ports import MODEL_TOKENIZER, CaveatsPrices, CountsTokens, Embedder
 from reindex.run.io import scan_documents
 from reindex.run.shards import prepare_shard
 from reindex.run.validation import screen
+from reindex.units import count
 
 CHUNK = 1000
 SAMPLE = 10_000
@@ -216,7 +217,7 @@ def rehearsed(
     model's share of its pace, which `spread` swaps for the uniform sample's), and say what the ETA
     counts."""
     if isinstance(rehearsal, str):
-        report.eta_basis = f"stages and model timed; not the target's write or the ledger ({rehearsal})"
+        report.eta_basis = f"stages and model timed, not the target's write or the ledger: {rehearsal}"
         return
     report.rehearsal_model_seconds_per_document = _window_model_seconds(
         embedder, source, run.model_copy(update={"shard_size": rehearsal.shard_size}), *rehearsal.timed
@@ -226,13 +227,14 @@ def rehearsed(
     report.rehearsal_seconds_per_document = rehearsal.seconds_per_document
     report.rehearsal_fill_seconds = round(rehearsal.fill_seconds, 3)
     engine = (
-        f"the processes engine ({rehearsal.workers} workers, {rehearsal.devices} model processes)"
+        f"by the processes engine, {count(rehearsal.workers, 'worker')} and"
+        f" {count(rehearsal.devices, 'model process', 'model processes')}, "
         if rehearsal.processes
-        else "the run's pipeline"
+        else ""
     )
     report.eta_basis = (
-        f"{engine} rehearsed on {rehearsal.documents:,} documents into a scratch target"
-        f" (shards of {rehearsal.shard_size:,}; write and ledger included), the model on a uniform sample"
+        f"rehearsed {engine}on {rehearsal.documents:,} documents in shards of {rehearsal.shard_size:,} into a"
+        " scratch target, write and ledger included; the model timed on a sample like the corpus"
     )
 
 

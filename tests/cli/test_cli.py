@@ -108,7 +108,7 @@ def test_plan_gives_the_eta_on_a_number_of_workers(configs: tuple[Path, Path]) -
     rate = one["worker_docs_per_second"] * one["workers"]
     # the pipeline rehearsed on the corpus's first shards (all 5 here) into a scratch table: its pace, and
     # the time before its pace (start, the first shards through every stage), once a run
-    assert one["rehearsal_documents"] == 301 and one["eta_basis"].startswith("the run's pipeline rehearsed")
+    assert one["rehearsal_documents"] == 301 and one["eta_basis"].startswith("rehearsed on 301 documents")
     fill = one["rehearsal_fill_seconds"]
     assert one["eta_seconds_workers"] == pytest.approx(fill + 301 / rate, abs=0.1)
     code, fleet, _ = invoke("plan", "-c", str(new), "--json", "--workers", "16", "--worker-rate", "40000")

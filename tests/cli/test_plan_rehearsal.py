@@ -53,7 +53,7 @@ def test_plan_rehearses_into_a_scratch_table_and_leaves_nothing(
     assert code == 0, stderr
     assert plan is not None and plan["rehearsal_documents"] == 301  # every shard of so small a corpus
     assert plan["rehearsal_workers"] == 1 and plan["rehearsal_devices"] == 0
-    assert plan["eta_basis"].startswith("the run's pipeline rehearsed on 301 documents into a scratch target")
+    assert plan["eta_basis"].startswith("rehearsed on 301 documents in shards of 64 into a scratch target")
     assert (
         plan["eta_headline_seconds"] == plan["eta_seconds_workers"]
         and plan["rehearsal_seconds_per_document"] > 0
@@ -93,7 +93,7 @@ def test_a_model_on_a_device_is_rehearsed_through_the_processes_engine(
     code, plan, stderr = invoke("plan", "-c", str(config), "--json")
     assert code == 0, stderr
     assert plan is not None and (plan["rehearsal_workers"], plan["rehearsal_devices"]) == (1, 1)
-    assert plan["eta_basis"].startswith("the processes engine (1 workers, 1 model processes) rehearsed")
+    assert plan["eta_basis"].startswith("rehearsed by the processes engine, 1 worker and 1 model process, on")
     assert (plan["workers"], plan["devices"]) == (1, 1) and plan["eta_seconds_workers"] > 0
     assert tables(pg_dsn) == before
 
