@@ -52,7 +52,6 @@ class Rehearsal:
     workers: int
     devices: int  # model processes (the processes engine, a model on a device); 0: the model in each worker
     processes: bool  # the processes engine; else the one-process pipeline
-    seconds: float
     seconds_per_document: float  # the steady pace, all workers together
     timed: tuple[int, int]  # the documents that pace was read over, by their place in the source
     fill_seconds: float  # the time before that pace: start, first reads, the queues filling; once a run
@@ -69,7 +68,7 @@ def rehearse(m: Migration, *, documents: int, seconds_per_document: float | None
     scratch = m.sink.scratch(m.spec, f"{int(time.time())}_{secrets.token_hex(4)}")
     if scratch is None:
         return "the target is a column of the application's table, which a dry run never writes"
-    _drop_stale(m.sink, m.sink.scratches())
+    _drop_stale(m.sink)
     shard = m.config.run.shard_size
     if seconds_per_document:
         shard = max(MIN_SHARD, min(shard, int(2 * REHEARSAL_SECONDS / (SHARDS * seconds_per_document))))
@@ -86,14 +85,16 @@ def rehearse(m: Migration, *, documents: int, seconds_per_document: float | None
                 m.sink.drop(rehearsal.spec.name)
 
 
-def _drop_stale(sink: Sink, scratches: list[str]) -> None:
+def _drop_stale(sink: Sink) -> None:
     """Drop scratch targets older than STALE_SECONDS (a plan killed in its rehearsal leaves its own; a
-    rehearsal takes seconds, so one that old is no running plan's). Their names carry their creation time."""
-    for name in scratches:
-        made = name.rsplit(".", 1)[-1].removeprefix("reindex_rehearsal_").split("_")[0]
-        if made.isdigit() and time.time() - int(made) > STALE_SECONDS:
-            with suppress(ReindexError):
-                sink.drop(name)
+    rehearsal takes seconds, so one that old is no running plan's). Their names carry their creation time.
+    A listing or a drop refused only leaves them: the rehearsal does not depend on it."""
+    with suppress(ReindexError):
+        for name in sink.scratches() if isinstance(sink, MakesScratchTargets) else []:
+            made = name.rsplit(".", 1)[-1].removeprefix("reindex_rehearsal_").split("_")[0]
+            if made.isdigit() and time.time() - int(made) > STALE_SECONDS:
+                with suppress(ReindexError):
+                    sink.drop(name)
 
 
 def _rehearse(m: Migration, shard: int) -> Rehearsal | None:
@@ -175,7 +176,6 @@ def _paced(
         workers=workers,
         devices=devices,
         processes=many,
-        seconds=round(last - started, 3),
         seconds_per_document=pace,
         timed=(before, total),
         fill_seconds=fill,
