@@ -42,6 +42,8 @@ from gpu_check import CopyRows, copy_seconds  # the same hand-written COPY as sc
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
+    from reindex.run.progress import Progress
+
 ROOT = Path(__file__).resolve().parent.parent
 THREADS = 2
 ZERO_DIM = 384
@@ -58,6 +60,8 @@ TARGETS: dict[str, tuple[str, float]] = {
 }
 ZERO_COST_DOCS_PER_SECOND = 20_000.0
 RSS_TOLERANCE = 0.15
+# where the zero-cost child notes its CPU so far: the marginal cost inside one run, start-up and the drain apart
+CPU_MARKS = (30_000, 300_000, 1_000_000, 3_000_000, 10_000_000)
 ENVIRONMENT = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 CASES = (
     "raw",
@@ -816,13 +820,20 @@ def run_child(config: Path) -> int:
 
     warm_imports()
     started, cpu = time.perf_counter(), cpu_seconds()
-    report = commands.run(load(config))
+    marks: list[list[float]] = []  # [documents, tool CPU seconds] as the run passes each decade mark
+
+    def mark(progress: Progress) -> None:
+        while len(marks) < len(CPU_MARKS) and progress.documents >= CPU_MARKS[len(marks)]:
+            marks.append([progress.documents, cpu_seconds()[1] - cpu[1]])
+
+    report = commands.run(load(config), on_progress=mark)
     seconds = time.perf_counter() - started
     stop_fork_server()  # its workers' CPU reaches this process's account once it is reaped
     coordinator, tool = (after - before for after, before in zip(cpu_seconds(), cpu, strict=True))
     inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; survives exec, so fork counts
     outcome = {"seconds": seconds, "peak_rss_kb": peak_rss_kb() or inherited, "ru_maxrss_kb": inherited}
     outcome |= {"coordinator_cpu": coordinator, "tool_cpu": tool, "children_maxrss_kb": children_rss_kb()}
+    outcome["cpu_marks"] = marks
     print(json.dumps({**outcome, "report": report.to_json()}))
     return 0
 

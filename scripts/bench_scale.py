@@ -11,12 +11,16 @@ so start-up and imports do not count. Corpora: 20-80 words a text, generated onc
        marginal 300k -> 1M over marginal 30k -> 300k   (without --ten-million)
        peak RSS at the largest size over 1M              target <= 1.15
 
+Each run also notes its CPU as it passes 30k, 300k, 1M, 3M and 10M documents: the marginal cost between
+those marks inside one run, where the machine's minute-to-minute speed moves every step alike.
+
 Usage: scripts/bench-scale [--repeats 3] [--ten-million] [--dedupe auto|run|window] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -74,6 +78,7 @@ def _run(work: Path, dsn: str, n: int, repeat: int, dedupe: str) -> dict[str, An
         "docs_per_second": round(report["documents"] / outcome["seconds"], 1),
         "tool_cpu": outcome["tool_cpu"],
         "peak_rss_mb": round(outcome["peak_rss_kb"] / 1024, 1),
+        "cpu_marks": outcome["cpu_marks"],  # [documents, tool CPU seconds] as this run passed each mark
     }
     print(json.dumps(row), flush=True)
     return row
@@ -101,9 +106,21 @@ def _figures(runs: list[dict[str, Any]], ten_million: bool) -> dict[str, Any]:
         "1 peak RSS MB at the largest size / at 1M": round(
             median(largest, "peak_rss_mb") / median(1_000_000, "peak_rss_mb"), 3
         ),
+        "in-run marginal us/doc, each step, by size": {
+            n: [_in_run(r["cpu_marks"]) for r in runs if r["documents"] == n] for n in sorted(spread)
+        },
         "docs/s by size (median)": {n: median(n, "docs_per_second") for n in sorted(spread)},
         "tool CPU s by size (each run)": spread,
     }
+
+
+def _in_run(marks: list[list[float]]) -> list[float]:
+    """The marginal CPU per document between consecutive marks of one run (us): the same machine minute
+    for every step, start-up and the final drain left out."""
+    return [
+        round((cpu - before_cpu) / (docs - before_docs) * 1e6, 2)
+        for (before_docs, before_cpu), (docs, cpu) in itertools.pairwise(marks)
+    ]
 
 
 if __name__ == "__main__":
