@@ -21,8 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from reindex.errors import BackendError, ConfigError, MissingDependency
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, Tokens, Vectors
-from reindex_adapters.sentence_transformers.model import _model_dir, weights_digest
-from reindex_adapters.sentence_transformers.tokenizer import _special_count, _untruncated
+from reindex_adapters.hub import model_dir, special_count, untruncated, weights_digest
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
@@ -106,8 +105,8 @@ class PromptTokenizer:
     """prompt + text, tokenized once with the model's fast tokenizer; truncation keeps the special tokens."""
 
     def __init__(self, backend: Tokenizer, *, prompt: str, lowercase: bool, max_tokens: int) -> None:
-        self._backend = _untruncated(backend)
-        self.specials = _special_count(self._backend)
+        self._backend = untruncated(backend)
+        self.specials = special_count(self._backend)
         self.prompt, self.lowercase, self.max_tokens = prompt, lowercase, max_tokens
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:
@@ -130,12 +129,12 @@ class PromptTokenizer:
 def resolve_model(config: VllmEmbedder.Config) -> VllmSpec:
     """Read the model directory and fix every option that changes vectors; starts no engine, needs no GPU."""
     with _translated("load"):
-        path = _model_dir(config.model)
+        path = model_dir(config.model)
         files = _ModelFiles.read(path)
         tokenizer = _fast_tokenizer(path, config.model)
     pooling = config.pooling or files.pooling(config.model)
     files.check_applicable(config.model, prompt=config.prompt)
-    limit = files.max_tokens(config.max_tokens, _special_count(tokenizer.backend_tokenizer))
+    limit = files.max_tokens(config.max_tokens, special_count(tokenizer.backend_tokenizer))
     dtype = resolve_dtype(config.dtype, files.config)
     options = {
         "weights": weights_digest(path),

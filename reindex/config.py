@@ -12,25 +12,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from reindex import registry
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, environment, validate
 
 SECTIONS = ("source", "embedder", "target", "run", "ray", "compare", "gate", "routes")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def environment(name: str, option: str) -> str | None:
-    """The value of the environment variable `name`, which the config's `option` names (`dsn_env`,
-    `api_key_env`, `state_env`). Anything but a variable's name, most often the DSN or key itself pasted
-    where its variable's name belongs, is refused without being repeated: it may hold a password."""
-    if not ENV_NAME.fullmatch(name):
-        raise ConfigError(
-            f"{option} takes the name of an environment variable, and what it was given is not one (not"
-            " repeated here: it may hold a password)",
-            hint=f'export the value as a variable, e.g. APP_DSN, and set {option} = "APP_DSN"',
-        )
-    return os.environ.get(name)
-
-
 DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(min|s|m|h|d)")
 
@@ -241,10 +225,10 @@ def parse(text: str, path: Path) -> Config:
         raw["source"],
         raw["embedder"],
         raw["target"],
-        registry.validate("run", RunConfig, raw.get("run", {})),
-        registry.validate("ray", RayConfig, raw.get("ray", {})),
-        registry.validate("compare", CompareConfig, raw.get("compare", {})),
-        registry.validate("gate", GateConfig, raw.get("gate", {})),
+        validate("run", RunConfig, raw.get("run", {})),
+        validate("ray", RayConfig, raw.get("ray", {})),
+        validate("compare", CompareConfig, raw.get("compare", {})),
+        validate("gate", GateConfig, raw.get("gate", {})),
         _routes(raw.get("routes", [])),
     )
     check(config)
@@ -311,14 +295,14 @@ def _routes(raw: Any) -> tuple[RouteConfig, ...]:
     """`[[routes]]`: each validated, names unique, each route's embedder table checked like [embedder]."""
     if not isinstance(raw, list):
         raise ConfigError("[routes] must be an array of tables", hint="write each route as [[routes]]")
-    routes = tuple(registry.validate(f"routes.{i}", RouteConfig, table) for i, table in enumerate(raw))
+    routes = tuple(validate(f"routes.{i}", RouteConfig, table) for i, table in enumerate(raw))
     names = [route.name for route in routes]
     if duplicate := next((name for name in names if names.count(name) > 1), None):
         raise ConfigError(f"[[routes]] name {duplicate!r} is used twice", hint="give each route its own name")
     for route in routes:
         if route.embedder is not None:
             adapter = registry.resolve("embedder", str(route.embedder.get("kind", "")))
-            registry.validate(f"routes.{route.name}.embedder", adapter.Config, route.embedder)
+            validate(f"routes.{route.name}.embedder", adapter.Config, route.embedder)
     return routes
 
 
@@ -330,6 +314,6 @@ def check(config: Config) -> None:
         ("target", config.target),
     ):
         adapter = registry.resolve(role, str(section.get("kind", "")))  # type: ignore[arg-type]
-        registry.validate(role, adapter.Config, section)
+        validate(role, adapter.Config, section)
     if not config.target.get("alias"):
         raise ConfigError("[target] missing required key 'alias'", hint="the name applications read")

@@ -17,6 +17,14 @@ ReindexError                      1  failed (bug or unrecoverable backend error)
 
 from __future__ import annotations
 
+import os
+import re
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+Model = TypeVar("Model", bound=BaseModel)
+
 
 class ReindexError(Exception):
     exit_code = 1
@@ -104,3 +112,41 @@ class RowsRejected(BackendError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+# The checks every config section and adapter shares: adapters import them from here, never the kernel.
+
+
+def validate(section_name: str, model: type[Model], section: dict[str, object]) -> Model:
+    """`section` as `model`; a ConfigError naming the offending key otherwise."""
+    try:
+        return model.model_validate(section)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(f"[{section_name}]", exc)) from None
+
+
+def describe_validation_error(where: str, exc: ValidationError) -> str:
+    """One line naming the offending key, e.g. `[target] unknown key 'aliass'`."""
+    first = exc.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(section)"
+    if first["type"] == "extra_forbidden":
+        return f"{where} unknown key {key!r}"
+    if first["type"] == "missing":
+        return f"{where} missing required key {key!r}"
+    return f"{where} {key}: {first['msg'].removeprefix('Value error, ')}"  # a validator's own message
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def environment(name: str, option: str) -> str | None:
+    """The value of the environment variable `name`, which the config's `option` names (`dsn_env`,
+    `api_key_env`, `state_env`). Anything but a variable's name, most often the DSN or key itself pasted
+    where its variable's name belongs, is refused without being repeated: it may hold a password."""
+    if not ENV_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{option} takes the name of an environment variable, and what it was given is not one (not"
+            " repeated here: it may hold a password)",
+            hint=f'export the value as a variable, e.g. APP_DSN, and set {option} = "APP_DSN"',
+        )
+    return os.environ.get(name)

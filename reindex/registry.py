@@ -13,9 +13,7 @@ import importlib
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
-
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, validate
 
 Role = Literal["source", "embedder", "target"]
 
@@ -182,21 +180,3 @@ def build(role: Role, section: dict[str, Any]) -> Any:
     """Validate a config section against its adapter's Config model and construct the adapter."""
     adapter = resolve(role, str(section.get("kind", "")))
     return adapter.from_config(validate(role, adapter.Config, section))
-
-
-def validate(section_name: str, model: type[BaseModel], section: dict[str, Any]) -> Any:
-    try:
-        return model.model_validate(section)
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(f"[{section_name}]", exc)) from None
-
-
-def describe_validation_error(where: str, exc: ValidationError) -> str:
-    """One line naming the offending key, e.g. `[target] unknown key 'aliass'`."""
-    first = exc.errors()[0]
-    key = ".".join(str(part) for part in first["loc"]) or "(section)"
-    if first["type"] == "extra_forbidden":
-        return f"{where} unknown key {key!r}"
-    if first["type"] == "missing":
-        return f"{where} missing required key {key!r}"
-    return f"{where} {key}: {first['msg'].removeprefix('Value error, ')}"  # a validator's own message

@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reindex import registry
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, validate
 from reindex.survey import (
     ID_NAMES,
     SAMPLE_ROWS,
@@ -26,7 +25,7 @@ from reindex_adapters.files.records import _file_errors
 
 def survey_jsonl(section: dict[str, Any], given: Overrides) -> Survey:
     """Count the non-blank lines (documents, as the source reads them) and sample the first objects."""
-    config = registry.validate("source", JsonlSource.Config, section)
+    config = validate("source", JsonlSource.Config, section)
     JsonlSource(config.path)  # refuses a missing file the way a run would
     rows: list[dict[str, Any]] = []
     documents = 0
@@ -43,7 +42,7 @@ def survey_jsonl(section: dict[str, Any], given: Overrides) -> Survey:
 
 def survey_parquet(section: dict[str, Any], given: Overrides) -> Survey:
     """The row count from the footer, and the first rows as the source reads them."""
-    config = registry.validate("source", ParquetSource.Config, section)
+    config = validate("source", ParquetSource.Config, section)
     parquet = _open_parquet(config.path)
     try:
         with _file_errors(config.path):

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from reindex.config import environment
-from reindex.errors import BackendError, ConfigError, MissingDependency, TransientError
+from reindex.errors import BackendError, ConfigError, MissingDependency, TransientError, environment
 
 if TYPE_CHECKING:
     import psycopg

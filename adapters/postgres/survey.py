@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from reindex import registry
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, validate
 from reindex.ports import AliasInfo
 from reindex.survey import SAMPLE_ROWS, VECTOR_NAMES, Choice, Overrides, Survey, choose_by_name, choose_text
 from reindex_adapters.postgres.alias import _resolve_alias
@@ -45,7 +44,7 @@ ORDER BY i.indisprimary DESC, a.attnum"""
 
 def survey(section: dict[str, Any], given: Overrides) -> Survey:
     """Read the catalog and a small sample of `section`'s table; the DSN comes from its environment variable."""
-    config = registry.validate("source", PostgresSource.Config, section)
+    config = validate("source", PostgresSource.Config, section)
     db = _Database(config.resolved_dsn("source"), "source", vectors=False)
     try:
         with db.errors():

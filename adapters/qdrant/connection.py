@@ -17,13 +17,13 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from reindex.config import environment
 from reindex.errors import (
     BackendError,
     ConfigError,
     MissingDependency,
     ReindexError,
     TransientError,
+    environment,
 )
 
 if TYPE_CHECKING:

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from reindex import registry
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, validate
 from reindex.survey import (
     SAMPLE_ROWS,
     VECTOR_NAMES,
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 
 def survey(section: dict[str, Any], given: Overrides) -> Survey:
     """Read the collection's config and a sample of payloads; an api key comes from its environment variable."""
-    config = registry.validate("source", QdrantSource.Config, section)
+    config = validate("source", QdrantSource.Config, section)
     if given.id_field is not None:
         raise ConfigError("a Qdrant source is keyed by its point ids", hint="leave out --id-column")
     client, lease = _acquire(config)

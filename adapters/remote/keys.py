@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import re
 
-from reindex.config import environment
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, environment
 
 SECRET_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_\-*]{4,}")
 

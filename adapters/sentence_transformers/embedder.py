@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.columns import TokenColumns, ragged
 from reindex.ports import EmbedderInfo, Tokens, Vectors
+from reindex_adapters.hub import special_count
 from reindex_adapters.sentence_transformers.model import (
     Device,
     Precision,
@@ -24,7 +25,7 @@ from reindex_adapters.sentence_transformers.model import (
     _truncation,
     identity_key,
 )
-from reindex_adapters.sentence_transformers.tokenizer import ColumnTokenizer, _special_count
+from reindex_adapters.sentence_transformers.tokenizer import ColumnTokenizer
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -98,7 +99,7 @@ class SentenceTransformerEmbedder:
         self._pad_left = tokenizer.padding_side == "left"
         self._type_ids = "token_type_ids" in tokenizer.model_input_names
         lowercase = bool(getattr(self.model[0], "do_lower_case", False))
-        limit = _max_tokens(self.model, tokenizer, max_tokens, _special_count(backend))
+        limit = _max_tokens(self.model, tokenizer, max_tokens, special_count(backend))
         self.tokenizer = ColumnTokenizer(
             backend, limit, prompt=prompt, lowercase=lowercase, threads=tokenizer_threads
         )

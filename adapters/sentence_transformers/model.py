@@ -6,8 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -15,14 +13,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from reindex.errors import ConfigError, MissingDependency
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo
+from reindex_adapters.hub import loading_errors, model_dir, weights_digest
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 Device = Literal["cpu", "cuda", "auto"]
 Precision = Literal["fp32", "bf16", "fp16"]
-WEIGHT_SUFFIXES = (".safetensors", ".bin")
-SKIPPED_DIRS = {"onnx", "openvino"}  # alternative runtimes' exports: not the weights torch loads
 HUB_CHECK_S = 10.0  # one request to the hub before a model that is not here is downloaded
 
 
@@ -51,21 +48,8 @@ def _load(model: str, device: str) -> SentenceTransformer:
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # our own progress goes to stderr; theirs would interleave
     _locate(model)
-    with _loading_errors(model):
+    with loading_errors(model):
         return SentenceTransformer(model, device=device, local_files_only=_offline() or Path(model).exists())
-
-
-@contextmanager
-def _loading_errors(model: str) -> Iterator[None]:
-    """huggingface_hub, transformers and safetensors raise OSError/ValueError/RuntimeError: make them ours."""
-    try:
-        yield
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        where = "not found locally" if not Path(model).exists() else "could not be loaded"
-        raise ConfigError(
-            f"model {model!r} {where}: {type(exc).__name__}",
-            hint="pass a local model directory or pre-download it into the Hugging Face cache",
-        ) from exc
 
 
 def _locate(model: str) -> None:
@@ -160,7 +144,7 @@ def _truncation(model: SentenceTransformer, name: str, truncate_dim: int | None)
 def _info(model: SentenceTransformer, name: str, limit: int, **choices: Any) -> EmbedderInfo:
     dim = choices.get("truncate_dim") or _full_dim(model, name)
     options = {
-        "weights": weights_digest(_model_dir(name)),
+        "weights": weights_digest(model_dir(name)),
         "pooling": _pooling(model),
         "modules": [type(module).__name__ for module in model],
         "max_tokens": limit,
@@ -207,32 +191,6 @@ def _downloaded(name: str) -> Path | None:
         return Path(snapshot_download(name, local_files_only=True))
     except Exception:  # not downloaded, a name that is no repo id: the full load says which
         return None
-
-
-def _model_dir(name: str) -> Path:
-    if Path(name).is_dir():
-        return Path(name)
-    from huggingface_hub import snapshot_download
-
-    with _loading_errors(name):
-        return Path(snapshot_download(name, local_files_only=True))
-
-
-def weights_digest(directory: Path) -> str:
-    """sha256 over the weight files torch loads (name and bytes), in a stable order."""
-    digest = hashlib.sha256()
-    for path in sorted(directory.rglob("*")):
-        relative = path.relative_to(directory)
-        if path.suffix in WEIGHT_SUFFIXES and path.is_file() and not SKIPPED_DIRS & set(relative.parts):
-            digest.update(relative.as_posix().encode() + b"\0")
-            _hash_file(digest, path)
-    return digest.hexdigest()
-
-
-def _hash_file(digest: Any, path: Path) -> None:
-    with path.open("rb") as stream:
-        while block := stream.read(1 << 20):
-            digest.update(block)
 
 
 def _pooling(model: SentenceTransformer) -> str:

@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from reindex.columns import TokenColumns, ragged
 from reindex.errors import ConfigError
+from reindex_adapters.hub import special_count, untruncated
 
 if TYPE_CHECKING:
     from tokenizers import Encoding, Tokenizer
@@ -49,8 +50,8 @@ class ColumnTokenizer:
         lowercase: bool = False,
         threads: int | None = None,
     ) -> None:
-        self.backend = _untruncated(backend)
-        self.specials = _special_count(self.backend)
+        self.backend = untruncated(backend)
+        self.specials = special_count(self.backend)
         if max_tokens <= self.specials:
             raise ConfigError(f"max_tokens {max_tokens} leaves no room beside {self.specials} special tokens")
         self.max_tokens, self.prompt, self.lowercase = max_tokens, prompt, lowercase
@@ -189,18 +190,3 @@ def _pool(threads: int) -> ThreadPoolExecutor:
         if key not in _POOLS:
             _POOLS[key] = ThreadPoolExecutor(threads, thread_name_prefix="reindex-tokenize")
         return _POOLS[key]
-
-
-def _untruncated(backend: Tokenizer) -> Tokenizer:
-    """A copy of the backend without the truncation/padding a tokenizer.json may carry."""
-    from tokenizers import Tokenizer
-
-    copy = Tokenizer.from_str(backend.to_str())
-    copy.no_truncation()
-    copy.no_padding()
-    return copy
-
-
-def _special_count(backend: Tokenizer) -> int:
-    processor = backend.post_processor
-    return 0 if processor is None else int(processor.num_special_tokens_to_add(False))

@@ -20,8 +20,7 @@ from typing import Any
 
 from reindex import config as config_module
 from reindex import registry
-from reindex.config import environment
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, environment
 from reindex.init import embedders, proposal
 from reindex.init.request import InitRequest as InitRequest
 from reindex.init.text import render, values

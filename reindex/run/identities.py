@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from reindex import registry
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, validate
 from reindex.ports import EmbedderInfo, KnowsIdentity
 
 CACHE_ENV = "REINDEX_CACHE_DIR"
@@ -30,7 +30,7 @@ CACHE_ENV = "REINDEX_CACHE_DIR"
 def build_embedder(section: dict[str, Any], *, lazy: bool = False) -> Any:
     """The embedder an `[embedder]` table names; with `lazy`, `Unloaded` where its identity is remembered."""
     adapter = registry.resolve("embedder", str(section.get("kind", "")))
-    config = registry.validate("embedder", adapter.Config, section)
+    config = validate("embedder", adapter.Config, section)
     key = adapter.identity_key(config) if isinstance(adapter, KnowsIdentity) else None
     if lazy and key is not None and (info := recall(key)) is not None:
         return Unloaded(adapter, config, info, key)
@@ -71,7 +71,7 @@ class Unloaded:
                 raise AttributeError(name)
             return getattr(self.loaded(), name)  # an instance attribute: only a loaded one has it
         if not callable(declared):
-            return declared  # a class constant (`runs_on_device`)
+            return declared  # a class constant
         return _Deferred(self, name)  # a method: the model is loaded when it is called
 
 

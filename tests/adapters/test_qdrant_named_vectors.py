@@ -16,11 +16,10 @@ import pytest
 from qdrant_client import QdrantClient, models
 from typer.testing import CliRunner
 
-from reindex.errors import ConfigError
+from reindex.errors import ConfigError, validate
 from reindex.fingerprint import content_hash
 from reindex.ports import Rows, TargetSpec
 from reindex.prove.verify import coverage
-from reindex.registry import validate
 from reindex.run.migration import refuse_uncarried
 from reindex.survey import Overrides
 from reindex.ui.cli import app

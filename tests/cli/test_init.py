@@ -380,6 +380,7 @@ def test_every_embedder_kind_is_written_with_its_required_keys_and_validates(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from reindex import registry
+    from reindex.errors import validate
 
     write_export(Path("export.jsonl"))
     code, stdout, stderr = invoke(
@@ -391,7 +392,7 @@ def test_every_embedder_kind_is_written_with_its_required_keys_and_validates(
     section = load(Path(f"{kind}.toml")).embedder
     assert section["kind"] == kind and section["model"] == EMBEDDER_MODELS[kind]
     adapter = registry.resolve("embedder", kind)
-    registry.validate("embedder", adapter.Config, section)  # every required key is there, none unknown
+    validate("embedder", adapter.Config, section)  # every required key is there, none unknown
     required = {name for name, f in adapter.Config.model_fields.items() if f.is_required()}
     assert required <= set(section)
     if kind in ("azure-openai", "bedrock-batch"):  # values init cannot know are named as placeholders
