@@ -22,7 +22,7 @@ from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, JobItem, JobResult, TokenCounts, Tokens, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters import mistral_tokens
 from reindex_adapters.remote.decoding import line_vectors
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, retry_after
@@ -72,8 +72,6 @@ class MistralBatchEmbedder:
         timeout_hours: int = Field(default=24, gt=0)  # the job's own limit; lines not done by then expire
         prices: dict[str, float] | None = None  # {"online": x, "batch": y} USD per 1M tokens
 
-    is_remote = True
-
     def __init__(
         self,
         client: Mistral,
@@ -88,13 +86,17 @@ class MistralBatchEmbedder:
         self._api = Api(client, pacer or Pacer(), api_key_env)
         mistral_tokens.tokenize(["a"], max_tokens)  # mistral-common is there, or the extra is named now
         self._create_timeout_s, self._timeout_hours = create_timeout_s, timeout_hours
-        self.completion_window_hours = float(timeout_hours)  # what `plan` counts against a deadline
         options = {"max_tokens": max_tokens, "tokenizer": "mistral-common v1"}
         identity = fingerprint("mistral", MODEL, DIM, options)
         self.info = EmbedderInfo("mistral-batch", MODEL, DIM, max_tokens, identity, options)
         listed = PRICES[MODEL]
-        self.prices: dict[str, float | None] = {tier: (prices or listed).get(tier) for tier in listed}
-        self.price_per_million = self.prices["batch"]
+        tiers: dict[str, float | None] = {tier: (prices or listed).get(tier) for tier in listed}
+        self.traits = EmbedderTraits(
+            remote=True,
+            price_per_million=tiers["batch"],
+            prices=tiers,
+            completion_window_hours=float(timeout_hours),  # the job's own limit
+        )
         self._lines: dict[str, dict[str, int]] = {}  # job id -> its custom_ids' estimated tokens
 
     @classmethod

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, Tokens, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, Tokens, Vectors
 from reindex_adapters.hub import model_dir, special_count, untruncated, weights_digest
 
 if TYPE_CHECKING:
@@ -70,7 +70,9 @@ class VllmEmbedder:
 
     def __init__(self, llm: Any, spec: VllmSpec) -> None:
         self._llm, self.spec, self.info = llm, spec, spec.info
-        self.batch_tokens = 65536  # continuous batching wants large calls; [run] batch_tokens overrides
+        # continuous batching wants large calls; [run] batch_tokens overrides. Its engine tokenizes and owns
+        # the GPU itself: no model process of ours to feed (device None)
+        self.traits = EmbedderTraits(batch_tokens=65536)
         self._call, self._call_options = embed_call(llm, pooling_params_class())
 
     @classmethod

@@ -57,10 +57,10 @@ def chunks(items: Iterable[T], size: int) -> Iterator[list[T]]:
 def batch_budget(run: RunConfig, embedder: Any) -> int:
     """Padded tokens per model call: `[run] batch_tokens`, else what the embedder suits (CPU small, GPU large,
     a remote API enough for all its requests in flight)."""
-    return int(run.batch_tokens or getattr(embedder, "batch_tokens", None) or 4096)
+    return int(run.batch_tokens or embedder.traits.batch_tokens or 4096)
 
 
 def batch_texts(run: RunConfig, embedder: Any) -> int:
     """Texts per model call: `[run] max_batch` when set, else the embedder's own limit, else the default."""
-    own = getattr(embedder, "max_batch", None)
+    own = embedder.traits.max_batch
     return int(own) if own and "max_batch" not in run.model_fields_set else run.max_batch

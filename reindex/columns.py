@@ -19,7 +19,7 @@ from typing import Any, overload
 import numpy as np
 from numpy.typing import NDArray
 
-from reindex.ports import Record, Tokens
+from reindex.ports import EmbedsColumns, Record, TokenizesColumns, Tokens
 
 Indexes = Sequence[int] | NDArray[np.integer[Any]]
 Int64s = NDArray[np.int64]
@@ -249,30 +249,16 @@ def documents(records: Sequence[Record]) -> Documents:
 
 
 def tokenize(embedder: Any, texts: list[str]) -> TokenColumns:
-    """The embedder's `tokenize_columns` when it has one (local models, hash), else its per-text `tokenize`."""
-    columnar = _columnar(embedder, "tokenize_columns", "tokenize")
-    if columnar is not None:
-        result: TokenColumns = columnar(texts)
+    """The embedder's `tokenize_columns` where it `TokenizesColumns` (local models, hash), else its per-text
+    `tokenize`."""
+    if isinstance(embedder, TokenizesColumns):
+        result: TokenColumns = embedder.tokenize_columns(texts)
         return result
     return TokenColumns.from_tokens(embedder.tokenize(texts))
 
 
 def embed(embedder: Any, tokens: TokenColumns) -> Any:
-    """The embedder's `embed_columns` when it has one, else its per-text `embed`."""
-    columnar = _columnar(embedder, "embed_columns", "embed")
-    if columnar is not None:
-        return columnar(tokens)
+    """The embedder's `embed_columns` where it `EmbedsColumns`, else its per-text `embed`."""
+    if isinstance(embedder, EmbedsColumns):
+        return embedder.embed_columns(tokens)
     return embedder.embed(list(tokens))
-
-
-def _columnar(embedder: Any, columnar: str, plain: str) -> Any:
-    """The columnar method, unless a subclass overrides the per-text one below it (the most specific
-    override wins: a wrapper that changes `embed` must not be bypassed by an inherited `embed_columns`)."""
-    classes = type(embedder).__mro__
-    owners = [
-        next((i for i, c in enumerate(classes) if name in vars(c)), len(classes))
-        for name in (columnar, plain)
-    ]
-    if owners[1] < owners[0] or not hasattr(embedder, columnar):
-        return None
-    return getattr(embedder, columnar, None)

@@ -38,12 +38,16 @@ from reindex.plan.estimate import (
 )
 from reindex.ports import (
     ChecksPrivileges,
+    Closes,
     DeferredEmbedder,
     DescribingSink,
+    EmbedderTraits,
     NamesLosses,
     PlansStorage,
+    ReportsTraffic,
     RestoresTable,
     Sink,
+    TimesIndexBuild,
 )
 from reindex.prove import quality
 from reindex.prove.served import as_served, replaced
@@ -357,31 +361,32 @@ def _finish(m: Migration, ledger: Ledger, progress: Progress) -> RunReport:
     summary = ledger.summary(m.plan_id)
     assert summary is not None
     report = _run_report(summary, progress, price_of(m.embedder))
-    index = getattr(m.sink, "index_seconds", None)
+    index = m.sink.index_seconds if isinstance(m.sink, TimesIndexBuild) else None
     report = replace(report, finalize_seconds=round(finalized, 3), index_seconds=index and round(index, 3))
     return _with_traffic(report, m.embedder)
 
 
 def _with_traffic(report: RunReport, embedder: Any) -> RunReport:
     """A remote model's figures instead of a local model's (padding and busy time mean nothing there)."""
-    if not getattr(embedder, "is_remote", False):
+    if not embedder.traits.remote:
         return report
-    traffic: dict[str, Any] = getattr(embedder, "traffic", {})
+    traffic = embedder.traffic if isinstance(embedder, ReportsTraffic) else None
+    report = replace(report, padding_fraction=None, model_busy_fraction=None)
+    if traffic is None:
+        return report
     return replace(
         report,
-        padding_fraction=None,
-        model_busy_fraction=None,
-        requests=traffic.get("requests"),
-        retries=traffic.get("retries"),
-        rate_limited=traffic.get("rate_limited"),
-        requests_per_second=traffic.get("requests_per_second"),
-        tokens_per_minute=traffic.get("tokens_per_minute"),
+        requests=traffic.requests,
+        retries=traffic.retries,
+        rate_limited=traffic.rate_limited,
+        requests_per_second=traffic.requests_per_second,
+        tokens_per_minute=traffic.tokens_per_minute,
     )
 
 
 def price_of(embedder: Any) -> float | None:
     """USD per 1M tokens for this embedder and tier, if it is a paid provider."""
-    price = getattr(embedder, "price_per_million", None)
+    price = embedder.traits.price_per_million
     return float(price) if price is not None else None
 
 
@@ -575,15 +580,15 @@ def _workers(config: Config, m: Migration, documents: int) -> int:
 def _devices(config: Config, m: Migration) -> int:
     """Model processes a local run feeds: one per GPU for a model on a device, else none (the model runs in
     each worker)."""
-    if config.run.engine == "ray" or not getattr(m.embedder, "runs_on_device", False):
+    if config.run.engine == "ray" or m.embedder.traits.device is None:
         return 0
-    count = getattr(m.embedder, "device_count", None)
-    return int(count()) if callable(count) else 1
+    return max(1, m.embedder.traits.devices)
 
 
 def _gpus(embedder: Any) -> int:
-    count = getattr(embedder, "device_count", None)
-    return int(count()) if callable(count) and getattr(embedder, "device", "cpu") != "cpu" else 0
+    """The GPUs a Ray run asks its cluster for: the model's devices where they are CUDA ones."""
+    traits: EmbedderTraits = embedder.traits
+    return traits.devices if (traits.device or "").startswith("cuda") else 0
 
 
 def _coverage(m: Migration, dead_letters: dict[str, str | None] | None) -> Coverage:
@@ -801,7 +806,7 @@ def _compare(m: Migration, ledger: Ledger) -> QualityReport:
     try:
         report = quality.compare(m.source, m.sink, m.embedder, sides, settings, m.config.gate, old)
     finally:
-        if old is not None and hasattr(old, "close"):
+        if isinstance(old, Closes):
             old.close()
     ledger.record_verification(m.plan_id, report["gate"]["passed"], report, kind="quality")
     return QualityReport(report)

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
+
+# `reindex.columns.TokenColumns` (a shard's token ids as flat arrays) imports this module: the protocols
+# below name it `TokenColumns` in words and `Any` in their signatures
+TokenColumns = Any
 
 Vectors = NDArray[np.float32]  # shape (n, dim)
 Distance = Literal["cosine", "dot", "euclid"]
@@ -78,6 +82,10 @@ class SourceSchema:
 
 
 class Source(Protocol):
+    # several processes may open it at once (the `processes` engine); False: one process reads it
+    # (Qdrant's local mode, the in-memory test store), and a run over it stays in one process
+    shareable: bool
+
     def schema(self) -> SourceSchema: ...
 
     def count(self) -> int | None: ...
@@ -97,6 +105,36 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ScansColumns(Protocol):
+    """A source that reads a shard as columns (`reindex.columns.Documents`), without a `Record` per document
+    (files, Postgres): the run reads it through this instead of `scan`."""
+
+    def scan_documents(self, after: str | None, size: int) -> Iterator[Any]:
+        """Shards of up to `size` documents strictly after `after`, in `scan`'s order."""
+        ...
+
+
+@runtime_checkable
+class BoundsShards(Protocol):
+    """A source that can say where each shard ends without reading the documents (JSONL: a pass over the
+    bytes; Parquet: arithmetic; Postgres and Qdrant: a query over the ids). Others are read through once."""
+
+    def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
+        """(last position, documents) of each shard of `size` documents after `after`."""
+        ...
+
+
+@runtime_checkable
+class ScansRanges(Protocol):
+    """A source that reads a planned shard by its key range as it is now (Postgres, JSONL), so a source
+    written to during the run is read as the one-process pipeline would read it."""
+
+    def scan_range(self, after: str | None, last: str) -> Any:
+        """The documents (`Documents`) strictly after `after` up to and including `last`."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,14 +172,171 @@ class Tokens:
         return self.original_count > self.count
 
 
+DEFAULT_WINDOW_HOURS = 24.0  # a batch window where a provider states none: OpenAI's only, Bedrock's default
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedderTraits:
+    """What an embedder is, declared once where it is built (as dlt's `DestinationCapabilitiesContext` and
+    SQLAlchemy's `Dialect.supports_*` declare a backend's): the core reads these and probes for nothing.
+    The defaults describe a free model in the worker's own process (the `hash` test model)."""
+
+    # a provider's API over the network (online or batch): paced, its rate limits and concurrency one
+    # budget, so a run of it stays in one process, and its report counts requests instead of padding
+    remote: bool = False
+    # where its own model runs ('cpu', 'cuda', 'cuda:1'); None where there is no model to feed (a provider,
+    # the hash model). A model on a device gets a model process of its own per device (`processes` engine)
+    device: str | None = None
+    devices: int = (
+        0  # the model processes it wants: one per GPU it sees, or one on the CPU; 0 without a device
+    )
+    # USD per 1M input tokens this embedder is billed at (its tier's); None: not priced (free, or unlisted)
+    price_per_million: float | None = None
+    # the list prices by tier ("online", "batch") `plan` compares; {}: a model that costs nothing per token
+    prices: Mapping[str, float | None] = field(default_factory=dict)
+    # a batch job's window, which `plan` counts against a deadline; None: DEFAULT_WINDOW_HOURS
+    completion_window_hours: float | None = None
+    stragglers_online: bool = False  # deferred: the lines a job left are sent through the online endpoint
+    batch_tokens: int | None = None  # padded tokens per model call it suits; `[run] batch_tokens` overrides
+    max_batch: int | None = None  # texts per model call at most (a provider's); `[run] max_batch` overrides
+
+    @property
+    def paid(self) -> bool:
+        """A model billed per token: `plan` never calls it, and its texts are deduped over the whole run."""
+        return bool(self.prices)
+
+
 class Embedder(Protocol):
     """Fixes its options and loads its model at construction; `embed` runs once per batch."""
 
     info: EmbedderInfo
+    traits: EmbedderTraits
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]: ...
 
     def embed(self, items: Sequence[Tokens]) -> Vectors: ...
+
+
+@runtime_checkable
+class TokenizesColumns(Protocol):
+    """An embedder that tokenizes a shard's texts into columns (`reindex.columns.TokenColumns`: flat id
+    arrays) rather than one `Tokens` per text: every local model, and OpenAI's online kind. Where it has
+    this, the core calls only this (a subclass that changes `tokenize` changes this too)."""
+
+    def tokenize_columns(self, texts: list[str]) -> TokenColumns: ...
+
+
+@runtime_checkable
+class EmbedsColumns(Protocol):
+    """An embedder that embeds a shard's tokens as columns rather than a list of `Tokens`: every local
+    model. Where it has this, the core calls only this (a subclass that changes `embed` changes this too)."""
+
+    def embed_columns(self, tokens: TokenColumns) -> Vectors: ...
+
+
+@runtime_checkable
+class ShipsTokenizer(Protocol):
+    """An embedder whose tokenizer pickles apart from its model, so worker processes and Ray's read tasks
+    tokenize while the model embeds (None: this one's tokenizer needs nothing shipped: whitespace words).
+    A model on a device without it tokenizes inside its own engine (vLLM), and its run stays in one process."""
+
+    @property
+    def column_tokenizer(self) -> Any: ...
+
+
+@runtime_checkable
+class Pending(Protocol):
+    """A model call launched and not yet collected (`PipelinesCalls.embed_prepared`)."""
+
+    def result(self) -> Vectors: ...
+
+
+@runtime_checkable
+class PendingRequests(Pending, Protocol):
+    """A remote call's requests in flight: watched (`done`), stopped (`cancel`), and, once collected, what
+    the provider refused by row and the tokens it billed, the requests that failed included."""
+
+    def done(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+    def rejections(self) -> dict[int, str]: ...
+
+    def billed_tokens(self) -> int: ...
+
+
+@runtime_checkable
+class PipelinesCalls(Protocol):
+    """An embedder whose calls are launched and collected apart, so the next call's host work (padding,
+    a request's body) overlaps this one's model or network time (`reindex.run.feeding`)."""
+
+    def prepare_columns(self, tokens: TokenColumns) -> Any:
+        """The call's input, built on the preparing thread."""
+        ...
+
+    def embed_prepared(self, prepared: Any) -> Vectors | Pending:
+        """Launch the call: its vectors at once, or a `Pending` collected later."""
+        ...
+
+
+@runtime_checkable
+class Metered(Protocol):
+    """A paid online embedder that counts what it was billed: the provider's own usage fields, a running
+    total. Its texts are deduped over the whole run, so none is paid for twice (`reindex.run.claims`)."""
+
+    billed_tokens: int
+
+
+@runtime_checkable
+class RefusesRows(Protocol):
+    """An embedder whose provider may refuse single inputs of a call by their content: those rows come back
+    NaN, and this names them, so each becomes a dead letter with the provider's code."""
+
+    def last_rejections(self) -> dict[int, str]:
+        """{row of the last `embed` call: "provider_rejected:<code>"}."""
+        ...
+
+
+@runtime_checkable
+class CountsExactly(Protocol):
+    """A metered embedder that can switch from estimated to exact token counts (a budget needs them)."""
+
+    def count_tokens_exactly(self) -> None: ...
+
+
+@runtime_checkable
+class ThreadedTokenizer(Protocol):
+    """A shipped tokenizer (`ShipsTokenizer.column_tokenizer`) that tokenizes on threads of its own: where it
+    lands (a worker process, a Ray task) is given the cores that process may use, or each would take all."""
+
+    threads: int | None
+
+
+@runtime_checkable
+class Closes(Protocol):
+    """An adapter holding connections or threads that `close` releases (sources and sinks always do)."""
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """A remote embedder's requests so far, and their pace between the first send and the last answer."""
+
+    requests: int = 0
+    retries: int = 0
+    rate_limited: int = 0  # answered 429
+    refused: int = 0  # answered busy (429, 5xx, a timeout): each is retried
+    requests_per_second: float | None = None
+    tokens_per_minute: float | None = None
+
+
+@runtime_checkable
+class ReportsTraffic(Protocol):
+    """A remote embedder that reports its requests: how many, retried, rate limited, and their pace."""
+
+    @property
+    def traffic(self) -> Traffic: ...
 
 
 @runtime_checkable
@@ -186,6 +381,8 @@ class DeferredEmbedder(Protocol):
     """
 
     info: EmbedderInfo
+    if TYPE_CHECKING:  # declared as on every embedder; out of the runtime check, which must never make a
+        traits: EmbedderTraits  # lazily identified model (`reindex.run.identities.Unloaded`) load to read it
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]: ...
 
@@ -203,6 +400,14 @@ class DeferredEmbedder(Protocol):
     def release(self, job_id: str) -> None:
         """Delete the job's provider files once its results are durable in the target."""
         ...
+
+
+@runtime_checkable
+class EmbedsStragglers(Protocol):
+    """A deferred embedder that can send a job's last lines through its provider's online endpoint instead
+    of another batch; the run does so where its traits say `stragglers_online`."""
+
+    def embed_stragglers(self, items: Sequence[JobItem]) -> JobResult: ...
 
 
 @runtime_checkable
@@ -361,6 +566,9 @@ class Sink(Protocol):
     # where a write can land in the old index between the final catch-up and the flip (Qdrant), which
     # `cutover --sync` then carries over after the flip (reindex.flip.window.after_flip)
     holds_writers: bool
+    # several processes may write it at once (the `processes` engine); False: one process opens it (Qdrant's
+    # local mode, the in-memory test store)
+    shareable: bool
 
     def identity(self) -> str:
         """Name where this writes, independent of credentials and knobs: `pgvector:<system identifier>/
@@ -441,6 +649,15 @@ class Sink(Protocol):
     def drop(self, target: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class TimesIndexBuild(Protocol):
+    """A sink whose `finalize` builds an ANN index and says how long that took: the run report has it apart
+    from the load (pgvector's CREATE INDEX; Qdrant indexes as points arrive)."""
+
+    # the last finalize's index build; None: it built none
+    index_seconds: float | None
 
 
 @runtime_checkable

@@ -833,8 +833,7 @@ def run_child(config: Path) -> int:
     inherited = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; survives exec, so fork counts
     outcome = {"seconds": seconds, "peak_rss_kb": peak_rss_kb() or inherited, "ru_maxrss_kb": inherited}
     outcome |= {"coordinator_cpu": coordinator, "tool_cpu": tool, "children_maxrss_kb": children_rss_kb()}
-    outcome["cpu_marks"] = marks
-    print(json.dumps({**outcome, "report": report.to_json()}))
+    print(json.dumps({**outcome, "cpu_marks": marks, "report": report.to_json()}))
     return 0
 
 

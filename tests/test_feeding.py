@@ -86,6 +86,16 @@ class FailingOnce(Handle):
     def rejections(self) -> dict[int, str]:
         return {0: "provider_rejected:invalid_request"}
 
+    # the rest of a remote call's handle (`ports.PendingRequests`)
+    def done(self) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        pass
+
+    def billed_tokens(self) -> int:
+        return 0
+
 
 class FlakyRemote(AsyncHash):
     def embed_prepared(self, prepared: TokenColumns) -> Handle:
@@ -129,6 +139,9 @@ class Billed(Handle):
     def cancel(self) -> None:
         self.cancelled = True
         self.log.append(f"cancel {self.name}")
+
+    def rejections(self) -> dict[int, str]:
+        return {}
 
 
 class BilledRemote(AsyncHash):

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from reindex.columns import TokenColumns
 from reindex.config import RunConfig
 from reindex.errors import BackendError, BudgetRefused, Interrupted
 from reindex.fingerprint import content_hash
-from reindex.ports import Record, Rows, TargetSpec, Tokens, Vectors
+from reindex.ports import Record, Rows, TargetSpec, Vectors
 from reindex.prove.verify import coverage
 from reindex.run.claims import LedgerClaims
 from reindex.run.cost import Budget
@@ -40,9 +40,9 @@ class FlakySink(MemorySink):
 class BrokenEmbedder(HashEmbedder):
     """Returns NaN for texts containing 'nan' and zeros for 'zero', like runtimes that fail silently."""
 
-    def embed(self, items: Sequence[Tokens]) -> Vectors:
-        vectors = super().embed(items)
-        for row, item in enumerate(items):
+    def embed_columns(self, tokens: TokenColumns) -> Vectors:
+        vectors = super().embed_columns(tokens)
+        for row, item in enumerate(tokens):
             if "nan" in str(item.data):
                 vectors[row] = np.nan
             elif "zero" in str(item.data):

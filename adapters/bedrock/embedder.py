@@ -23,7 +23,16 @@ from pydantic import Field, field_validator
 
 from reindex.errors import BackendError, ConfigError
 from reindex.fingerprint import fingerprint
-from reindex.ports import ONLINE, EmbedderInfo, JobItem, JobResult, TokenCounts, Tokens, Vectors
+from reindex.ports import (
+    ONLINE,
+    EmbedderInfo,
+    EmbedderTraits,
+    JobItem,
+    JobResult,
+    TokenCounts,
+    Tokens,
+    Vectors,
+)
 from reindex_adapters.bedrock.connection import (
     S3_URI,
     JobNameTaken,
@@ -111,9 +120,6 @@ class BedrockBatchEmbedder:
                 raise ValueError(f"{value!r} is not an S3 URI; write s3://<bucket>/<prefix>")
             return value
 
-    is_remote = True
-    stragglers_online = True  # lines sent again are far fewer than a job's minimum records
-
     def __init__(self, clients: Mapping[str, Any], config: Config, *, pacer: Pacer | None = None) -> None:
         """`clients`: boto3 clients for "bedrock", "bedrock-runtime" and "s3", their own retries off."""
         self._bedrock, self._runtime, self._s3 = clients["bedrock"], clients["bedrock-runtime"], clients["s3"]
@@ -132,14 +138,19 @@ class BedrockBatchEmbedder:
         dim = config.dimensions
         self.info = EmbedderInfo("bedrock-batch", config.model, dim, config.max_tokens, identity, options)
         listed = PRICES.get(config.model, {})
-        self.prices: dict[str, float | None] = {
+        tiers: dict[str, float | None] = {
             tier: (config.prices or listed).get(tier) for tier in ("online", "batch")
         }
-        self.price_per_million = self.prices["batch"]
+        self.traits = EmbedderTraits(
+            remote=True,
+            price_per_million=tiers["batch"],
+            prices=tiers,
+            stragglers_online=True,  # lines sent again are far fewer than a job's minimum records
+        )
         unconfirmed = config.prices is None or "batch" not in config.prices
         self.price_caveats: tuple[str, ...] = (
-            (UNCONFIRMED_BATCH_DISCOUNT.format(model=config.model, price=self.prices["batch"]),)
-            if unconfirmed and self.prices["batch"] is not None
+            (UNCONFIRMED_BATCH_DISCOUNT.format(model=config.model, price=tiers["batch"]),)
+            if unconfirmed and tiers["batch"] is not None
             else ()
         )
         self._maps: dict[str, dict[str, str]] = {}  # job arn -> recordId -> custom_id

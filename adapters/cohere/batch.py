@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from reindex.errors import ConfigError
-from reindex.ports import ONLINE, JobItem, JobResult, TokenCounts, Tokens, Vectors
+from reindex.ports import ONLINE, EmbedderTraits, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters.cohere import datasets
 from reindex_adapters.cohere.client import (
     BATCH_MODELS,
@@ -68,22 +68,24 @@ class CohereBatchEmbedder:
                 )
             return self
 
-    is_remote = True
-    completion_window_hours = 24.0  # Cohere documents none: `plan` counts a day
-
     def __init__(self, client: ClientV2, config: Config, *, pacer: Pacer | None = None) -> None:
         self.config = config
         self.info = model_info("cohere-batch", config)
         self._api = Api(client, pacer or Pacer(), config.api_key_env)
         self._online = Requests(self._api, config, self.info.dim)
         self._codec = tokenizer()
-        self.prices = prices_for(config.model, config.prices)
-        self.price_per_million = self.prices["batch"]
+        listed = prices_for(config.model, config.prices)
+        self.traits = EmbedderTraits(
+            remote=True,
+            price_per_million=listed["batch"],
+            prices=listed,
+            completion_window_hours=24.0,  # Cohere documents none: `plan` counts a day
+            stragglers_online=config.stragglers_online,
+        )
         self.price_caveats: tuple[str, ...] = (
             "an embed job may report no billed_units: its tokens are then charged as cl100k estimates plus"
             f" {round((ESTIMATE_MARGIN - 1) * 100)}% (Cohere's own tokenizer counts differently)",
         )
-        self.stragglers_online = config.stragglers_online
         # the id submit gave -> each row's (custom_id, estimated tokens), in the order uploaded
         self._lines: dict[str, list[tuple[str, int]]] = {}
         self._started: dict[str, str] = {}  # dataset id -> its job's id

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import Field
 
 from reindex.errors import BackendError, ReindexError
-from reindex.ports import RequestLimits, TokenCounts, Tokens, Vectors
+from reindex.ports import EmbedderTraits, RequestLimits, TokenCounts, Tokens, Traffic, Vectors
 from reindex_adapters.cohere.client import (
     COUNTS,
     MAX_TEXTS,
@@ -108,16 +108,23 @@ class CohereEmbedder:
         concurrency: int = Field(default=4, gt=0, le=64)  # requests in flight at most (fewer after 429s)
         max_texts_per_request: int = Field(default=MAX_TEXTS, gt=0, le=MAX_TEXTS)
 
-    is_remote = True  # tokens cost money and time, padding nothing
-
     def __init__(self, client: ClientV2, config: Config, *, pacer: Pacer | None = None) -> None:
         self.config = config
         self.info = model_info("cohere", config)
         api = Api(client, pacer or Pacer(concurrency=config.concurrency), config.api_key_env)
         self._requests = Requests(api, config, self.info.dim, max_texts=config.max_texts_per_request)
         self._codec = tokenizer()
-        self.prices = prices_for(config.model, config.prices)
-        self.price_per_million = self.prices["online"]
+        listed = prices_for(config.model, config.prices)
+        texts = config.concurrency * config.max_texts_per_request  # a full request for every one in flight
+        # tokens cost money and time, padding nothing: as many tokens a call as its texts can hold, so
+        # the text count decides
+        self.traits = EmbedderTraits(
+            remote=True,
+            price_per_million=listed["online"],
+            prices=listed,
+            batch_tokens=texts * self.info.max_tokens,
+            max_batch=texts,
+        )
         self.billed_tokens = 0
         self._rejections: dict[int, str] = {}
         self._pool: ThreadPoolExecutor | None = None
@@ -136,17 +143,7 @@ class CohereEmbedder:
         return RequestLimits(self.config.max_texts_per_request, None)
 
     @property
-    def max_batch(self) -> int:
-        """Texts per `embed` call: a full request for every one allowed in flight."""
-        return self.config.concurrency * self.config.max_texts_per_request
-
-    @property
-    def batch_tokens(self) -> int:
-        """Tokens per `embed` call: as many as `max_batch` texts can hold, so the text count decides."""
-        return self.max_batch * self.info.max_tokens
-
-    @property
-    def traffic(self) -> dict[str, float | int | None]:
+    def traffic(self) -> Traffic:
         return self._requests.api.pacer.traffic.describe()
 
     token_counts: TokenCounts = COUNTS

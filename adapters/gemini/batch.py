@@ -24,7 +24,16 @@ from pydantic import Field
 
 from reindex.errors import ConfigError
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, JobItem, JobResult, TokenCounts, Tokens, Vectors
+from reindex.ports import (
+    EmbedderInfo,
+    EmbedderTraits,
+    JobItem,
+    JobResult,
+    TokenCounts,
+    Tokens,
+    Traffic,
+    Vectors,
+)
 from reindex_adapters.gemini.client import make_client, translated_errors
 from reindex_adapters.gemini.responses import read_responses
 from reindex_adapters.remote.errors import ProviderNotFound
@@ -73,8 +82,6 @@ class GeminiBatchEmbedder:
         create_timeout_s: float = Field(default=60.0, gt=0)
         prices: dict[str, float] | None = None  # {"online": x, "batch": y} USD per 1M tokens
 
-    is_remote = True
-
     def __init__(
         self,
         client: Client,
@@ -110,8 +117,8 @@ class GeminiBatchEmbedder:
         identity = fingerprint("gemini", model, size, options)
         self.info = EmbedderInfo("gemini-batch", model, size, max_tokens, identity, options)
         table = {"online": None, "batch": None, **PRICES.get(model, {}), **(prices or {})}
-        self.prices: dict[str, float | None] = {tier: table[tier] for tier in ("online", "batch")}
-        self.price_per_million = self.prices["batch"]
+        tiers: dict[str, float | None] = {tier: table[tier] for tier in ("online", "batch")}
+        self.traits = EmbedderTraits(remote=True, price_per_million=tiers["batch"], prices=tiers)
 
     @classmethod
     def from_config(cls, config: Config) -> GeminiBatchEmbedder:
@@ -132,7 +139,7 @@ class GeminiBatchEmbedder:
         )
 
     @property
-    def traffic(self) -> dict[str, float | int | None]:
+    def traffic(self) -> Traffic:
         return self._pacer.traffic.describe()
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:

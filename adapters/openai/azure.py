@@ -86,8 +86,8 @@ class AzureOpenAIEmbedder(OpenAIEmbedder):
         super().__init__(client, **options)
         self.info = dataclasses.replace(self.info, kind="azure-openai")
         overrides = options.get("prices")
-        self.prices = azure_prices(self.info.model, overrides if isinstance(overrides, Mapping) else None)
-        self.price_per_million = self.prices["online"]
+        listed = azure_prices(self.info.model, overrides if isinstance(overrides, Mapping) else None)
+        self.traits = dataclasses.replace(self.traits, price_per_million=listed["online"], prices=listed)
 
     @classmethod
     def from_config(cls, config: OpenAIEmbedder.Config) -> AzureOpenAIEmbedder:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError
-from reindex.ports import JobItem, JobResult, Tokens
+from reindex.ports import EmbedderTraits, JobItem, JobResult, Tokens
 from reindex_adapters.openai.client import (
     MAX_INPUTS,
     MAX_REQUEST_TOKENS,
@@ -81,7 +81,6 @@ class OpenAIBatchEmbedder:
     ) -> None:
         self._endpoint = Endpoint(client, pacer or Pacer(), api_key_env)
         self._model, self._dimensions = model, dimensions
-        self.stragglers_online = stragglers_online
         self._online = OpenAIEmbedder(
             client,
             model=model,
@@ -98,8 +97,14 @@ class OpenAIBatchEmbedder:
         dim = resolve_dim(model, dimensions, dim)
         self.info = model_info("openai-batch", model, dim, max_tokens, dimensions, tokenizer)
         self.token_counts = token_counts(model, tokenizer)
-        self.prices = prices_for(model, prices)
-        self.price_per_million = self.prices["batch"]
+        listed = prices_for(model, prices)
+        self.traits = EmbedderTraits(
+            remote=True,
+            price_per_million=listed["batch"],
+            prices=listed,
+            completion_window_hours=24.0,
+            stragglers_online=stragglers_online,
+        )
         self._lines: dict[str, dict[str, list[str]]] = {}  # batch id -> line custom_id -> item custom_ids
         self._recalled: dict[str, list[str]] = {}  # batch id -> its items' custom ids, from the ledger
         self._index: KeyIndex[Batch] = KeyIndex(

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from reindex.columns import TokenColumns
 from reindex.errors import BackendError
-from reindex.ports import RequestLimits, Tokens, Vectors
+from reindex.ports import EmbedderTraits, RequestLimits, Tokens, Traffic, Vectors
 from reindex_adapters.openai.client import (
     MAX_INPUTS,
     MAX_REQUEST_TOKENS,
@@ -91,8 +91,6 @@ class OpenAIEmbedder:
         max_inputs_per_request: int = Field(default=MAX_INPUTS, gt=0)  # the provider's limits: override
         max_tokens_per_request: int = Field(default=MAX_REQUEST_TOKENS, gt=0)  # for a stricter endpoint
 
-    is_remote = True  # tokens cost money and time, padding nothing: no padded budget, no padding figure
-
     def __init__(
         self,
         client: OpenAI,
@@ -119,8 +117,15 @@ class OpenAIEmbedder:
         self.info = model_info("openai", model, dim, max_tokens, dimensions, tokenizer)
         self.token_counts = token_counts(model, tokenizer)
         self.billed_tokens = 0
-        self.prices = prices_for(model, prices)
-        self.price_per_million = self.prices["online"]
+        listed = prices_for(model, prices)
+        # tokens cost money and time, padding nothing: an `embed` call fills every request in flight
+        self.traits = EmbedderTraits(
+            remote=True,
+            price_per_million=listed["online"],
+            prices=listed,
+            batch_tokens=concurrency * max_tokens_per_request,
+            max_batch=concurrency * max_inputs_per_request,
+        )
         self._billing = threading.Lock()
         self._rejections: dict[int, str] = {}
         self._pool: ThreadPoolExecutor | None = None  # the senders, made on first use
@@ -159,17 +164,7 @@ class OpenAIEmbedder:
         return RequestLimits(self._max_inputs, self._max_request_tokens)
 
     @property
-    def batch_tokens(self) -> int:
-        """Tokens per `embed` call: enough to fill every request in flight to the provider's limit."""
-        return self._concurrency * self._max_request_tokens
-
-    @property
-    def max_batch(self) -> int:
-        """Texts per `embed` call, for the same reason."""
-        return self._concurrency * self._max_inputs
-
-    @property
-    def traffic(self) -> dict[str, float | int | None]:
+    def traffic(self) -> Traffic:
         """Requests, retries, 429s and the achieved rates so far (see `Traffic`)."""
         return self._endpoint.pacer.traffic.describe()
 

@@ -13,6 +13,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.errors import ReindexError, TransientError
+from reindex.ports import Traffic as Figures
 from reindex_adapters.remote.errors import ProviderBusy
 
 T = TypeVar("T")
@@ -178,17 +179,17 @@ class Traffic:
             self.refused += 1
             self.rate_limited += refused.status == 429
 
-    def describe(self) -> dict[str, float | int | None]:
+    def describe(self) -> Figures:
         """Counts, and the achieved requests/s and tokens/min between the first send and the last answer."""
         seconds = (self.last - self.first) if self.first is not None and self.last is not None else 0.0
-        return {
-            "requests": self.requests,
-            "retries": self.retries,
-            "rate_limited": self.rate_limited,
-            "refused": self.refused,
-            "requests_per_second": round(self.requests / seconds, 2) if seconds > 0 else None,
-            "tokens_per_minute": round(self.tokens * 60 / seconds) if seconds > 0 else None,
-        }
+        return Figures(
+            requests=self.requests,
+            retries=self.retries,
+            rate_limited=self.rate_limited,
+            refused=self.refused,
+            requests_per_second=round(self.requests / seconds, 2) if seconds > 0 else None,
+            tokens_per_minute=round(self.tokens * 60 / seconds) if seconds > 0 else None,
+        )
 
 
 class Paced(BaseModel):

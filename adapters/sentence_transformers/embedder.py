@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.columns import TokenColumns, ragged
-from reindex.ports import EmbedderInfo, Tokens, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, Tokens, Vectors
 from reindex_adapters.hub import special_count
 from reindex_adapters.sentence_transformers.model import (
     Device,
@@ -34,16 +34,13 @@ if TYPE_CHECKING:
 class SentenceTransformerEmbedder:
     """A sentence-transformers model on CPU or CUDA, fed with token ids the core has already batched."""
 
-    # The `processes` engine loads it once per GPU in a model process the workers feed with tokens
-    runs_on_device = True
-
     # what a loaded one holds (declared: `reindex.identities.Unloaded` loads on the first use of these)
     info: EmbedderInfo
+    traits: EmbedderTraits
     device: str
     model: SentenceTransformer
     normalize: bool
     prompt: str
-    batch_tokens: int
     tokenizer: ColumnTokenizer
     truncate_dim: int | None
     _dtype: Any
@@ -90,7 +87,7 @@ class SentenceTransformerEmbedder:
         self.normalize, self.prompt = normalize, prompt
         # Measured on 2 CPU cores: 512-4096 tokens per call all reach ~120 docs/s once batches are
         # length-sorted; GPUs need far larger calls to stay busy.
-        self.batch_tokens = batch_tokens or (4096 if self.device == "cpu" else 65536)
+        budget = batch_tokens or (4096 if self.device == "cpu" else 65536)
         self._dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
         self.model.to(self._dtype).eval()
         tokenizer = _tokenizer(self.model, model)
@@ -104,6 +101,10 @@ class SentenceTransformerEmbedder:
             backend, limit, prompt=prompt, lowercase=lowercase, threads=tokenizer_threads
         )
         self.truncate_dim = _truncation(self.model, model, truncate_dim)
+        # the `processes` engine loads it once per device in a model process the workers feed with tokens
+        self.traits = EmbedderTraits(
+            device=self.device, devices=_devices(torch, self.device), batch_tokens=budget
+        )
         self.info = _info(
             self.model,
             model,
@@ -134,14 +135,6 @@ class SentenceTransformerEmbedder:
             tokenizer_threads=config.tokenizer_threads,
             truncate_dim=config.truncate_dim,
         )
-
-    def device_count(self) -> int:
-        """Model processes the `processes` engine starts: one per visible GPU for device "cuda" (or "auto"
-        on a GPU machine), one for a named device ("cuda:1") or the CPU."""
-        if self.device != "cuda":
-            return 1
-        torch = _import_torch()
-        return max(1, int(torch.cuda.device_count()))
 
     @property
     def column_tokenizer(self) -> ColumnTokenizer:
@@ -221,3 +214,9 @@ class _Pending:
     def result(self) -> Vectors:
         self._done.synchronize()
         return np.ascontiguousarray(self._host.numpy(), dtype=np.float32)
+
+
+def _devices(torch: Any, device: str) -> int:
+    """Model processes the `processes` engine starts: one per visible GPU for device "cuda" (or "auto" on a
+    GPU machine), one for a named device ("cuda:1") or the CPU."""
+    return max(1, int(torch.cuda.device_count())) if device == "cuda" else 1

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError, TransientError
-from reindex.ports import JobItem, JobResult, Tokens
+from reindex.ports import EmbedderTraits, JobItem, JobResult, Tokens, Traffic
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound
 from reindex_adapters.remote.jobs import KeyIndex, create_once
 from reindex_adapters.remote.lines import billed_tokens, collect_lines
@@ -69,9 +69,6 @@ class VoyageBatchEmbedder:
             False  # lines a batch left go to /v1/embeddings (online price), not a new batch
         )
 
-    is_remote = True
-    completion_window_hours = 12.0  # Voyage's only window: what `plan` counts against a deadline
-
     def __init__(
         self,
         api: VoyageApi,
@@ -90,9 +87,14 @@ class VoyageBatchEmbedder:
         self._params = request_params(settings)
         self._counter = TokenCounter(settings.model, self.info.max_tokens, settings.tokenizer_path)
         self.token_counts = self._counter.counts_are
-        self.prices = prices_for(settings.model, settings.prices)
-        self.price_per_million = self.prices["batch"]
-        self.stragglers_online = stragglers_online
+        listed = prices_for(settings.model, settings.prices)
+        self.traits = EmbedderTraits(
+            remote=True,
+            price_per_million=listed["batch"],
+            prices=listed,
+            completion_window_hours=12.0,  # Voyage's only window: what `plan` counts against a deadline
+            stragglers_online=stragglers_online,
+        )
         self._online = VoyageEmbedder(api, settings, counter=self._counter)
         self._lines: dict[str, dict[str, int]] = {}  # batch id -> its custom_ids' estimated tokens
         self._index: KeyIndex[dict[str, Any]] = KeyIndex(
@@ -110,7 +112,7 @@ class VoyageBatchEmbedder:
         )
 
     @property
-    def traffic(self) -> dict[str, float | int | None]:
+    def traffic(self) -> Traffic:
         return self._api.pacer.traffic.describe()
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import Field
 
 from reindex.errors import BackendError
-from reindex.ports import JobItem, JobResult, RequestLimits, Tokens, Vectors
+from reindex.ports import EmbedderTraits, JobItem, JobResult, RequestLimits, Tokens, Traffic, Vectors
 from reindex_adapters.remote.errors import ProviderRejected
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.remote.tokens import request_groups
@@ -44,8 +44,6 @@ class VoyageEmbedder:
         max_inputs_per_request: int = Field(default=MAX_INPUTS, gt=0, le=MAX_INPUTS)
         max_tokens_per_request: int | None = Field(default=None, gt=0)  # default: the model's own limit
 
-    is_remote = True  # tokens cost money and time, padding nothing
-
     def __init__(
         self,
         api: VoyageApi,
@@ -66,8 +64,15 @@ class VoyageEmbedder:
         self.token_counts = (
             self._counter.counts_are
         )  # exact from a file, or estimated (docs/providers/voyage.md)
-        self.prices = prices_for(settings.model, settings.prices)
-        self.price_per_million = self.prices["online"]
+        listed = prices_for(settings.model, settings.prices)
+        # tokens cost money and time, padding nothing: an `embed` call fills every request in flight
+        self.traits = EmbedderTraits(
+            remote=True,
+            price_per_million=listed["online"],
+            prices=listed,
+            batch_tokens=concurrency * self._max_tokens,
+            max_batch=concurrency * max_inputs_per_request,
+        )
         self.billed_tokens = 0
         self._billing = threading.Lock()
         self._rejections: dict[int, str] = {}
@@ -91,16 +96,7 @@ class VoyageEmbedder:
         return RequestLimits(self._max_inputs, self._max_tokens)
 
     @property
-    def batch_tokens(self) -> int:
-        """Tokens per `embed` call: enough to fill every request in flight to the model's limit."""
-        return self._concurrency * self._max_tokens
-
-    @property
-    def max_batch(self) -> int:
-        return self._concurrency * self._max_inputs
-
-    @property
-    def traffic(self) -> dict[str, float | int | None]:
+    def traffic(self) -> Traffic:
         return self._api.pacer.traffic.describe()
 
     def tokenize(self, texts: Sequence[str]) -> list[Tokens]:

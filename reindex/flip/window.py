@@ -36,6 +36,7 @@ from reindex.retry import retrying
 from reindex.run.validation import excused
 from reindex.state.ledger import Ledger
 from reindex.state.records import DeadLetter
+from reindex.state.sqlite import SqliteLedger
 
 if TYPE_CHECKING:
     from reindex.run.migration import Migration
@@ -175,9 +176,9 @@ class Settled:
 
 def settled_path(ledger: Ledger, m: Migration) -> Path | None:
     """Where a durable `Settled` lives: beside a SQLite ledger, one per migration; None for Postgres."""
-    path = getattr(ledger, "path", None)
-    if not isinstance(path, Path):
+    if not isinstance(ledger, SqliteLedger):
         return None
+    path = ledger.path
     return path.with_name(f"{path.name}.settled-{m.plan_id[:16]}")
 
 

@@ -16,7 +16,18 @@ from reindex.columns import Documents, embed
 from reindex.config import RunConfig
 from reindex.errors import ConfigError
 from reindex.plan.rehearsal import Rehearsal
-from reindex.ports import MODEL_TOKENIZER, CaveatsPrices, CountsTokens, Embedder, Record, Source, StoragePlan
+from reindex.ports import (
+    DEFAULT_WINDOW_HOURS,
+    MODEL_TOKENIZER,
+    CaveatsPrices,
+    CountsTokens,
+    DeferredEmbedder,
+    Embedder,
+    EmbedderTraits,
+    Record,
+    Source,
+    StoragePlan,
+)
 from reindex.run.io import scan_documents
 from reindex.run.shards import prepare_shard
 from reindex.run.validation import screen
@@ -198,13 +209,14 @@ def estimate(
     if sizes:
         measured = [len(json.dumps(dict(r.payload), default=str).encode()) for r in sizes]
         report.document_bytes_estimate = round(sum(measured) / len(measured) * report.documents)
-    _price(report, getattr(embedder, "prices", None), getattr(embedder, "completion_window_hours", 24.0))
+    traits: EmbedderTraits = embedder.traits
+    _price(report, dict(traits.prices) or None, traits.completion_window_hours or DEFAULT_WINDOW_HOURS)
     if isinstance(embedder, CaveatsPrices):
         report.price_caveats = list(embedder.price_caveats)
     counts = embedder.token_counts if isinstance(embedder, CountsTokens) else MODEL_TOKENIZER
     report.token_counts = {"exact": counts.exact, "basis": counts.basis}
-    paid = bool(getattr(embedder, "prices", None))
-    if calibrate and calibration and not paid and hasattr(embedder, "embed"):  # a dry run never spends money
+    deferred = isinstance(embedder, DeferredEmbedder)  # a dry run never spends money
+    if calibrate and calibration and not traits.paid and not deferred:
         _calibrate_stages(report, embedder, source, len(sample), run)
         _calibrate(report, embedder, calibration, run)
     return report

@@ -34,7 +34,6 @@ from reindex.run import processes
 from reindex.run.migration import Migration, lease_key, migration, with_nonce
 from reindex.run.pipeline import Pipeline
 from reindex.run.processes.coordinator import SHARDS_PER_WORKER
-from reindex.run.processes.device import device_count
 from reindex.run.progress import Progress
 from reindex.state.sqlite import SqliteLedger
 
@@ -101,7 +100,8 @@ def _rehearse(m: Migration, shard: int) -> Rehearsal | None:
     choice = processes.workers_for(m.config, m.source, m.sink, m.embedder)
     many = processes.uses_processes(choice, m.embedder) and m.config.run.engine != "ray"
     workers = choice.workers if many else 1
-    devices = device_count(m.embedder) if many and getattr(m.embedder, "runs_on_device", False) else 0
+    traits = m.embedder.traits
+    devices = max(1, traits.devices) if many and traits.device is not None else 0
     count = max(SHARDS, SHARDS_PER_WORKER * (workers + 1)) if many else SHARDS
     marks: list[tuple[float, int]] = []
     stop = threading.Event()

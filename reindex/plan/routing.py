@@ -16,12 +16,11 @@ from reindex import registry
 from reindex.config import Config, RouteConfig, RunConfig
 from reindex.errors import ReindexError
 from reindex.plan.estimate import PlanReport
-from reindex.ports import DeferredEmbedder, Embedder, LimitsRequests, RequestLimits
+from reindex.ports import DEFAULT_WINDOW_HOURS, DeferredEmbedder, Embedder, LimitsRequests, RequestLimits
 from reindex.units import duration, usd
 
 Tier = Literal["self-hosted", "online", "batch", "unknown"]
 CONFIGURED = "[embedder]"  # the configured embedder's route name
-DEFAULT_WINDOW_HOURS = 24.0  # OpenAI's only window; Bedrock's and Mistral's default job limit
 PACING_SHARE = 0.98  # of a per-minute limit the online pacer aims at (adapters/remote/pacing.py)
 MAX_INPUTS, MAX_REQUEST_TOKENS = 2048, 300_000  # online request limits when the section names none
 
@@ -187,7 +186,7 @@ def _same_vectors(route: Candidate, report: PlanReport) -> bool | None:
 def _tier(embedder: Any) -> Tier:
     if isinstance(embedder, DeferredEmbedder):
         return "batch"
-    if getattr(embedder, "price_per_million", None) is not None or getattr(embedder, "is_remote", False):
+    if embedder.traits.price_per_million is not None or embedder.traits.remote:
         return "online"
     return "self-hosted"
 
@@ -237,15 +236,18 @@ def _gpus(gpus: int) -> str:
 
 def _provider(route: Route, report: PlanReport, candidate: Candidate) -> None:
     embedder, section = candidate.embedder, candidate.section
-    route.price_per_million_usd = getattr(embedder, "price_per_million", None)
+    assert embedder is not None  # a provider route is priced from its built embedder
+    route.price_per_million_usd = embedder.traits.price_per_million
     if route.price_per_million_usd is None:
         route.cost_basis = "no list price for this model: set prices in its embedder table"
     elif route.tokens is not None:
         route.cost_usd = round(route.tokens * route.price_per_million_usd / 1_000_000, 6)
         route.cost_basis = f"{route.tokens:,} tokens x ${route.price_per_million_usd}/1M ({route.tier})"
     if route.tier == "batch":
-        hours = candidate.config.completion_window_hours or float(
-            getattr(embedder, "completion_window_hours", DEFAULT_WINDOW_HOURS)
+        hours = (
+            candidate.config.completion_window_hours
+            or embedder.traits.completion_window_hours
+            or DEFAULT_WINDOW_HOURS
         )
         route.duration_seconds = hours * 3600
         route.duration_basis = f"up to {hours:g} h: the batch completion window"

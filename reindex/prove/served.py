@@ -87,6 +87,8 @@ class ServedSource:
     (None: that collection was pruned, and its documents with it). Names, schema and identity stay the
     configured source's, so the plan id and the target's layout are the ones the run used."""
 
+    shareable = False  # verify reads it in one process
+
     def __init__(
         self, configured: Source, served: Source, previous: Source | None, dead: Sequence[str]
     ) -> None:

@@ -22,10 +22,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence, Set
-from typing import Protocol
+from typing import Any, Protocol
 
 from reindex.config import RunConfig
-from reindex.ports import DeferredEmbedder
+from reindex.ports import DeferredEmbedder, Metered
 from reindex.state import ledger
 from reindex.state.ledger import Ledger
 
@@ -39,13 +39,11 @@ class Claims(Protocol):
     def release(self, hashes: Iterable[str]) -> None: ...
 
 
-def run_wide(run: RunConfig, embedder: object) -> bool:
+def run_wide(run: RunConfig, embedder: Any) -> bool:
     """Whether dedupe reaches the whole run (texts in the ledger) or the texts in flight (see above)."""
     if run.dedupe != "auto":
         return run.dedupe == "run"
-    if isinstance(embedder, DeferredEmbedder) or getattr(embedder, "prices", None):
-        return True
-    return hasattr(embedder, "billed_tokens")  # the pipeline's mark of a model that bills
+    return isinstance(embedder, (DeferredEmbedder, Metered)) or embedder.traits.paid
 
 
 class ClaimBook:

@@ -37,6 +37,7 @@ from reindex.fingerprint import text_hash
 from reindex.ports import (
     ONLINE,
     DeferredEmbedder,
+    EmbedsStragglers,
     JobItem,
     JobResult,
     RecallsItems,
@@ -157,7 +158,7 @@ class DeferredRun:
     def _send(self, job: Job) -> None:
         """Send lines again: through the online endpoint when the embedder offers it, else as a new batch."""
         self._save(job)
-        if getattr(self.embedder, "stragglers_online", False):
+        if self.embedder.traits.stragglers_online and isinstance(self.embedder, EmbedsStragglers):
             self._save(replace(job, state="submitted", job_id=ONLINE))  # collected on the next poll
         else:
             self._submit(job)
@@ -230,7 +231,8 @@ class DeferredRun:
         items = [JobItem(custom_id, tokens[custom_id]) for custom_id in _custom_ids(job)]
         if not items:
             return job, JobResult(ONLINE, True)
-        embed = self.embedder.embed_stragglers  # type: ignore[attr-defined]
+        assert isinstance(self.embedder, EmbedsStragglers)
+        embed = self.embedder.embed_stragglers
         result: JobResult = retrying(embed, items)
         return job, result
 

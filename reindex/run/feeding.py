@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 
 from reindex.columns import TokenColumns, embed
 from reindex.errors import TransientError
-from reindex.ports import Vectors
+from reindex.ports import Pending, PendingRequests, PipelinesCalls, RefusesRows, Vectors
 
 Batch = NDArray[np.int64]
 Retry = Callable[..., Any]
@@ -40,8 +40,9 @@ class Feeder:
 
     def __init__(self, embedder: Any, retry: Retry) -> None:
         self.embedder, self.retry = embedder, retry
-        self._prepare = getattr(embedder, "prepare_columns", None)
-        self._launch = getattr(embedder, "embed_prepared", None)
+        calls = embedder if isinstance(embedder, PipelinesCalls) else None
+        self._prepare = calls.prepare_columns if calls is not None else None
+        self._launch = calls.embed_prepared if calls is not None else None
         self._launched: tuple[TokenColumns, Batch, Any, Any] | None = None  # the next window's first call
         self.billed: int | None = None  # tokens the last `calls` paid for, when its handles say; else None
 
@@ -67,9 +68,9 @@ class Feeder:
     def abandon(self) -> None:
         """Drop a call launched for a window that never came: what it has not sent yet is not sent."""
         if self._launched is not None:
-            cancel = getattr(self._launched[2], "cancel", None)
-            if callable(cancel):
-                cancel()
+            handle = self._launched[2]
+            if isinstance(handle, PendingRequests):
+                handle.cancel()
             self._launched = None
 
     def _pipelined(
@@ -106,7 +107,7 @@ class Feeder:
     def _launch_ahead(self, ahead: Ahead, last: Any, stopped: Callable[[], bool]) -> None:
         """Launch the next window's first call, if that window is queued before this window's last call is
         done (a handle with `done()` is watched; one without gets one look)."""
-        done = getattr(last, "done", None)
+        done = last.done if isinstance(last, PendingRequests) else None
         while not stopped():
             following = ahead()
             if following is not None:
@@ -116,7 +117,7 @@ class Feeder:
                     prepared = self._prepare(tokens.take(batch))
                     self._launched = (tokens, batch, self.retry(self._launch, prepared), prepared)
                 return
-            if not callable(done) or done():
+            if done is None or done():
                 return
             time.sleep(AHEAD_POLL_SECONDS)
 
@@ -145,24 +146,22 @@ class Feeder:
         return batch, vectors, _refusals(handle)
 
     def _bill(self, handle: Any) -> None:
-        billed = getattr(handle, "billed_tokens", None)
         if self.billed is not None:
-            self.billed = self.billed + int(billed()) if callable(billed) else None
+            self.billed = (
+                self.billed + handle.billed_tokens() if isinstance(handle, PendingRequests) else None
+            )
 
 
 def _result(handle: Any) -> Vectors:
-    result = getattr(handle, "result", None)
-    vectors: Vectors = result() if callable(result) else handle
+    vectors: Vectors = handle.result() if isinstance(handle, Pending) else handle
     return vectors
 
 
 def _refusals(handle: Any) -> dict[int, str]:
     """Rows a launched call's provider refused, when its handle says (a remote call's does)."""
-    rejections = getattr(handle, "rejections", None)
-    return dict(rejections()) if callable(rejections) else {}
+    return dict(handle.rejections()) if isinstance(handle, PendingRequests) else {}
 
 
 def _rejections(embedder: Any) -> dict[int, str]:
     """Rows of the last `embed` call a provider refused ({row: "provider_rejected:<code>"}), if it says."""
-    last = getattr(embedder, "last_rejections", None)
-    return dict(last()) if callable(last) else {}
+    return dict(embedder.last_rejections()) if isinstance(embedder, RefusesRows) else {}

@@ -11,7 +11,7 @@ from typing import TypeVar
 from reindex.batching import chunks
 from reindex.columns import Documents
 from reindex.errors import RowsRejected, TransientError
-from reindex.ports import Record, Rows, Sink, Source
+from reindex.ports import Record, Rows, ScansColumns, Sink, Source
 from reindex.retry import retrying
 from reindex.run.shards import Shard
 from reindex.state.records import DeadLetter
@@ -40,11 +40,11 @@ def scan_documents(source: Source, after: str | None, size: int) -> Iterator[Doc
     """Shards of up to `size` documents after `after`, as columns: the source's own `scan_documents` when it
     has one (files: no Record per document), else `scan` in chunks. Reopened after the last shard yielded
     when a transient fault breaks it."""
-    columnar = getattr(source, "scan_documents", None)
-    if columnar is None:
+    if not isinstance(source, ScansColumns):
         for records in chunks(resumable_scan(source, after), size):
             yield Documents.from_records(records)
         return
+    columnar = source.scan_documents
     iterator: Iterator[Documents] = iter(columnar(after, size))
     while True:
         try:

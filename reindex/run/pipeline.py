@@ -28,7 +28,7 @@ from reindex.batching import batch_budget, batch_texts, padded_tokens, token_bat
 from reindex.columns import TokenColumns
 from reindex.config import RunConfig
 from reindex.errors import BudgetRefused, ConfigError, Interrupted
-from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
+from reindex.ports import CountsExactly, Embedder, Metered, Record, Rows, Sink, Source, TargetSpec, Vectors
 from reindex.retry import retrying
 from reindex.run.claims import ClaimBook, Claims, WindowClaims, run_wide
 from reindex.run.copies import Copies, copy_rows
@@ -116,7 +116,7 @@ class Pipeline:
         self._claims = claims or (ClaimBook(ledger, plan_id) if self._run_wide else WindowClaims(plan_id))
         self.worker = worker
         self.limit = limit
-        if self.budget.max_usd is not None and hasattr(embedder, "count_tokens_exactly"):
+        if self.budget.max_usd is not None and isinstance(embedder, CountsExactly):
             embedder.count_tokens_exactly()  # the cap reserves each shard's tokens before sending it
 
     def run(self) -> Progress:
@@ -321,7 +321,8 @@ class Pipeline:
         lengths = tokens.counts
         unique = np.empty((len(lengths), dim), dtype=np.float32)
         started = time.monotonic()
-        billed_before = getattr(self.embedder, "billed_tokens", 0)
+        metered = self.embedder if isinstance(self.embedder, Metered) else None
+        billed_before = metered.billed_tokens if metered is not None else 0
         problems: dict[int, str] = {}
         done = 0
         stopped = self.stop.is_set if stoppable else lambda: False
@@ -339,7 +340,7 @@ class Pipeline:
         # else what the embedder billed meanwhile.
         billed = self._feeder.billed
         if billed is None:
-            billed = getattr(self.embedder, "billed_tokens", 0) - billed_before
+            billed = (metered.billed_tokens if metered is not None else 0) - billed_before
         window[-1].billed_tokens += billed
         self.progress.padded_tokens += padded_tokens(lengths, batches)
         self.progress.tokens += billed if tokens.bounded else int(lengths.sum())
@@ -500,10 +501,10 @@ class Pipeline:
 
 def _checked(vectors: Vectors, rows: int, dim: int, embedder: Any) -> Vectors:
     """The model's output must be (rows, dim) floats: anything else is a misconfiguration, not a bad text."""
-    shape = getattr(vectors, "shape", None)
-    dtype = getattr(vectors, "dtype", None)
+    shape = vectors.shape if isinstance(vectors, np.ndarray) else None
+    dtype = vectors.dtype if isinstance(vectors, np.ndarray) else None
     if shape != (rows, dim) or dtype is None or not np.issubdtype(dtype, np.floating):
-        name = getattr(getattr(embedder, "info", None), "model", "the embedder")
+        name = embedder.info.model
         raise ConfigError(
             f"{name} returned {dtype} vectors of shape {shape} for {rows} texts; the target expects ({rows}, {dim})",
             hint="check [embedder] dim / dimensions against the model's output",

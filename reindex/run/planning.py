@@ -10,7 +10,7 @@ from typing import Any
 
 from reindex.columns import Documents
 from reindex.errors import BackendError
-from reindex.ports import Source
+from reindex.ports import BoundsShards, ScansRanges, Source
 from reindex.run.io import scan_documents
 from reindex.run.migration import Migration
 from reindex.state.ledger import Ledger
@@ -36,9 +36,8 @@ def shard_bounds(source: Source, after: str | None, size: int) -> Iterator[tuple
     """(last position, documents) of each shard of `size` documents after `after`. Sources that can say so
     cheaply do (JSONL: a pass over the bytes; Parquet: arithmetic; Postgres: one query over the ids);
     the others are read through once by the planner."""
-    bounds = getattr(source, "shard_bounds", None)
-    if bounds is not None:
-        yield from bounds(after, size)
+    if isinstance(source, BoundsShards):
+        yield from source.shard_bounds(after, size)
         return
     for docs in scan_documents(source, after, size):
         yield (docs.last_position if docs.last_position is not None else (after or "")), len(docs)
@@ -60,9 +59,8 @@ def read_planned(source: Source, task: Mapping[str, Any]) -> Documents:
     as the one-process pipeline would read it. Any other source must still hold the shard as planned: one
     that does not is refused (its shards would no longer cover it)."""
     after = task["after"]
-    scan_range = getattr(source, "scan_range", None)
-    if scan_range is not None:
-        ranged: Documents = scan_range(after, task["last"])
+    if isinstance(source, ScansRanges):
+        ranged: Documents = source.scan_range(after, task["last"])
         return ranged
     docs = next(scan_documents(source, after, int(task["documents"])), None)
     found = (len(docs), docs.last_position) if docs is not None else (0, None)

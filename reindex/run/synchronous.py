@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from reindex.ports import DeferredEmbedder, Embedder, JobItem, Tokens, Vectors
 class SynchronousBatches:
     def __init__(self, embedder: DeferredEmbedder, *, poll_seconds: float, poll_max_seconds: float) -> None:
         self.info = embedder.info
+        # one small job per call, waited for: the traits of an online embedder at the batch's price
+        self.traits = replace(embedder.traits, completion_window_hours=None, stragglers_online=False)
         self._embedder = embedder
         self._poll = (poll_seconds, poll_max_seconds)
         self._rejected: dict[int, str] = {}

@@ -81,7 +81,7 @@ def _progress_bar(quiet: bool) -> Iterator[tuple[Callable[[int | None, int], Non
             seconds = max(progress.seconds, 1e-9)
             rate = f"{progress.documents / seconds:,.0f} docs/s  {progress.tokens / seconds:,.0f} tok/s"
             # between shards, the model's calls (`Progress.embedding`): the bar moves as the model works
-            moved = max(progress.documents, int(getattr(progress, "embedding", 0)))
+            moved = max(progress.documents, int(progress.embedding))
             bar.update(task, completed=resumed_at[0] + moved, rate=rate)
 
         def on_progress(progress: Any) -> None:

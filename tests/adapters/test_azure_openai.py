@@ -125,7 +125,10 @@ def test_vectors_billing_and_price_through_the_azure_client(
     np.testing.assert_allclose(vectors, hasher.embed(hasher.tokenize(TEXTS)), rtol=1e-6)
     counts = [len(cl100k().encode_ordinary(text)) for text in TEXTS]
     assert embedder.billed_tokens == sum(counts) == emulator.stats()["billed_tokens"]
-    assert embedder.prices == {"online": 0.02, "batch": None}  # no batch tier: plan shows no batch cost
+    assert embedder.traits.prices == {
+        "online": 0.02,
+        "batch": None,
+    }  # no batch tier: plan shows no batch cost
     assert embedder.info.kind == "azure-openai"
 
 

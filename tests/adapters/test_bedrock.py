@@ -297,11 +297,14 @@ def test_titan_v2_batch_is_priced_as_on_demand_until_the_discount_is_confirmed(m
     from reindex.ui.plan_view import _cost
 
     embedder = make()
-    assert embedder.prices == {"online": 0.02, "batch": 0.02} and embedder.price_per_million == 0.02
+    assert (
+        embedder.traits.prices == {"online": 0.02, "batch": 0.02}
+        and embedder.traits.price_per_million == 0.02
+    )
     (caveat,) = embedder.price_caveats
     assert "not confirmed" in caveat and "prices = { batch" in caveat
     told = make(prices={"online": 0.02, "batch": 0.01})  # the user's bill shows the discount
-    assert told.price_per_million == 0.01 and told.price_caveats == ()
+    assert told.traits.price_per_million == 0.01 and told.price_caveats == ()
     assert "price_caveats" in PlanReport().to_json() and _cost({"cost_batch_usd": 1.0}).startswith("$")
 
 

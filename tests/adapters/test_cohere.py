@@ -300,7 +300,7 @@ def test_the_config_names_the_key_variable_and_the_models_each_kind_takes(
         registry.build("embedder", {"kind": "cohere", "output_dimension": 512})
     batch = registry.build("embedder", {"kind": "cohere-batch", "model": "embed-multilingual-v3.0"})
     same = registry.build("embedder", {"kind": "cohere", "model": "embed-multilingual-v3.0"})
-    assert (batch.info.dim, batch.info.max_tokens, batch.prices) == (
+    assert (batch.info.dim, batch.info.max_tokens, batch.traits.prices) == (
         1024,
         512,
         {"online": 0.10, "batch": 0.10},
@@ -311,7 +311,7 @@ def test_the_config_names_the_key_variable_and_the_models_each_kind_takes(
     )
     assert other.info.fingerprint != same.info.fingerprint
     v4 = registry.build("embedder", {"kind": "cohere", "model": "embed-v4.0", "output_dimension": 512})
-    assert (v4.info.dim, v4.price_per_million) == (512, 0.12)
+    assert (v4.info.dim, v4.traits.price_per_million) == (512, 0.12)
 
 
 def test_routing_offers_the_batch_kind_beside_the_online_one(monkeypatch: pytest.MonkeyPatch) -> None:

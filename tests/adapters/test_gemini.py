@@ -227,7 +227,7 @@ def test_the_kind_is_built_from_a_config_section(serve: Serve) -> None:
     section = {"kind": "gemini-batch", "base_url": emulator.base_url, "api_key_env": KEY_ENV}
     embedder = build("embedder", {**section, "output_dimensionality": 768, "task_type": "RETRIEVAL_DOCUMENT"})
     assert isinstance(embedder, GeminiBatchEmbedder)
-    assert embedder.info.dim == 768 and embedder.price_per_million == 0.075
+    assert embedder.info.dim == 768 and embedder.traits.price_per_million == 0.075
     assert build("embedder", section).info.dim == 3072
     assert embedder.info.fingerprint != build("embedder", section).info.fingerprint
 

@@ -278,7 +278,10 @@ def test_the_config_names_the_model_and_the_key_variable(monkeypatch: pytest.Mon
         "mistral-embed",
         1024,
     )
-    assert embedder.prices == {"online": 0.10, "batch": 0.05} and embedder.price_per_million == 0.05
+    assert (
+        embedder.traits.prices == {"online": 0.10, "batch": 0.05}
+        and embedder.traits.price_per_million == 0.05
+    )
 
 
 def test_without_the_sdk_the_kind_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -224,7 +224,7 @@ def test_several_requests_are_in_flight_and_the_vectors_keep_their_order(
     stats = emulator.stats()
     assert stats["requests"]["embeddings"] >= 50
     assert 2 <= stats["max_in_flight"] <= 4
-    assert embedder.traffic["requests"] == stats["requests"]["embeddings"]
+    assert embedder.traffic.requests == stats["requests"]["embeddings"]
 
 
 def test_a_429_halves_the_requests_in_flight_and_calm_answers_grow_them_back(
@@ -241,7 +241,7 @@ def test_a_429_halves_the_requests_in_flight_and_calm_answers_grow_them_back(
     np.testing.assert_allclose(vectors, expected(hasher, many), rtol=1e-6)
     assert pacer.allowed == 4  # 2 -> 3 -> 4 after 2 + 3 calm answers
     traffic = embedder.traffic
-    assert (traffic["rate_limited"], traffic["retries"]) == (2, 2)
+    assert (traffic.rate_limited, traffic.retries) == (2, 2)
 
 
 @pytest.mark.serial  # measures an achieved rate

@@ -180,7 +180,7 @@ def test_registry_builds_the_embedder_from_a_config_section(tiny_model: Path) ->
     }
     embedder = build("embedder", section)
     assert isinstance(embedder, SentenceTransformerEmbedder)
-    assert (embedder.info.max_tokens, embedder.batch_tokens) == (32, 2048)
+    assert (embedder.info.max_tokens, embedder.traits.batch_tokens) == (32, 2048)
 
 
 def test_packaged_minilm_matches_encode() -> None:

@@ -249,7 +249,7 @@ def test_release_deletes_every_file_of_the_batch_and_twice_is_fine(serve: Serve)
 def test_stragglers_go_online_with_the_same_vectors(serve: Serve, hasher: HashEmbedder) -> None:
     emulator = serve()
     embedder = batcher(emulator, stragglers_online=True)
-    assert embedder.stragglers_online
+    assert embedder.traits.stragglers_online
     result = embedder.embed_stragglers(jobs(embedder, TEXTS[:3]))
     for i, vector in enumerate(expected(hasher, TEXTS[:3])):
         np.testing.assert_allclose(result.vectors[f"doc-{i}"], vector, rtol=1e-6)
@@ -292,7 +292,7 @@ def test_online_requests_are_cut_sent_concurrently_and_a_refused_input_is_isolat
     stats = emulator.stats()
     assert embedder.billed_tokens == tokens(texts[:15]) == stats["billed_tokens_online"]
     assert stats["refused"] == {"429": 2} and stats["early_requests_total"] == 0
-    assert embedder.traffic["rate_limited"] == 2
+    assert embedder.traffic.rate_limited == 2
     assert stats["requests"]["embeddings"] > 4  # four requests, the refused one halved until alone
 
 
@@ -364,8 +364,11 @@ def test_the_config_names_the_key_variable_and_refuses_what_voyage_would(
     monkeypatch.setenv("VOYAGE_API_KEY", SECRET)
     embedder = build("embedder", {"kind": "voyage-batch"})
     assert (embedder.info.model, embedder.info.dim, embedder.info.max_tokens) == ("voyage-3.5", 1024, 32_000)
-    assert embedder.prices == {"online": 0.06, "batch": 0.0402} and embedder.price_per_million == 0.0402
-    assert embedder.completion_window_hours == 12.0
+    assert (
+        embedder.traits.prices == {"online": 0.06, "batch": 0.0402}
+        and embedder.traits.price_per_million == 0.0402
+    )
+    assert embedder.traits.completion_window_hours == 12.0
     assert embedder.info.fingerprint == build("embedder", {"kind": "voyage"}).info.fingerprint
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"model": "voyage-law-2"}, "Batch API does not serve"),
@@ -379,7 +382,7 @@ def test_the_config_names_the_key_variable_and_refuses_what_voyage_would(
         with pytest.raises(ConfigError, match=message) as refused:
             build("embedder", {"kind": "voyage-batch", **options})
         assert refused.value.exit_code == 2
-    assert build("embedder", {"kind": "voyage", "model": "voyage-9-preview", "dim": 512}).prices == {
+    assert build("embedder", {"kind": "voyage", "model": "voyage-9-preview", "dim": 512}).traits.prices == {
         "online": None,
         "batch": None,
     }

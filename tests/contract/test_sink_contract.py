@@ -204,3 +204,11 @@ def test_a_scratch_target_stands_apart_lists_and_drops(sink: Sink) -> None:
     assert scratch.name in sink.scratches() and scratch.name not in sink.targets("docs")
     sink.drop(scratch.name)
     assert sink.describe(scratch.name) is None and scratch.name not in sink.scratches()
+
+
+def test_a_sink_declares_its_traits(sink: Sink) -> None:
+    """What the core reads of every sink is declared (`ports.Sink`), not probed: whether processes may
+    share it and whether its alias move holds the writers back."""
+    for trait in ("shareable", "holds_writers"):
+        declared = next((vars(c)[trait] for c in type(sink).__mro__ if trait in vars(c)), None)
+        assert isinstance(vars(sink).get(trait, declared), bool), trait

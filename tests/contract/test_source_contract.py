@@ -78,3 +78,11 @@ def test_the_pipelines_shards_hold_what_scan_yields_and_resume_after_a_position(
     rest = [record.id for shard in scan_documents(source, records[149].position, 100) for record in shard]
     assert rest == [r.id for r in records[150:]]
     assert list(scan_documents(source, records[-1].position, 100)) == []
+
+
+def test_a_source_declares_whether_processes_may_share_it(make_source: SourceFactory) -> None:
+    """`shareable` is declared by every source (`ports.Source`): the processes engine reads it, and a
+    source that says nothing is not guessed at."""
+    source = make_source(corpus(3))
+    declared = next((vars(c)["shareable"] for c in type(source).__mro__ if "shareable" in vars(c)), None)
+    assert isinstance(vars(source).get("shareable", declared), bool)

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from reindex import commands, registry
+from reindex.columns import TokenColumns
 from reindex.config import load
 from reindex.errors import BackendError, ConfigError, Interrupted, VerificationFailed
-from reindex.ports import Tokens, Vectors
+from reindex.ports import Vectors
 from reindex.run.pipeline import Progress
 from reindex_adapters.testing import memory
 from reindex_adapters.testing.memory import HashEmbedder
@@ -111,8 +112,8 @@ class WrongDimensionEmbedder(HashEmbedder):
     class Config(HashEmbedder.Config):
         kind: str  # type: ignore[assignment]
 
-    def embed(self, items: Sequence[Tokens]) -> Vectors:
-        vectors = super().embed(items)
+    def embed_columns(self, tokens: TokenColumns) -> Vectors:
+        vectors = super().embed_columns(tokens)
         return np.hstack([vectors, vectors[:, :1]])
 
 
@@ -370,10 +371,10 @@ class RateLimitedOnce(HashEmbedder):
     class Config(HashEmbedder.Config):
         kind: str  # type: ignore[assignment]
 
-    def embed(self, items: Sequence[Tokens]) -> Vectors:
-        self.refused = len(items) if RateLimitedOnce.refuse else 0
+    def embed_columns(self, tokens: TokenColumns) -> Vectors:
+        self.refused = len(tokens) if RateLimitedOnce.refuse else 0
         RateLimitedOnce.refuse = False
-        return super().embed(items)
+        return super().embed_columns(tokens)
 
     def last_rejections(self) -> dict[int, str]:
         return dict.fromkeys(range(self.refused), "provider_rejected:429")

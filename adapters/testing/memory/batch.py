@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reindex.ports import JobItem, JobResult, Tokens, Vectors
+from reindex.ports import EmbedderTraits, JobItem, JobResult, Tokens, Vectors
 from reindex_adapters.testing.memory.hash_embedder import HashEmbedder
 from reindex_adapters.testing.memory.provider import BatchProvider, Bill, ProviderJob
 from reindex_adapters.testing.memory.stores import store
@@ -50,7 +50,7 @@ class MemoryBatchEmbedder:
         self.inline = HashEmbedder(dim, max_tokens, seed)
         self.info = replace(self.inline.info, kind="memory-batch")
         self.expire_after, self.reject, self.polls_to_finish = expire_after, reject, polls_to_finish
-        self.price_per_million = price_per_million
+        self.traits = EmbedderTraits(price_per_million=price_per_million)  # priced, with no list of tiers
         self.provider = provider if provider is not None else BatchProvider()
         self.jobs = self.provider.jobs
         self.created = self.provider.created

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.columns import TokenColumns, ragged
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, Tokens, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, Tokens, Vectors
 
 if TYPE_CHECKING:
     from reindex_adapters.sentence_transformers import ColumnTokenizer
@@ -64,7 +64,8 @@ class HashEmbedder:
             int.from_bytes(hashlib.blake2b(self.seed, digest_size=8).digest(), "little")
         )
         self.latency = latency_ms / 1000
-        self.batch_tokens = None if latency_ms else FREE_BATCH_TOKENS  # a free model takes whole shards
+        # a free model takes whole shards; a slow one the run's batches
+        self.traits = EmbedderTraits(batch_tokens=None if latency_ms else FREE_BATCH_TOKENS)
         self.info = EmbedderInfo(
             kind="hash",
             model=HASH_MODEL,

@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.columns import TokenColumns
-from reindex.ports import Vectors
+from reindex.ports import EmbedderTraits, Vectors
 from reindex_adapters.testing.memory.hash_embedder import HashEmbedder, _words
 
 
@@ -31,7 +31,8 @@ class WordTokenizer:
 
 
 class PacedEmbedder(HashEmbedder):
-    runs_on_device = True
+    """A model on an emulated accelerator: it computes `rate` tokens a second, one batch at a time, in a model
+    process of its own under the `processes` engine (its device is no GPU: Ray is asked for none)."""
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
@@ -47,7 +48,7 @@ class PacedEmbedder(HashEmbedder):
     ) -> None:
         super().__init__(dim, max_tokens, seed)
         self.rate = rate
-        self.batch_tokens = batch_tokens
+        self.traits = EmbedderTraits(device="emulated", devices=1, batch_tokens=batch_tokens)
         self._device = threading.Lock()  # one batch at a time
 
     @classmethod

@@ -23,6 +23,7 @@ class MemorySink:
     """
 
     holds_writers = False  # its settle runs before the lock; no application writes through it anyway
+    shareable = False  # its store lives in this process
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)

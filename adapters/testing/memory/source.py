@@ -15,6 +15,8 @@ from reindex_adapters.testing.memory.stores import MemoryStore, store
 class MemorySource:
     """Records in a MemoryStore, scanned in id order; the cursor is the id (keyset, as for Postgres)."""
 
+    shareable = False  # its store lives in this process
+
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["memory"]

@@ -11,7 +11,7 @@ The coordinator plans the shards in the ledger (`reindex.run.planning`, as the r
 planned shard to a worker over that worker's pipe and counts what comes back: O(1) Python work per shard.
 Workers are the pipeline's own stage functions (`Pipeline.run_shard`), each lane with its own connections,
 claims in the ledger (dedupe across processes), the shard recorded only after its rows were written, every
-ledger write fenced with the coordinator's lease. A model that runs on a device (`runs_on_device`) is loaded
+ledger write fenced with the coordinator's lease. A model that runs on a device (its `traits.device`) is loaded
 once per GPU in a model process the workers feed; other embedders (the free hash kind) run inside each
 worker. Workers are forked from a fork server that imported this package once. An online provider, Qdrant
 local mode and vLLM keep the one-process pipeline (`engine.workers_for` says why).

@@ -87,7 +87,7 @@ def run(
     progress = Progress()
     count = workers_at(workers, len(pending))
     progress.processes = count
-    if len(pending) <= SHARDS_PER_WORKER or (count == 1 and not getattr(m.embedder, "runs_on_device", False)):
+    if len(pending) <= SHARDS_PER_WORKER or (count == 1 and m.embedder.traits.device is None):
         progress.processes = 1
         return _here(m, lease, pending, stop, on_progress, budget, progress)
     with ExitStack() as stack:
@@ -191,7 +191,7 @@ class _Coordinator:
     def start(self, book: Any) -> None:
         m, parent = self.m, os.getpid()  # watched by the model processes and workers (device.alive)
         embedder = m.embedder
-        on_device = bool(getattr(embedder, "runs_on_device", False))
+        on_device = embedder.traits.device is not None
         spec = device.DeviceSpec.of(embedder) if on_device else None
         feeds: list[list[Connection]] = []
         if on_device:

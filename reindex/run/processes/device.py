@@ -25,7 +25,7 @@ from typing import Any
 from reindex import crashpoints, registry
 from reindex.columns import TokenColumns, embed
 from reindex.errors import BackendError, ReindexError
-from reindex.ports import EmbedderInfo, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, Pending, PendingRequests, PipelinesCalls, Vectors
 
 POLL_SECONDS = 0.05  # how often an idle process looks at its parent
 
@@ -33,27 +33,20 @@ POLL_SECONDS = 0.05  # how often an idle process looks at its parent
 @dataclass(frozen=True)
 class DeviceSpec:
     """What a worker needs to feed a model process without loading the model: the model's identity, its
-    tokenizer (which travels), and its batch sizes."""
+    tokenizer (which travels), and its traits (batch sizes)."""
 
     info: EmbedderInfo
     tokenizer: Callable[[list[str]], TokenColumns]
-    batch_tokens: int | None
-    max_batch: int | None
+    traits: EmbedderTraits
 
     @classmethod
     def of(cls, embedder: Any) -> DeviceSpec:
-        return cls(
-            embedder.info,
-            embedder.column_tokenizer,
-            getattr(embedder, "batch_tokens", None),
-            getattr(embedder, "max_batch", None),
-        )
+        return cls(embedder.info, embedder.column_tokenizer, embedder.traits)
 
 
 def device_count(embedder: Any) -> int:
     """Model processes to start: one per GPU the embedder would use, one on a CPU."""
-    count = getattr(embedder, "device_count", None)
-    return max(1, int(count())) if callable(count) else 1
+    return max(1, int(embedder.traits.devices))
 
 
 def alive(coordinator: int) -> bool:
@@ -113,8 +106,9 @@ def serve(
 class _Server:
     def __init__(self, embedder: Any) -> None:
         self.embedder = embedder
-        self.prepare = getattr(embedder, "prepare_columns", None)
-        self.launch = getattr(embedder, "embed_prepared", None)
+        calls = embedder if isinstance(embedder, PipelinesCalls) else None
+        self.prepare = calls.prepare_columns if calls is not None else None
+        self.launch = calls.embed_prepared if calls is not None else None
         self.busy = 0.0
         self.first: float | None = None
         self.last = 0.0
@@ -162,10 +156,9 @@ class _Server:
 
     def _collect(self, conn: Connection, rid: int, handle: Any, started: float) -> None:
         try:
-            result = getattr(handle, "result", None)
-            vectors = result() if callable(result) else handle
-            rejections = getattr(handle, "rejections", None)
-            reply: tuple[Any, ...] = (rid, vectors, dict(rejections()) if callable(rejections) else {}, None)
+            vectors = handle.result() if isinstance(handle, Pending) else handle
+            refused = dict(handle.rejections()) if isinstance(handle, PendingRequests) else {}
+            reply: tuple[Any, ...] = (rid, vectors, refused, None)
         except BaseException as exc:
             reply = (rid, None, {}, _error(exc))
         now = time.monotonic()
@@ -198,15 +191,9 @@ class DeviceClient:
     the model process, one request per batch (`embed_prepared` returns at once; the pipeline's feeder
     launches the next batch before collecting this one). Lanes share it: it is thread-safe."""
 
-    runs_on_device = True
-
     def __init__(self, spec: DeviceSpec, conn: Connection) -> None:
-        self.info = spec.info
+        self.info, self.traits = spec.info, spec.traits  # the model's, device and call sizes included
         self.column_tokenizer = spec.tokenizer
-        if spec.batch_tokens is not None:
-            self.batch_tokens = spec.batch_tokens
-        if spec.max_batch is not None:
-            self.max_batch = spec.max_batch
         self._conn = conn
         self._send = threading.Lock()  # one request on the pipe at a time
         self._book = threading.Lock()  # the requests waiting for their vectors

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reindex.config import Config
+from reindex.ports import ShipsTokenizer
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,12 @@ def workers_for(config: Config, source: Any, sink: Any, embedder: Any) -> Choice
     asked = config.run.workers
     have = cores()
     for role, adapter in (("source", source), ("target", sink)):
-        if not getattr(adapter, "shareable", False):
+        if not adapter.shareable:
             kind = (config.source if role == "source" else config.target).get("kind")
             return Choice(1, f"one process: the [{role}] ({kind}) is opened by one process at a time")
-    if getattr(embedder, "is_remote", False):
+    if embedder.traits.remote:
         return Choice(1, f"one process: {embedder.info.kind}'s rate limits and concurrency are one budget")
-    if getattr(embedder, "runs_on_device", False) and getattr(embedder, "column_tokenizer", None) is None:
+    if embedder.traits.device is not None and not isinstance(embedder, ShipsTokenizer):
         return Choice(1, f"one process: {embedder.info.kind} tokenizes inside its own engine")
     if asked is None:
         return Choice(default_workers(have))
@@ -65,5 +66,5 @@ def uses_processes(choice: Choice, embedder: Any) -> bool:
     contending for the same cores."""
     if choice.workers > 1:
         return True
-    on_device = bool(getattr(embedder, "runs_on_device", False))
-    return choice.note is None and on_device and getattr(embedder, "device", None) != "cpu"
+    device = embedder.traits.device
+    return choice.note is None and device is not None and device != "cpu"

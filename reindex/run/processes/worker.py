@@ -20,6 +20,7 @@ from typing import Any
 
 from reindex.config import Config
 from reindex.errors import BackendError, ReindexError
+from reindex.ports import ShipsTokenizer, ThreadedTokenizer
 from reindex.run.cost import Budget, Spending
 from reindex.run.lanes import Lane, open_lane
 from reindex.run.planning import read_planned
@@ -89,8 +90,8 @@ class _Worker:
             budget=self.budget,
         )
         self.embedder = lane.embedder  # built once, shared by the lanes (each call holds its own lock)
-        tokenizer = getattr(self.embedder, "column_tokenizer", None)
-        if tokenizer is not None and hasattr(tokenizer, "threads"):  # every core each, they would contend
+        tokenizer = self.embedder.column_tokenizer if isinstance(self.embedder, ShipsTokenizer) else None
+        if isinstance(tokenizer, ThreadedTokenizer):  # every core each, they would contend
             tokenizer.threads = self.spec.threads
         return lane
 

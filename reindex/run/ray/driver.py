@@ -16,6 +16,7 @@ from typing import Any
 
 from reindex.config import Config
 from reindex.errors import ConfigError, Interrupted, ReindexError
+from reindex.ports import ShipsTokenizer
 from reindex.run.cost import Budget
 from reindex.run.migration import Migration
 from reindex.run.pipeline import Progress
@@ -303,7 +304,7 @@ def _shipped_tokenizer(embedder: Any) -> tuple[str, bytes] | None:
     """The model's tokenizer for the read tasks, pickled once on the driver (key, bytes); None when the
     embedder has none that travels without the model (a provider counts its own tokens; vLLM tokenizes in
     its actor)."""
-    tokenizer = getattr(embedder, "column_tokenizer", None)
+    tokenizer = embedder.column_tokenizer if isinstance(embedder, ShipsTokenizer) else None
     if tokenizer is None:
         return None
     blob = pickle.dumps(tokenizer, protocol=pickle.HIGHEST_PROTOCOL)

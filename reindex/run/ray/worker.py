@@ -17,7 +17,7 @@ from reindex import registry
 from reindex.columns import Documents
 from reindex.config import Config
 from reindex.errors import ReindexError
-from reindex.ports import Source
+from reindex.ports import Source, ThreadedTokenizer
 from reindex.run.lanes import Lane, open_lane
 from reindex.run.pipeline import Pipeline
 from reindex.run.planning import read_planned
@@ -78,7 +78,7 @@ def _tokenizer(shipped: tuple[str, bytes], cpus: float) -> Callable[[list[str]],
     tokenizer = _tokenizers.get(key)
     if tokenizer is None:
         tokenizer = _tokenizers[key] = pickle.loads(blob)
-        if hasattr(tokenizer, "threads"):
+        if isinstance(tokenizer, ThreadedTokenizer):
             tokenizer.threads = max(1, int(cpus))
     return tokenizer
 
