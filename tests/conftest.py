@@ -25,12 +25,33 @@ os.environ.setdefault("REINDEX_CACHE_DIR", tempfile.mkdtemp(prefix="reindex-iden
 _databases = itertools.count()
 
 
+# The fast tier (`scripts/test --quick`, marker `quick`): modules whose tests need no database, no model
+# folder, no subprocess and no emulator, so the whole tier answers in seconds.
+QUICK = {
+    "tests/test_batching.py",
+    "tests/test_claims.py",
+    "tests/test_columns.py",
+    "tests/test_config.py",
+    "tests/test_deferred.py",
+    "tests/test_errors.py",
+    "tests/test_feeding.py",
+    "tests/test_pipeline.py",
+    "tests/test_registry_moves.py",
+    "tests/test_routing.py",
+}
+SLOW_FIXTURES = {"pg_server", "pg_dsn", "tiny_model"}  # a database, a model built on disk
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under `-n` (scripts/test), every Ray test runs on one worker, one after another: two local Ray
-    clusters at once would split two cores between them."""
+    clusters at once would split two cores between them. The QUICK modules' tests are marked `quick`, but
+    for one that asks for a database or a model."""
     for item in items:
         if "/ray/" in f"/{item.nodeid}" or "bench_ray" in item.nodeid:
             item.add_marker(pytest.mark.xdist_group("ray"))
+        quick = item.nodeid.split("::")[0] in QUICK
+        if quick and not SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture(autouse=True)
