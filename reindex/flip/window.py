@@ -31,6 +31,7 @@ from reindex.ports import (
     Source,
 )
 from reindex.prove.scratch import load_rows
+from reindex.prove.served import AFTER_FLIP
 from reindex.prove.verify import Comparison
 from reindex.retry import retrying
 from reindex.run.validation import excused
@@ -40,8 +41,6 @@ from reindex.state.sqlite import SqliteLedger
 
 if TYPE_CHECKING:
     from reindex.run.migration import Migration
-
-AFTER_FLIP = "after_flip"  # the ledger's verification kind for the catch-up after a flip (pending, then done)
 
 
 @dataclass(frozen=True)
@@ -331,16 +330,6 @@ def mark_after_flip(m: Migration, ledger: Ledger, *, previous: str | None) -> No
     """Before a flip the sink cannot hold writers for: its catch-up is pending until `after_flip` ends, so
     a kill in between is seen (verify is incomplete) and finished by the next `cutover --sync`."""
     ledger.record_verification(m.plan_id, False, {"previous": previous}, kind=AFTER_FLIP)
-
-
-def pending_after_flip(m: Migration, ledger: Ledger) -> str | None:
-    """The index the alias served before the flip to this target, while the catch-up after it is pending."""
-    marks = ledger.verifications(m.plan_id, kind=AFTER_FLIP)
-    if not marks or marks[-1].passed or marks[-1].report.get("previous") is None:
-        return None
-    if m.sink.alias(m.spec.alias).target != m.spec.name:  # the flip never landed, or was rolled back
-        return None
-    return str(marks[-1].report["previous"])
 
 
 # Every id the settled target, the target now or the old index holds, where the old index changed since the

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from reindex.run.migration import Migration
 
 
+AFTER_FLIP = "after_flip"  # the ledger's verification kind for the catch-up after a flip (pending, then done)
+
+
 @contextmanager
 def as_served(m: Migration, ledger: Ledger) -> Iterator[Migration]:
     """`m` with the source that is the truth now: `ServedSource` once the alias serves this migration's
@@ -144,3 +147,13 @@ class ServedSource:
                 held = {record.id for record in self.served.fetch(self._dead)}
                 self._extra = [r for r in self.previous.fetch(self._dead) if r.id not in held]
         return self._extra
+
+
+def pending_after_flip(m: Migration, ledger: Ledger) -> str | None:
+    """The index the alias served before the flip to this target, while the catch-up after it is pending."""
+    marks = ledger.verifications(m.plan_id, kind=AFTER_FLIP)
+    if not marks or marks[-1].passed or marks[-1].report.get("previous") is None:
+        return None
+    if m.sink.alias(m.spec.alias).target != m.spec.name:  # the flip never landed, or was rolled back
+        return None
+    return str(marks[-1].report["previous"])

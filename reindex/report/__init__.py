@@ -18,6 +18,7 @@ from reindex import commands
 from reindex.config import Config
 from reindex.errors import ConfigError
 from reindex.plan.estimate import estimate, headline_eta, printed_plan, spread
+from reindex.run.backfill import price_of
 from reindex.run.migration import known_run, ledger_of, open_backends, open_migration
 from reindex.state.ledger import Ledger
 from reindex.state.records import DeadLetter, RunSummary, ShardRecord, Verification
@@ -224,7 +225,7 @@ def _planned(config: Config, *, calibrate: bool) -> tuple[dict[str, Any], float 
     embedder's price per 1M tokens. Where none was kept (a Postgres ledger, no `plan` before the run), the
     planner runs again now and says so (`computed_at`): its tokens are exact, its ETA a new one."""
     with open_migration(config) as m:
-        price = commands.price_of(m.embedder)
+        price = price_of(m.embedder)
         path = printed_plan(m.config.run, m.plan_id)
         if path is not None and path.is_file():
             planned = json.loads(path.read_text())

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
+from reindex.flip import choreography
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.cutover.support import reindex, reindex_json, sql
 
@@ -338,7 +339,6 @@ def test_cutover_sync_with_a_provider_batch_embedder_never_holds_writers_for_a_j
     """A document the application adds after the catch-up that runs with writers going on would, under the
     hold, need a provider batch job: the cutover refuses (exit 4, nothing moved) instead of holding the
     writers for it, and the rerun's first catch-up embeds it with the writers running."""
-    from reindex import commands
     from reindex.flip import sync as flip_sync
 
     sql(
@@ -364,7 +364,7 @@ def test_cutover_sync_with_a_provider_batch_embedder_never_holds_writers_for_a_j
             sql(pg_dsn, f"INSERT INTO docs (id, body) VALUES ({100 + len(held)}, 'written meanwhile')")
         return report
 
-    monkeypatch.setattr(commands, "catch_up", catch_up_then_a_write)
+    monkeypatch.setattr(choreography, "catch_up", catch_up_then_a_write)
     code, stdout, stderr = reindex("cutover", "-c", str(path), "--sync")
     assert code == 4 and "provider batch job would hold the application's writers" in stderr, stdout + stderr
     assert held == [False, True]

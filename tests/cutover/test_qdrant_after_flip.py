@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from reindex import commands
 from reindex.config import load
-from reindex.flip import window
+from reindex.flip import choreography, window
 from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
@@ -136,7 +136,7 @@ def test_an_edit_through_the_alias_after_the_flip_outlives_the_window_edit_it_fo
         return original_after_flip(m, *args)
 
     monkeypatch.setattr(window.Settled, "take", take)
-    monkeypatch.setattr(commands, "after_flip", after_flip)
+    monkeypatch.setattr(choreography, "after_flip", after_flip)
     moved = invoke("cutover", "-c", str(config), "--sync")
     monkeypatch.undo()
     assert moved["changed"] and (moved["after_flip"]["kept"], moved["after_flip"]["edited"]) == (1, 1)
@@ -158,7 +158,7 @@ def test_sync_after_a_killed_cutover_keeps_what_the_application_wrote_through_th
     def killed(*args: Any) -> Any:
         raise KeyboardInterrupt  # the process dies before the carry-over starts
 
-    monkeypatch.setattr(commands, "after_flip", killed)
+    monkeypatch.setattr(choreography, "after_flip", killed)
     with pytest.raises(KeyboardInterrupt):
         commands.cutover(load(config), sync=True)
     monkeypatch.undo()

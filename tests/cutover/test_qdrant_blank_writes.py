@@ -14,7 +14,7 @@ from qdrant_client import QdrantClient, models
 
 from reindex import commands
 from reindex.config import load
-from reindex.flip import window
+from reindex.flip import choreography, window
 from tests.cutover.test_qdrant_after_flip import (
     ALIAS,
     BOTH_SOURCES,
@@ -183,7 +183,7 @@ def test_the_carry_over_after_a_killed_cutover_never_writes_over_a_field_the_app
         raise KeyboardInterrupt  # the process dies right after the flip
 
     monkeypatch.setattr(window.Settled, "take", take)
-    monkeypatch.setattr(commands, "after_flip", killed)
+    monkeypatch.setattr(choreography, "after_flip", killed)
     with pytest.raises(KeyboardInterrupt):
         commands.cutover(load(config), sync=True)
     monkeypatch.undo()

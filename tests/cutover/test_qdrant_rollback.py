@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from qdrant_client import QdrantClient, models
 
+from reindex.flip import choreography
 from reindex_adapters.qdrant.sink import QdrantSink
 from tests.cutover.test_qdrant_after_flip import (
     ALIAS,
@@ -112,7 +113,7 @@ def test_a_rollback_waits_for_the_carry_over_a_killed_cutover_left(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(window.Settled, "take", take)
-    monkeypatch.setattr(commands, "after_flip", killed)
+    monkeypatch.setattr(choreography, "after_flip", killed)
     with pytest.raises(KeyboardInterrupt):
         commands.cutover(load(config), sync=True)
     monkeypatch.undo()

@@ -16,9 +16,8 @@ import pytest
 from qdrant_client import QdrantClient, models
 from typer.testing import CliRunner
 
-from reindex import commands
 from reindex.fingerprint import content_hash
-from reindex.flip import sync
+from reindex.flip import choreography, sync
 from reindex.flip import window as flip_window
 from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
@@ -112,7 +111,7 @@ def test_the_window_before_the_flip_is_carried_over_and_later_writes_through_the
         delete(client, "n3", "n5")
 
     at(monkeypatch, flip_window.Settled, "take", window)
-    at(monkeypatch, commands, "after_flip", after)
+    at(monkeypatch, choreography, "after_flip", after)
     moved = invoke("cutover", "-c", str(migration), "--sync")
     assert moved["changed"] and moved["previous"] == "notes"
     after_flip = moved["after_flip"]
@@ -168,7 +167,7 @@ def test_a_gap_no_later_write_explains_still_refuses_the_flip(
         m.sink._client.delete(target, models.PointIdsList(points=[uid("n7")]), wait=True)
         return report
 
-    monkeypatch.setattr(commands, "catch_up", losing)
+    monkeypatch.setattr(choreography, "catch_up", losing)
     refused = invoke("cutover", "-c", str(migration), "--sync", exit_code=3)
     assert "not complete (1 missing)" in refused["error"]["message"]
     monkeypatch.undo()
@@ -211,7 +210,7 @@ def test_a_point_written_into_the_target_in_the_window_refuses_the_flip_as_verif
         )
         return report
 
-    monkeypatch.setattr(commands, "catch_up", intruding)
+    monkeypatch.setattr(choreography, "catch_up", intruding)
     refused = invoke("cutover", "-c", str(migration), "--sync", exit_code=3)
     assert problem in refused["error"]["message"]
     monkeypatch.undo()
@@ -242,7 +241,7 @@ def test_a_cutover_killed_after_the_flip_is_seen_by_verify_and_finished_by_the_n
         raise KeyboardInterrupt  # the process dies between the flip and the catch-up after it
 
     at(monkeypatch, flip_window.Settled, "take", window)
-    monkeypatch.setattr(commands, "after_flip", killed)
+    monkeypatch.setattr(choreography, "after_flip", killed)
     assert runner.invoke(app, ["cutover", "-c", str(migration), "--sync", "--json"]).exit_code != 0
     monkeypatch.undo()
     assert invoke("resolve", "-c", str(migration))["target"] != "notes"  # the flip landed

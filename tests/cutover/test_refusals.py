@@ -14,7 +14,7 @@ import pytest
 from reindex import commands
 from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
-from reindex.flip import sync
+from reindex.flip import choreography, sync
 from reindex.run.migration import open_migration
 from reindex.state.records import Cutover
 from reindex.state.sqlite import SqliteLedger
@@ -150,7 +150,7 @@ def test_cutover_sync_refuses_what_is_written_into_the_target_in_the_window_as_c
         setup.sql(statement)
         return report
 
-    monkeypatch.setattr(commands, "catch_up", intruding)
+    monkeypatch.setattr(choreography, "catch_up", intruding)
     with pytest.raises(VerificationFailed) as caught:
         commands.cutover(setup.new, sync=True)
     assert caught.value.exit_code == 3 and expected in str(caught.value)

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from reindex import commands
 from reindex.config import Config, load
-from reindex.flip import window
+from reindex.flip import choreography, window
 from reindex.ui.cli import app
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.clients.support import aliased_collection
@@ -113,7 +113,7 @@ def test_an_old_model_write_in_flight_at_the_flip_is_stale_until_sync_re_embeds_
         upsert(m.sink._client, NEW, {"p": "note p, written with the new model"})
         return original(m, *args)
 
-    monkeypatch.setattr(commands, "after_flip", in_flight)
+    monkeypatch.setattr(choreography, "after_flip", in_flight)
     assert commands.cutover(notes, sync=True).changed
     monkeypatch.undo()
 

@@ -55,7 +55,7 @@ from reindex import commands, crashpoints
 from reindex.config import Config, load
 from reindex.errors import CutoverRefused, VerificationFailed
 from reindex.fingerprint import content_hash, target_name
-from reindex.flip import sync
+from reindex.flip import choreography, sync
 from reindex.flip import window as flip_window
 from reindex_adapters.testing.memory import HashEmbedder
 from tests.lifecycle.support import machine_settings, toml
@@ -510,7 +510,7 @@ class QdrantApplication(_Application):
             return crashed
 
         patch(flip_window.Settled, "take", take)
-        patch(commands, "after_flip", after_flip)
+        patch(choreography, "after_flip", after_flip)
         patch(flip_window, "after_flip", after_flip)
         patch(flip_window, "_rewrite", rewrite)
         patch(sync, "_adopt", adopt)

@@ -21,6 +21,7 @@ from reindex import commands
 from reindex.config import load
 from reindex.errors import Interrupted
 from reindex.run import processes
+from reindex.run.backfill import price_of
 from reindex.run.cost import Budget
 from reindex.run.migration import leased, open_migration
 from reindex.run.pipeline import Progress
@@ -200,7 +201,7 @@ def test_workers_spend_from_one_budget_and_stop_within_it(
         def on_two_workers(limit: float) -> Progress:
             with leased(config, create=True) as (ledger, lease), open_migration(config) as m:
                 m = commands.attach(m, ledger, create=True)
-                budget = Budget(limit, commands.price_of(m.embedder))
+                budget = Budget(limit, price_of(m.embedder))
                 progress = processes.run(m, ledger, lease, workers=2, stop=threading.Event(), budget=budget)
                 m.sink.finalize(m.spec)  # as every run ends (commands.run): verify wants a finalized target
                 ledger.finish(m.plan_id)
