@@ -14,9 +14,9 @@ import functools
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
@@ -25,6 +25,7 @@ from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, EmbedderTraits, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters import mistral_tokens
 from reindex_adapters.remote.decoding import line_vectors
+from reindex_adapters.remote.endpoint import ProviderEndpoint
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, retry_after
 from reindex_adapters.remote.jobs import create_once
 from reindex_adapters.remote.keys import api_key, redact
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from mistralai.client.errors import MistralError
     from mistralai.client.models import BatchJob
 
-T = TypeVar("T")
 MODEL, DIM = "mistral-embed", 1024  # its one output size; it takes no dimension option
 # USD per 1M input tokens on PRICES_TAKEN: online from a third-party listing of Mistral's price (Mistral's own
 # price page was not read), batch as Mistral's batch guide says, "a 50% discount" (configs/pricing.toml).
@@ -274,23 +274,13 @@ def refusal_code(status: int, body: Any) -> str:
     return str(kind or code or f"http_{status}")
 
 
-class Api:
-    """The SDK client, the pacer every call waits on, and the one error translation."""
+class Api(ProviderEndpoint):
+    """The SDK client, through the pacer and the one error translation."""
 
     def __init__(self, client: Mistral, pacer: Pacer, key_env: str) -> None:
-        self.client, self.pacer, self.key_env = client, pacer, key_env
-        security = getattr(client.sdk_configuration, "security", None)
-        secret = getattr(security, "api_key", "")
-        self._secret = secret if isinstance(secret, str) else ""
-
-    def call(self, request: Callable[[], T]) -> T:
-        """Paced and retried: for reads and for writes that are safe to repeat."""
-        return self.pacer.call(functools.partial(self.once, request))
-
-    def once(self, request: Callable[[], T]) -> T:
-        """One attempt, no retry (a job create: repeating it could bill twice)."""
-        with translated_errors(self._secret, self.key_env):
-            return request()
+        security = getattr(client.sdk_configuration, "security", None)  # the SDK's: an object or None
+        super().__init__(pacer, key_env, getattr(security, "api_key", ""), translated_errors)
+        self.client = client
 
 
 @contextmanager

@@ -8,17 +8,17 @@ Names are those of the `cohere` SDK 7.3: `cohere.ClientV2(api_key=, base_url=, m
 
 from __future__ import annotations
 
-import functools
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
 from reindex.errors import ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, TokenCounts, Tokens
+from reindex_adapters.remote.endpoint import ProviderEndpoint
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected, retry_after
 from reindex_adapters.remote.keys import api_key, redact
 from reindex_adapters.remote.pacing import Paced, Pacer
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from cohere import ClientV2
     from cohere.core.api_error import ApiError
 
-T = TypeVar("T")
 # model -> (dim, max tokens per input): Cohere's model pages; embed-v4.0 also takes output_dimension
 MODELS: dict[str, tuple[int, int]] = {
     "embed-english-v3.0": (1024, 512),
@@ -121,34 +120,14 @@ def tokenize(texts: Sequence[str], codec: Any, max_tokens: int) -> list[Tokens]:
     return tokenize_texts(texts, codec, max_tokens)
 
 
-class Api:
-    """The SDK client, the pacer every call waits on, and the one error translation."""
+class Api(ProviderEndpoint):
+    """The SDK client, through the pacer and the one error translation. `call` and `once` take
+    `rejects_input=True` where a 400/422 refuses the inputs sent (ProviderRejected), not the configuration."""
 
     def __init__(self, client: ClientV2, pacer: Pacer, key_env: str) -> None:
-        self.client, self.pacer, self.key_env = client, pacer, key_env
-        token = getattr(getattr(client, "_client_wrapper", None), "_token", "")
-        self._secret = token if isinstance(token, str) else ""
-
-    def call(
-        self,
-        request: Callable[[], T],
-        *,
-        tokens: int = 0,
-        usage: Callable[[T], int] | None = None,
-        rejects_input: bool = False,
-    ) -> T:
-        """Paced and retried: for reads, embeddings and writes that are safe to repeat."""
-        once = functools.partial(self.once, request, rejects_input=rejects_input)
-        return self.pacer.call(once, tokens=tokens, usage=usage)
-
-    def once(self, request: Callable[[], T], *, rejects_input: bool = False) -> T:
-        """One attempt, no retry (a dataset or job create: repeating it could bill twice). `rejects_input`:
-        a 400/422 refuses the inputs sent (ProviderRejected), not the configuration."""
-        with translated_errors(self._secret, self.key_env, rejects_input=rejects_input):
-            return request()
-
-    def redact(self, message: str) -> str:
-        return redact(message, self._secret)
+        token = getattr(getattr(client, "_client_wrapper", None), "_token", "")  # the SDK keeps it private
+        super().__init__(pacer, key_env, token, translated_errors)
+        self.client = client
 
 
 @contextmanager

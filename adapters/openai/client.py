@@ -3,16 +3,16 @@ identity (dim and fingerprint), shared by the `openai`, `openai-batch` and `azur
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
 from reindex.ports import EmbedderInfo, TokenCounts
+from reindex_adapters.remote.endpoint import ProviderEndpoint
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected, retry_after
 from reindex_adapters.remote.keys import api_key, redact
 from reindex_adapters.remote.pacing import Paced, Pacer
@@ -21,7 +21,6 @@ from reindex_adapters.remote.tokens import request_groups as request_groups  # o
 if TYPE_CHECKING:
     from openai import APIStatusError, OpenAI
 
-T = TypeVar("T")
 KNOWN_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
 PRICES_TAKEN = "2026-11-29"
 PRICES: dict[str, dict[str, float]] = {  # USD per 1M input tokens, list prices on PRICES_TAKEN
@@ -116,24 +115,12 @@ def _status_error(exc: APIStatusError, secret: str, key_env: str) -> ReindexErro
     return BackendError(message)
 
 
-class Endpoint:
-    """One OpenAI-compatible API: the client, the pacer every call waits on, and the error translation."""
+class Endpoint(ProviderEndpoint):
+    """One OpenAI-compatible API: the client, through the pacer and the error translation."""
 
     def __init__(self, client: OpenAI, pacer: Pacer, key_env: str) -> None:
-        self.client, self.pacer, self.key_env = client, pacer, key_env
-        secret = getattr(client, "api_key", "")
-        self._secret = secret if isinstance(secret, str) else ""
-
-    def call(
-        self, request: Callable[[], T], *, tokens: int = 0, usage: Callable[[T], int] | None = None
-    ) -> T:
-        """Paced and retried: for reads and for writes that are safe to repeat."""
-        return self.pacer.call(functools.partial(self.once, request), tokens=tokens, usage=usage)
-
-    def once(self, request: Callable[[], T]) -> T:
-        """One attempt, no retry (a batch create: repeating it could bill twice)."""
-        with translated_errors(self._secret, self.key_env):
-            return request()
+        super().__init__(pacer, key_env, client.api_key, translated_errors)
+        self.client = client
 
 
 def make_client(base_url: str | None, key_env: str, timeout_s: float) -> OpenAI:

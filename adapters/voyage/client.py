@@ -14,11 +14,12 @@ from __future__ import annotations
 import functools
 import re
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
+from reindex_adapters.remote.endpoint import ProviderEndpoint
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected, retry_after
 from reindex_adapters.remote.keys import api_key, redact
 from reindex_adapters.remote.lines import json_line
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     import httpx
     from voyageai.client import Client
 
-T = TypeVar("T")
 DEFAULT_BASE_URL = "https://api.voyageai.com/v1"
 ATLAS_BASE_URL = (
     "https://ai.mongodb.com/v1"  # the SDK's default for MongoDB Atlas keys ("al-", voyageai/util.py)
@@ -46,7 +46,7 @@ def base_url_for(base_url: str | None, key: str) -> str:
     return ATLAS_BASE_URL if key.startswith("al-") else DEFAULT_BASE_URL
 
 
-class VoyageApi:
+class VoyageApi(ProviderEndpoint):
     """One Voyage endpoint: its base URL, the key (from `key_env` only), the pacer every call waits on.
 
     `http` is an httpx client for the Files and Batch APIs; `sdk()` builds the SDK client for embeddings
@@ -55,8 +55,8 @@ class VoyageApi:
     def __init__(
         self, http: httpx.Client, base_url: str, secret: str, key_env: str, pacer: Pacer, timeout_s: float
     ) -> None:
-        self.http, self.base_url, self.key_env, self.pacer = http, base_url, key_env, pacer
-        self._secret, self._timeout_s = secret, timeout_s
+        super().__init__(pacer, key_env, secret, translated_errors)
+        self.http, self.base_url, self._timeout_s = http, base_url, timeout_s
         self._sdk: Client | None = None
         weakref.finalize(self, http.close)  # its pooled connections, when the embedder goes
 
@@ -80,17 +80,6 @@ class VoyageApi:
                 api_key=self._secret, max_retries=0, timeout=self._timeout_s, base_url=self.base_url
             )
         return self._sdk
-
-    def call(
-        self, request: Callable[[], T], *, tokens: int = 0, usage: Callable[[T], int] | None = None
-    ) -> T:
-        """Paced and retried: reads, uploads, and embeddings (repeating them is harmless)."""
-        return self.pacer.call(functools.partial(self.once, request), tokens=tokens, usage=usage)
-
-    def once(self, request: Callable[[], T]) -> T:
-        """One attempt, no retry (a batch create: repeating it could bill twice)."""
-        with translated_errors(self._secret, self.key_env):
-            return request()
 
     # the Files and Batch APIs ---------------------------------------------------------------------------
 
