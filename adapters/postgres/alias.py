@@ -11,7 +11,7 @@ from reindex.errors import BackendError, CutoverRefused
 from reindex.ports import AliasInfo
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.catalog import _json_object, _one_oid, _regclass
-from reindex_adapters.postgres.connection import _identifier, _split
+from reindex_adapters.postgres.connection import identifier, split_name
 
 if TYPE_CHECKING:
     from psycopg import sql
@@ -67,7 +67,7 @@ WHERE c.relkind IN ('r', 'p') AND c.relname LIKE %s ESCAPE '\'
 
 def _resolve_alias(conn: Connection, alias: str) -> _ResolvedAlias:
     """Read the alias, its comment and what it serves in one statement: one snapshot, never half a swap."""
-    parts = _split(alias)
+    parts = split_name(alias)
     schema = parts[0] if len(parts) == 2 else None
     row = conn.execute(_ALIAS_SQL, {"name": parts[-1], "schema": schema}).fetchone()
     if row is None:
@@ -93,7 +93,7 @@ def _lock_alias(
     """Serialise movers of this alias, then hold the alias itself until commit (compare-and-swap)."""
     from psycopg import sql
 
-    parts = _split(alias)
+    parts = split_name(alias)
     conn.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended("
         "'reindex alias ' || coalesce(%s::text, current_schema()) || '.' || %s::text, 0))",
@@ -101,7 +101,7 @@ def _lock_alias(
     )
     if _regclass(conn, alias) is not None:
         # On a view this also locks the target it reads; the swap is one short transaction.
-        conn.execute(sql.SQL("LOCK TABLE {} IN {} MODE").format(_identifier(alias), sql.SQL(mode)))
+        conn.execute(sql.SQL("LOCK TABLE {} IN {} MODE").format(identifier(alias), sql.SQL(mode)))
 
 
 def _hold(conn: Connection, alias: str, lock_timeout_ms: int, settle: Callable[[], None] | None) -> None:
@@ -130,7 +130,7 @@ def _adopt(
 
     alias = resolved.info.alias
     adopted = f"{alias}__adopted"
-    _split(adopted)
+    split_name(adopted)
     if resolved.relkind not in ("r", "p") or expected not in (None, alias):
         raise CutoverRefused(
             f"alias {alias!r} is a physical relation, expected {expected!r}",
@@ -142,7 +142,9 @@ def _adopt(
     postgres_rules.continue_numbering(conn, resolved.oid, _one_oid(conn, target))
     grants = _grants_of(conn, resolved.oid)
     conn.execute(
-        sql.SQL("ALTER TABLE {} RENAME TO {}").format(_identifier(alias), sql.Identifier(_split(adopted)[-1]))
+        sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+            identifier(alias), sql.Identifier(split_name(adopted)[-1])
+        )
     )
     _replace_view(conn, alias, target, meta, grants, drop=False)
     return adopted
@@ -160,10 +162,10 @@ def _replace_view(
     """DROP + CREATE, not CREATE OR REPLACE: that refuses a vector(1536) → vector(384) change."""
     from psycopg import sql
 
-    view = _identifier(alias)
+    view = identifier(alias)
     if drop:
         conn.execute(sql.SQL("DROP VIEW {}").format(view))
-    conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(view, _identifier(target)))
+    conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(view, identifier(target)))
     _grant(conn, view, grants)
     conn.execute(
         sql.SQL("COMMENT ON VIEW {} IS {}").format(view, sql.Literal(json.dumps(dict(meta), default=str)))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from reindex.errors import ConfigError
 from reindex.ports import Distance
-from reindex_adapters.postgres.connection import _identifier, _one, _psycopg
+from reindex_adapters.postgres.connection import first_value, identifier, load_psycopg
 from reindex_adapters.postgres.storage import Storage, recorded
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class _Layout:
 
     @property
     def ident(self) -> sql.Identifier:
-        return _identifier(self.name)
+        return identifier(self.name)
 
     @property
     def storage(self) -> Storage:
@@ -112,7 +112,7 @@ WHERE i.indrelid = %s::oid AND i.indisprimary"""
 
 
 def _regclass(conn: Connection, name: str) -> int | None:
-    quoted = _identifier(name).as_string(conn)
+    quoted = identifier(name).as_string(conn)
     row = conn.execute("SELECT to_regclass(%s)::oid::int8", [quoted]).fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
@@ -125,17 +125,19 @@ def _one_oid(conn: Connection, name: str) -> int:
 
 def _server_identity(conn: Connection) -> str:
     """`<system identifier>/<database>`: the cluster's own id survives renamed hosts, ports and users."""
-    psycopg = _psycopg()
+    psycopg = load_psycopg()
     try:
         with conn.transaction():
-            system = _one(conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone())
+            system = first_value(
+                conn.execute("SELECT system_identifier::text FROM pg_control_system()").fetchone()
+            )
     except psycopg.errors.InsufficientPrivilege:  # some managed services revoke it: name the server
-        system = _one(
+        system = first_value(
             conn.execute(
                 "SELECT coalesce(host(inet_server_addr()), 'local') || ':' || current_setting('port')"
             ).fetchone()
         )
-    return f"{system}/{_one(conn.execute('SELECT current_database()').fetchone())}"
+    return f"{system}/{first_value(conn.execute('SELECT current_database()').fetchone())}"
 
 
 def _writable_columns(conn: Connection, oid: int) -> list[tuple[str, bool]]:
@@ -185,7 +187,9 @@ def _json_object(text: str | None) -> dict[str, Any]:
 
 
 def _comment(conn: Connection, oid: int) -> dict[str, Any]:
-    return _json_object(_one(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", [oid]).fetchone()))
+    return _json_object(
+        first_value(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", [oid]).fetchone())
+    )
 
 
 def _base_tables(conn: Connection, oid: int) -> list[int]:

@@ -14,7 +14,7 @@ from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres import dependents, fidelity, restore
 from reindex_adapters.postgres.alias import _hold
 from reindex_adapters.postgres.catalog import _regclass
-from reindex_adapters.postgres.connection import _identifier, _one
+from reindex_adapters.postgres.connection import first_value, identifier
 from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class _ColumnAlias(PgvectorSink):
         ) -> str: ...
 
     def alias(self, alias: str) -> AliasInfo:
-        _identifier(alias)
+        identifier(alias)
         with self._db.errors():
             conn = self._db.connection()
             oid = _regclass(conn, alias)
@@ -69,8 +69,8 @@ class _ColumnAlias(PgvectorSink):
     ) -> str | None:
         """Rename the served vector column aside and the target's into its place, in one short transaction
         under `lock_timeout`, retried; with `settle`, writers are held first (readers pass)."""
-        _identifier(alias)
-        _identifier(target)
+        identifier(alias)
+        identifier(target)
         try:
             previous = retry_locked(self, lambda: self._flip(alias, target, expected, meta, settle), alias)
         finally:
@@ -106,7 +106,7 @@ class _ColumnAlias(PgvectorSink):
                     hint="another cutover moved it meanwhile; check `reindex status`",
                 )
             fidelity.refuse_unaccepted(self._flip_losses(conn, oid, incoming), alias, column=True)
-            table = _identifier(alias)
+            table = identifier(alias)
             vector = self._vector_name(conn, incoming, current)
             previous = served_now or f"{columns.split_last(alias)}__{columns.ADOPTED}"
             aside = columns.unserved_name(vector, alias, previous)
@@ -165,7 +165,7 @@ class _ColumnAlias(PgvectorSink):
         """Drop a target that is not served: its column (a catalog change) and its bookkeeping table."""
         from psycopg import sql
 
-        _identifier(target)
+        identifier(target)
         self._layouts.pop(target, None)
         alias = self._alias_for(target)
         if alias is None:
@@ -182,13 +182,11 @@ class _ColumnAlias(PgvectorSink):
                     )
                 if found is not None:
                     conn.execute(
-                        sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(
-                            _identifier(alias), found.column.ident
-                        )
+                        sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(identifier(alias), found.column.ident)
                     )
                 conn.execute(
                     sql.SQL("DROP TABLE IF EXISTS {}").format(
-                        _identifier(columns.bookkeeping_table(alias, target))
+                        identifier(columns.bookkeeping_table(alias, target))
                     )
                 )
 
@@ -199,7 +197,7 @@ class _ColumnAlias(PgvectorSink):
         """Move a 0.2 installation (a view over a target table, the application's table renamed
         `<alias>__adopted`) back into the application's table, serving the same vectors (restore.py): the
         target it serves, or None where the alias is no such view."""
-        _identifier(alias)
+        identifier(alias)
         with self._db.errors():
             found = restore.find(self._db.connection(), alias)
         if found is None:
@@ -215,4 +213,6 @@ class _ColumnAlias(PgvectorSink):
 
 
 def _relkind(conn: Connection, oid: int) -> str:
-    return str(_one(conn.execute("SELECT relkind::text FROM pg_class WHERE oid = %s::oid", [oid]).fetchone()))
+    return str(
+        first_value(conn.execute("SELECT relkind::text FROM pg_class WHERE oid = %s::oid", [oid]).fetchone())
+    )

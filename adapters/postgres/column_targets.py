@@ -24,7 +24,7 @@ from reindex_adapters.postgres.catalog import (
     _json_object,
     _regclass,
 )
-from reindex_adapters.postgres.connection import MAX_IDENTIFIER_BYTES, _split
+from reindex_adapters.postgres.connection import MAX_IDENTIFIER_BYTES, split_name
 
 if TYPE_CHECKING:
     from psycopg import sql
@@ -47,7 +47,7 @@ class ColumnTarget:
 
 def suffix_of(alias: str, target: str) -> str:
     """`docs__3f9a1c2e` → `3f9a1c2e`; a ConfigError for a target not named after the alias."""
-    table, name = _split(alias)[-1], _split(target)[-1]
+    table, name = split_name(alias)[-1], split_name(target)[-1]
     if not name.startswith(f"{table}__") or len(name) == len(table) + 2:
         raise ConfigError(
             f"target {target!r} is not named <alias>__<suffix> for alias {alias!r}",
@@ -69,8 +69,8 @@ def unserved_name(vector: str, alias: str, target: str) -> str:
 
 def bookkeeping_table(alias: str, target: str) -> str:
     """The table of a column target's content hashes: the target's own name, in the alias's schema."""
-    parts = _split(alias)
-    return f"{parts[0]}.{_split(target)[-1]}" if len(parts) == 2 else _split(target)[-1]
+    parts = split_name(alias)
+    return f"{parts[0]}.{split_name(target)[-1]}" if len(parts) == 2 else split_name(target)[-1]
 
 
 def column_targets(conn: Connection, table_oid: int) -> list[ColumnTarget]:

@@ -1,4 +1,4 @@
-"""Connections and DSNs: the `dsn`/`dsn_env` config, DSN checks and password masking, and `_Database`,
+"""Connections and DSNs: the `dsn`/`dsn_env` config, DSN checks and password masking, and `Database`,
 the one connection of an adapter and the only translator of its errors (passwords hidden).
 """
 
@@ -8,7 +8,7 @@ import re
 import struct
 import urllib.parse
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
@@ -49,7 +49,7 @@ class _DsnConfig(BaseModel):
         return value
 
 
-class _Database:
+class Database:
     """One autocommit connection, reopened after a drop, and the adapter's only error translator."""
 
     def __init__(self, dsn: str, section: str, *, vectors: bool, has_connected: bool = False) -> None:
@@ -66,18 +66,8 @@ class _Database:
             self._conn = self._open()
         return self._conn
 
-    @contextmanager
-    def errors(self) -> Iterator[None]:
-        psycopg = _psycopg()
-        try:
-            yield
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise TransientError(
-                f"Postgres: {_scrub(_first_line(exc), self._secrets)}",
-                hint="retry; a dropped connection is reopened on the next call",
-            ) from exc
-        except psycopg.Error as exc:
-            raise BackendError(f"Postgres: {_scrub(_first_line(exc), self._secrets)}") from exc
+    def errors(self) -> AbstractContextManager[None]:
+        return translated("Postgres", self._secrets)
 
     @contextmanager
     def setup(self) -> Iterator[Connection]:
@@ -101,12 +91,12 @@ class _Database:
             self._conn.close()
 
     def _open(self) -> Connection:
-        psycopg = _psycopg()
+        psycopg = load_psycopg()
         try:
             conn: Connection = psycopg.connect(self.dsn, autocommit=True, connect_timeout=10)
         except psycopg.Error as exc:
-            reason = _scrub(_first_line(exc), self._secrets)
-            message = f"cannot connect to Postgres at {_scrub(self.dsn, self._secrets)}: {reason}"
+            reason = scrub(first_line(exc), self._secrets)
+            message = f"cannot connect to Postgres at {scrub(self.dsn, self._secrets)}: {reason}"
             if self._has_connected:
                 raise TransientError(message) from None
             raise ConfigError(message, hint=f"check [{self.section}] dsn") from None
@@ -116,7 +106,7 @@ class _Database:
                 self._register_vector(conn)
             except psycopg.OperationalError as exc:  # terminated right after connecting: a transient fault
                 conn.close()
-                raise TransientError(f"Postgres: {_scrub(_first_line(exc), self._secrets)}") from None
+                raise TransientError(f"Postgres: {scrub(first_line(exc), self._secrets)}") from None
         return conn
 
     def _register_vector(self, conn: Connection) -> None:
@@ -124,7 +114,7 @@ class _Database:
         (a fresh database just works); otherwise a ConfigError naming the statement to run."""
         from pgvector.psycopg import register_vector
 
-        psycopg = _psycopg()
+        psycopg = load_psycopg()
         try:
             register_vector(conn)
         except psycopg.ProgrammingError:
@@ -133,7 +123,7 @@ class _Database:
                 register_vector(conn)
             except psycopg.Error as exc:
                 conn.close()
-                reason = _scrub(_first_line(exc), self._secrets)
+                reason = scrub(first_line(exc), self._secrets)
                 raise ConfigError(
                     f"the vector extension is missing in the {self.section} database and cannot be"
                     f" created by this role: {reason}",
@@ -160,6 +150,10 @@ def _database_of(identity: str) -> str:
     return "/".join(identity.partition(":")[2].split("/")[:2])
 
 
+_USERINFO = re.compile(r"(://[^:/@\s]*):\S*@")  # up to the last '@': what mask_dsn leaves of 'p@ss@host'
+_QUOTED_PASSWORD = re.compile(r"(password\s*=\s*)'(?:[^'\\]|\\.)*'", re.IGNORECASE)  # "password='a b'"
+
+
 def mask_dsn(text: str) -> str:
     """Hide passwords of every DSN form in `text`: URLs (encoded or not), query and keyword parameters."""
     text = _URL_PASSWORD.sub(r"\1***@", text)
@@ -173,7 +167,7 @@ def _check_dsn(dsn: str, section: str) -> tuple[str, ...]:
 
     try:
         params = conninfo_to_dict(dsn)
-    except _psycopg().ProgrammingError:
+    except load_psycopg().ProgrammingError:
         raise ConfigError(
             f"[{section}] dsn is not a valid Postgres connection string", hint=_DSN_HINT
         ) from None
@@ -189,13 +183,36 @@ def _check_dsn(dsn: str, section: str) -> tuple[str, ...]:
     return tuple(sorted((c for c in candidates if len(c) > 1), key=len, reverse=True))
 
 
-def _scrub(text: str, secrets: Sequence[str]) -> str:
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """`text` without the passwords: the known ones wherever they stand, then every DSN form's (mask_dsn),
+    a quoted keyword value's, and what is left of a URL's user info that does not parse."""
     for secret in secrets:
         text = text.replace(secret, "***")
-    return mask_dsn(text)
+    return mask_dsn(_QUOTED_PASSWORD.sub(r"\1***", _USERINFO.sub(r"\1:***@", text)))
 
 
-def _psycopg() -> Any:
+@contextmanager
+def translated(what: str, secrets: Sequence[str], *, privilege_hint: str | None = None) -> Iterator[None]:
+    """The one translation of psycopg's errors, for the sinks and sources and for the ledger: a dropped
+    connection or a timeout is worth a retry (TransientError); a missing privilege is a ConfigError where
+    `privilege_hint` names the grant; anything else is a BackendError. No message carries a password."""
+    psycopg = load_psycopg()
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+        raise TransientError(
+            f"{what}: {scrub(first_line(exc), secrets)}",
+            hint="retry; a dropped connection is reopened on the next call",
+        ) from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        if privilege_hint is None:
+            raise BackendError(f"{what}: {scrub(first_line(exc), secrets)}") from exc
+        raise ConfigError(f"{what}: {scrub(first_line(exc), secrets)}", hint=privilege_hint) from exc
+    except psycopg.Error as exc:
+        raise BackendError(f"{what}: {scrub(first_line(exc), secrets)}") from exc
+
+
+def load_psycopg() -> Any:
     try:
         import psycopg
     except ImportError:
@@ -203,7 +220,7 @@ def _psycopg() -> Any:
     return psycopg
 
 
-def _split(name: str) -> tuple[str, ...]:
+def split_name(name: str) -> tuple[str, ...]:
     parts = tuple(name.split("."))
     if len(parts) > 2 or not all(parts):
         raise ConfigError(f"invalid name {name!r}", hint="use name or schema.name")
@@ -216,18 +233,18 @@ def _split(name: str) -> tuple[str, ...]:
     return parts
 
 
-def _identifier(name: str) -> sql.Identifier:
+def identifier(name: str) -> sql.Identifier:
     from psycopg import sql
 
-    return sql.Identifier(*_split(name))
+    return sql.Identifier(*split_name(name))
 
 
-def _one(row: tuple[Any, ...] | None) -> Any:
+def first_value(row: tuple[Any, ...] | None) -> Any:
     assert row is not None
     return row[0]
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 

@@ -13,7 +13,7 @@ from reindex.errors import ConfigError
 from reindex.ports import TargetSpec
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.catalog import _BOOKKEEPING, _ORIGIN, _RESERVED, _Layout
-from reindex_adapters.postgres.connection import _first_line, _identifier, _one, _psycopg
+from reindex_adapters.postgres.connection import first_line, first_value, identifier, load_psycopg
 from reindex_adapters.postgres.storage import Storage
 
 if TYPE_CHECKING:
@@ -48,18 +48,18 @@ def _check_same_target(spec: TargetSpec, layout: _Layout, storage: Storage) -> N
 def _create_target(conn: Connection, spec: TargetSpec, storage: Storage) -> None:
     from psycopg import sql
 
-    ident = _identifier(spec.name)
+    ident = identifier(spec.name)
     vector = (spec.source.vector_field or "embedding") if spec.source.columns else "embedding"
     definitions = (
         _schema_columns(conn, spec, storage) if spec.source.columns else _schemaless_columns(spec, storage)
     )
-    errors = _psycopg().errors
+    errors = load_psycopg().errors
     try:
         conn.execute(sql.SQL("CREATE TABLE {} ({})").format(ident, sql.SQL(", ").join(definitions)))
     except (errors.UndefinedFunction, errors.UndefinedTable, errors.UndefinedObject) as exc:
         raise ConfigError(
             f"the target database cannot give {spec.name!r} the source's defaults and checks: "
-            + _first_line(exc),
+            + first_line(exc),
             hint="create what they use there first (a function, a sequence, an extension)",
         ) from None
     meta = target_meta(spec, storage, vector) | {"schemaless": not spec.source.columns}
@@ -182,7 +182,7 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
     names = {a.name for a in layout.columns}
     if not set(_RESERVED) <= names or spec.source.text_field not in names or layout.vector is None:
         return
-    schema = _one(
+    schema = first_value(
         conn.execute(
             "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
             [layout.oid],
@@ -241,10 +241,10 @@ def _checked_type(conn: Connection, type_text: str) -> sql.Composable:
     """Accept a type name only if this server parses it as a type (it is then safe to splice)."""
     from psycopg import sql
 
-    psycopg = _psycopg()
+    psycopg = load_psycopg()
     try:
         with conn.transaction():
-            found = _one(conn.execute("SELECT to_regtype(%s)", [type_text]).fetchone())
+            found = first_value(conn.execute("SELECT to_regtype(%s)", [type_text]).fetchone())
     except psycopg.Error:
         found = None
     if found is None:

@@ -34,7 +34,7 @@ from reindex_adapters.postgres.catalog import (
     _writable_columns,
 )
 from reindex_adapters.postgres.change_log import ChangeLog
-from reindex_adapters.postgres.connection import _split
+from reindex_adapters.postgres.connection import split_name
 
 if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
@@ -71,8 +71,8 @@ def writes_of(conn: Connection, alias: str, oid: int) -> Writes:
     qualified = _qualified_name(conn, oid)
     served = _read_layout(conn, qualified)
     assert served is not None
-    schema = _split(qualified)[0]
-    name = _split(alias)[-1]
+    schema = split_name(qualified)[0]
+    name = split_name(alias)[-1]
     log = ChangeLog(
         served.ident,
         served.key.name,

@@ -17,16 +17,16 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import TYPE_CHECKING, Any, Literal, LiteralString, cast
 
 from pydantic import BaseModel, ConfigDict
 
-from reindex.errors import AlreadyRunning, BackendError, ConfigError, MissingDependency, TransientError
+from reindex.errors import AlreadyRunning, ConfigError, TransientError
 from reindex.state.ledger import alias_busy, held, lease_lost
 from reindex.state.records import Lease
 from reindex.state.sql import SqlLedger, settlements_by_state
-from reindex_adapters.postgres.connection import mask_dsn
+from reindex_adapters.postgres.connection import first_line, load_psycopg, scrub, translated
 
 if TYPE_CHECKING:
     import psycopg
@@ -128,8 +128,6 @@ _LEASE_OPTIONS = {
     "tcp_user_timeout": 3000,
 }
 _PING_SECONDS = 1.0
-_USERINFO = re.compile(r"(://[^:/@\s]*):\S*@")  # up to the last '@': what mask_dsn leaves of 'p@ss@host'
-_QUOTED_PASSWORD = re.compile(r"(password\s*=\s*)'(?:[^'\\]|\\.)*'", re.IGNORECASE)  # "password='a b'"
 _MIN_SCRUBBED = 4  # shorter passwords are masked by position only (scrubbing 'p' everywhere garbles text)
 
 
@@ -266,7 +264,7 @@ class PostgresLedger(SqlLedger):
             try:
                 yield
             finally:
-                with suppress(_psycopg().Error):
+                with suppress(load_psycopg().Error):
                     conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
         finally:
             conn.close()
@@ -328,30 +326,13 @@ class PostgresLedger(SqlLedger):
                     raise lease_lost(lease.key, lease.token, stored)
             yield conn
 
-    @contextmanager
-    def _translated(self) -> Iterator[None]:
-        """The ledger's one error translator: dropped connections and timeouts are worth a retry.
-        Messages never carry the password, whatever form the URL gave it in."""
-        psycopg = _psycopg()
-        try:
-            yield
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            raise TransientError(
-                f"ledger: {self._redact(_first_line(exc))}",
-                hint="retry; a dropped connection is reopened on the next call",
-            ) from exc
-        except psycopg.errors.InsufficientPrivilege as exc:
-            raise ConfigError(
-                f"ledger: {self._redact(_first_line(exc))}",
-                hint="grant the [run] state user CREATE and USAGE on schema reindex",
-            ) from exc
-        except psycopg.Error as exc:
-            raise BackendError(f"ledger: {self._redact(_first_line(exc))}") from exc
+    def _translated(self) -> AbstractContextManager[None]:
+        """psycopg's errors as the sinks get them (`connection.translated`), for the ledger."""
+        hint = "grant the [run] state user CREATE and USAGE on schema reindex"
+        return translated("ledger", self._secrets, privilege_hint=hint)
 
     def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return mask_dsn(_QUOTED_PASSWORD.sub(r"\1***", _USERINFO.sub(r"\1:***@", text)))
+        return scrub(text, self._secrets)
 
     def _connection(self) -> Connection:
         """The shared connection, reopened if it was closed or broken (call with self._lock held)."""
@@ -360,14 +341,14 @@ class PostgresLedger(SqlLedger):
         return self._conn
 
     def _open(self, application_name: str = "reindex-ledger", **options: Any) -> Connection:
-        psycopg = _psycopg()
+        psycopg = load_psycopg()
         try:
             conn: Connection = psycopg.connect(
                 self.url, autocommit=True, connect_timeout=10, application_name=application_name, **options
             )
         except psycopg.Error as exc:
             message = (
-                f"cannot connect to the ledger at {self._redact(self.url)}: {self._redact(_first_line(exc))}"
+                f"cannot connect to the ledger at {self._redact(self.url)}: {self._redact(first_line(exc))}"
             )
             if self._has_connected:
                 raise TransientError(message, hint="rerun to resume; the ledger is reopened") from None
@@ -409,7 +390,7 @@ def _acquire(conn: Connection, key: str) -> int:
 def _watch(conn: Connection, lease: Lease, stop: threading.Event) -> None:
     """Ping the lease connection every second; once a ping fails (connection terminated, server
     restarted) or the token moved on, set `lease.lost` and stop. Never re-acquire: the run stops."""
-    psycopg = _psycopg()
+    psycopg = load_psycopg()
     while not stop.wait(_PING_SECONDS):
         try:
             row = conn.execute(
@@ -425,7 +406,7 @@ def _watch(conn: Connection, lease: Lease, stop: threading.Event) -> None:
 def _release(conn: Connection, lease: Lease) -> None:
     """Forget the holder (if the key is still ours) and unlock. A dropped connection has released the
     lock already: nothing to undo. The token row stays, so tokens only ever grow."""
-    psycopg = _psycopg()
+    psycopg = load_psycopg()
     with suppress(psycopg.OperationalError, psycopg.InterfaceError):
         conn.execute(
             "DELETE FROM reindex.leases WHERE key = %s AND EXISTS (SELECT FROM reindex.lease_tokens"
@@ -446,7 +427,7 @@ def _passwords(url: str) -> tuple[str, ...]:
     messages (mask_dsn then catches what is left of a URL that does not parse)."""
     from urllib.parse import quote, quote_plus
 
-    psycopg = _psycopg()
+    psycopg = load_psycopg()
     try:
         password = psycopg.conninfo.conninfo_to_dict(url).get("password")
     except psycopg.Error:
@@ -470,17 +451,3 @@ def _one(cursor: Any) -> Any:
     row = cursor.fetchone()
     assert row is not None
     return row[0]
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-
-
-def _psycopg() -> Any:
-    try:
-        import psycopg
-        import psycopg.conninfo
-        import psycopg.sql
-    except ImportError:
-        raise MissingDependency("psycopg", extra="pgvector") from None
-    return psycopg

@@ -15,7 +15,7 @@ from reindex_adapters.postgres.catalog import _ORIGIN, _RESERVED, _detect_distan
 if TYPE_CHECKING:
     from psycopg import sql
 
-    from reindex_adapters.postgres.connection import _Database
+    from reindex_adapters.postgres.connection import Database
 
 
 _OPERATORS: dict[Distance, str] = {"cosine": "<=>", "dot": "<#>", "euclid": "<->"}
@@ -25,7 +25,7 @@ _cursor_names = itertools.count()
 class _Reads:
     """The sink's reads; the sink gives the connection and each target's layout."""
 
-    _db: _Database
+    _db: Database
 
     def _layout(self, target: str) -> _Layout:
         raise NotImplementedError

@@ -43,7 +43,7 @@ from reindex_adapters.postgres.catalog import (
     _writable_columns,
 )
 from reindex_adapters.postgres.change_log import ChangeLog
-from reindex_adapters.postgres.connection import _identifier, _split
+from reindex_adapters.postgres.connection import identifier, split_name
 from reindex_adapters.postgres.kept_writes import writes_of
 from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
 
@@ -95,13 +95,13 @@ class Restore:
         """An object of the tool's next to the alias, not named like a target (`docs_reindex_restore_log`)."""
         from psycopg import sql
 
-        return sql.Identifier(self.schema, f"{_split(self.alias)[-1]}_reindex_restore_{suffix}")
+        return sql.Identifier(self.schema, f"{split_name(self.alias)[-1]}_reindex_restore_{suffix}")
 
     @property
     def changes(self) -> ChangeLog:
         """The keys written through the view since step 1 (change_log.py)."""
         return ChangeLog(
-            _identifier(self.served), self.key, self.beside("log"), self.beside("note"), "reindex_restore"
+            identifier(self.served), self.key, self.beside("log"), self.beside("note"), "reindex_restore"
         )
 
     @property
@@ -139,10 +139,10 @@ def find(conn: Connection, alias: str) -> Restore | None:
             f"target {served!r} stores bit vectors, which mode column does not",
             hint='keep mode = "table" for this alias, or cut over to a vector or halfvec target first',
         )
-    schema = _split(_qualified_name(conn, resolved.oid))[0]
-    pattern = re.sub(r"([\\%_])", r"\\\1", _split(alias)[-1]) + r"\_\_%"
+    schema = split_name(_qualified_name(conn, resolved.oid))[0]
+    pattern = re.sub(r"([\\%_])", r"\\\1", split_name(alias)[-1]) + r"\_\_%"
     named = conn.execute(_NAMED_LIKE_SQL, [schema, pattern]).fetchall()
-    others = sorted({str(n) for (n,) in named} - {_split(served)[-1], _split(adopted)[-1]})
+    others = sorted({str(n) for (n,) in named} - {split_name(served)[-1], split_name(adopted)[-1]})
     if others:
         raise ConfigError(
             f"alias {alias!r} has other 0.2 targets, {', '.join(others)}: moving back into {adopted!r} would"
@@ -193,11 +193,11 @@ def _record_writes(sink: PgvectorSink, found: Restore) -> None:
         found.changes.start(conn, key_type)
         conn.execute(
             sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} {}").format(
-                _identifier(found.table), sql.Identifier(found.column), sql.SQL(vector_type)
+                identifier(found.table), sql.Identifier(found.column), sql.SQL(vector_type)
             )
         )
         # marked as the tool's (what fidelity.py counts as the application's columns leaves it out)
-        columns.mark(conn, _identifier(found.table), found.column, found.served, False, {})
+        columns.mark(conn, identifier(found.table), found.column, found.served, False, {})
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (id {} PRIMARY KEY, content_hash text NOT NULL,"
@@ -212,7 +212,7 @@ def _carry(conn: Connection, found: Restore, *, logged: bool) -> None:
     triggers are off meanwhile, and on again as they were."""
     from psycopg import sql
 
-    served, table = _read_layout(conn, found.served), _identifier(found.table)
+    served, table = _read_layout(conn, found.served), identifier(found.table)
     assert served is not None and served.vector is not None
     present = {a.name for a in served.columns}
     writable = [
@@ -335,21 +335,21 @@ def _move(sink: PgvectorSink, found: Restore) -> None:
                 f"alias {found.alias!r} changed while it was moved back into {found.table!r}",
                 hint="check `reindex status`, then run cutover again",
             )
-        table = _identifier(found.table)
+        table = identifier(found.table)
         conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
         grants = _grants_of(conn, found.view_oid)
-        conn.execute(sql.SQL("DROP VIEW {}").format(_identifier(found.alias)))
+        conn.execute(sql.SQL("DROP VIEW {}").format(identifier(found.alias)))
         writes_of(conn, found.alias, found.served_oid).stop(conn)  # the table mode's log of the live target
         if found.meta:
             conn.execute(sql.SQL("ANALYZE {}").format(found.changes.log))  # known small: index lookups
             _carry(conn, found, logged=True)
             postgres_rules.continue_numbering(conn, found.served_oid, found.table_oid, scan=True)
             found.changes.stop(conn)
-            conn.execute(sql.SQL("DROP TABLE {}").format(_identifier(found.served)))
+            conn.execute(sql.SQL("DROP TABLE {}").format(identifier(found.served)))
         conn.execute(
-            sql.SQL("ALTER TABLE {} RENAME TO {}").format(table, sql.Identifier(_split(found.alias)[-1]))
+            sql.SQL("ALTER TABLE {} RENAME TO {}").format(table, sql.Identifier(split_name(found.alias)[-1]))
         )
-        table = _identifier(found.alias)
+        table = identifier(found.alias)
         _grant(conn, table, grants)  # what was granted on the view since 0.2's cutover
         if found.meta:
             _flip_columns(conn, found, table)
@@ -378,13 +378,13 @@ def _flip_columns(conn: Connection, found: Restore, table: sql.Identifier) -> No
     columns.mark(conn, table, found.vector, found.served, True, found.moved)
     dependents.recreate(conn, views)
     book = found.staged_book
-    name = _split(found.book)[-1]
+    name = split_name(found.book)[-1]
     conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(book, sql.Identifier(name)))
-    pkey = sql.Identifier(found.schema, f"{_split(found.alias)[-1]}_reindex_restore_book_pkey")
+    pkey = sql.Identifier(found.schema, f"{split_name(found.alias)[-1]}_reindex_restore_book_pkey")
     conn.execute(sql.SQL("ALTER INDEX {} RENAME TO {}").format(pkey, sql.Identifier(f"{name[:58]}_pkey")))
     meta = {**found.meta, "mode": "column", "alias": found.alias, "vector_column": found.vector}
     conn.execute(
-        sql.SQL("COMMENT ON TABLE {} IS {}").format(_identifier(found.book), sql.Literal(json.dumps(meta)))
+        sql.SQL("COMMENT ON TABLE {} IS {}").format(identifier(found.book), sql.Literal(json.dumps(meta)))
     )
 
 

@@ -30,7 +30,7 @@ from reindex_adapters.postgres import column_index, column_write, fidelity
 from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres.catalog import _column_type, _json_object, _Layout, _read_layout, _regclass
 from reindex_adapters.postgres.column_alias import _ColumnAlias
-from reindex_adapters.postgres.connection import _identifier, _one
+from reindex_adapters.postgres.connection import first_value, identifier
 from reindex_adapters.postgres.ddl import target_meta
 from reindex_adapters.postgres.reads import _cursor_names
 from reindex_adapters.postgres.sink import MODES, retry_locked
@@ -55,7 +55,7 @@ class PgvectorColumnSink(_ColumnAlias):
 
     def losses(self, spec: TargetSpec) -> list[Loss]:
         """What the table has that the column mode would not keep (fidelity.py, mode column)."""
-        _identifier(spec.alias)
+        identifier(spec.alias)
         with self._db.errors():
             conn = self._db.connection()
             oid = self._table_oid(conn, spec.alias)
@@ -95,7 +95,7 @@ class PgvectorColumnSink(_ColumnAlias):
         with self._db.errors():
             conn = self._db.connection()
             oid = conn.execute(
-                "SELECT to_regclass(%s)::oid::int8", [_identifier(alias).as_string(conn)]
+                "SELECT to_regclass(%s)::oid::int8", [identifier(alias).as_string(conn)]
             ).fetchone()
             if oid is None or oid[0] is None:
                 return 0
@@ -107,14 +107,14 @@ class PgvectorColumnSink(_ColumnAlias):
                 return 0
             one = conn.execute(
                 sql.SQL("SELECT pg_column_size({0}) FROM {1} WHERE {0} IS NOT NULL LIMIT 1").format(
-                    sql.Identifier(vector), _identifier(alias)
+                    sql.Identifier(vector), identifier(alias)
                 )
             ).fetchone()
             rows = conn.execute("SELECT reltuples::int8 FROM pg_class WHERE oid = %s", [oid[0]]).fetchone()
             estimate = int((rows or [0])[0])
             if estimate <= 0:
                 counted = conn.execute(
-                    sql.SQL("SELECT count(*) FROM {}").format(_identifier(alias))
+                    sql.SQL("SELECT count(*) FROM {}").format(identifier(alias))
                 ).fetchone()
                 estimate = int((counted or [0])[0])
             values = [int(one[0]) * estimate if one and one[0] else 0]
@@ -136,7 +136,7 @@ class PgvectorColumnSink(_ColumnAlias):
     def prepare(self, spec: TargetSpec) -> None:
         """Add the target's column and its bookkeeping table (idempotent); refuse first what the table has
         that the column mode would not keep, unless accepted."""
-        _identifier(spec.name)
+        identifier(spec.name)
         self._layouts.pop(spec.name, None)
         storage = choose(self.storage, self.full_vector, spec.dim, index=self.build_index)
         if storage.kind == "bit":
@@ -169,13 +169,13 @@ class PgvectorColumnSink(_ColumnAlias):
                 sql.SQL(
                     "CREATE TABLE IF NOT EXISTS {} (id {} PRIMARY KEY, content_hash text NOT NULL,"
                     " vector_digest text NOT NULL)"
-                ).format(_identifier(book), sql.SQL(key))
+                ).format(identifier(book), sql.SQL(key))
             )
             meta = target_meta(spec, storage, vector) | {"mode": "column"}
             conn.execute(
-                sql.SQL("COMMENT ON TABLE {} IS {}").format(_identifier(book), sql.Literal(json.dumps(meta)))
+                sql.SQL("COMMENT ON TABLE {} IS {}").format(identifier(book), sql.Literal(json.dumps(meta)))
             )
-            table = _identifier(spec.alias)
+            table = identifier(spec.alias)
             conn.execute(
                 sql.SQL("ALTER TABLE {} ADD COLUMN {}").format(table, storage.column_sql(name, spec.dim))
             )
@@ -216,7 +216,7 @@ class PgvectorColumnSink(_ColumnAlias):
             k=layout.key.ident,
             cast=layout.key.cast,
             hash=columns.content_hash_sql(sql.SQL("d.{}").format(text)),
-            book=_identifier(self._built(layout, target)),
+            book=identifier(self._built(layout, target)),
         )
         payload = column_write.stage_payload(
             [r.id for r in rows.records], list(rows.content_hashes), layout.storage, rows.vectors
@@ -246,7 +246,7 @@ class PgvectorColumnSink(_ColumnAlias):
             )
             conn.execute(
                 sql.SQL("DELETE FROM {} WHERE id = ANY(%s::{}[])").format(
-                    _identifier(self._built(layout, target)), layout.key.cast
+                    identifier(self._built(layout, target)), layout.key.cast
                 ),
                 [list(ids)],
             )
@@ -275,14 +275,14 @@ class PgvectorColumnSink(_ColumnAlias):
     def describe(self, target: str) -> TargetInfo | None:
         from psycopg import sql
 
-        _identifier(target)
+        identifier(target)
         with self._db.errors():
             conn = self._db.connection()
             layout = self._find_layout(conn, target)
             if layout is None:
                 return None
             assert layout.vector is not None
-            count = _one(
+            count = first_value(
                 conn.execute(sql.SQL(_COUNT_SQL).format(layout.ident, layout.vector.ident)).fetchone()
             )
         meta = layout.meta
@@ -315,7 +315,7 @@ class PgvectorColumnSink(_ColumnAlias):
                 "CASE WHEN b.vector_digest = {g} THEN b.content_hash ELSE {h} END,"
                 " b.vector_digest IS DISTINCT FROM {g}"
             ).format(g=written, h=columns.content_hash_sql(text))
-            join = sql.SQL(" LEFT JOIN {} AS b ON b.id = d.{}").format(_identifier(book), layout.key.ident)
+            join = sql.SQL(" LEFT JOIN {} AS b ON b.id = d.{}").format(identifier(book), layout.key.ident)
         query = sql.SQL(
             "SELECT d.{k}::text, {digest}, CASE WHEN {dims} <> %s THEN 'dimension' WHEN {zero} THEN 'zero' END"
             " FROM {t} AS d{join} WHERE d.{v} IS NOT NULL"
@@ -354,7 +354,7 @@ class PgvectorColumnSink(_ColumnAlias):
             k=layout.key.ident,
             v=layout.vector.ident,
             t=layout.ident,
-            b=_identifier(book),
+            b=identifier(book),
             cast=layout.key.cast,
         )
         with self._db.errors():
@@ -380,7 +380,7 @@ class PgvectorColumnSink(_ColumnAlias):
                     " ON CONFLICT (id) DO UPDATE SET content_hash = excluded.content_hash,"
                     " vector_digest = excluded.vector_digest"
                 ).format(
-                    b=_identifier(book),
+                    b=identifier(book),
                     g=column_write.digest(layout, sql.SQL("d.{}").format(layout.vector.ident)),
                     cast=layout.key.cast,
                     t=layout.ident,
@@ -395,7 +395,7 @@ class PgvectorColumnSink(_ColumnAlias):
 
     def _layout(self, target: str) -> _Layout:
         if target not in self._layouts:
-            _identifier(target)
+            identifier(target)
             with self._db.errors():
                 layout = self._find_layout(self._db.connection(), target)
             if layout is None:
@@ -461,13 +461,13 @@ class PgvectorColumnSink(_ColumnAlias):
         if oid is None:
             return {}
         return _json_object(
-            _one(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", [oid]).fetchone())
+            first_value(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", [oid]).fetchone())
         )
 
     def _table_oid(self, conn: Connection, alias: str) -> int:
         row = conn.execute(
             "SELECT c.oid::int8, c.relkind::text FROM pg_class c WHERE c.oid = to_regclass(%s)",
-            [_identifier(alias).as_string(conn)],
+            [identifier(alias).as_string(conn)],
         ).fetchone()
         if row is None or row[1] not in ("r", "p"):
             raise ConfigError(

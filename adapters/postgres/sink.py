@@ -51,7 +51,7 @@ from reindex_adapters.postgres.catalog import (
     _regclass,
     _server_identity,
 )
-from reindex_adapters.postgres.connection import _Database, _DsnConfig, _identifier, _one, _split
+from reindex_adapters.postgres.connection import Database, _DsnConfig, first_value, identifier, split_name
 from reindex_adapters.postgres.ddl import (
     _AS_THE_TOOL,
     _HNSW_SQL,
@@ -141,7 +141,7 @@ class PgvectorSink(_Reads):
         full_vector: bool = False,
         accept: Sequence[str] = (),
     ) -> None:
-        self._db = _Database(dsn, "target", vectors=True)
+        self._db = Database(dsn, "target", vectors=True)
         self.lock_timeout_ms = lock_timeout_ms
         self.swap_attempts = swap_attempts
         self.build_index = build_index
@@ -180,7 +180,7 @@ class PgvectorSink(_Reads):
         if self._identity is None:
             with self._db.errors():
                 conn = self._db.connection()
-                schema = _one(conn.execute("SELECT current_schema()").fetchone())
+                schema = first_value(conn.execute("SELECT current_schema()").fetchone())
                 self._identity = f"pgvector:{_server_identity(conn)}/{schema}"
         return self._identity
 
@@ -198,7 +198,7 @@ class PgvectorSink(_Reads):
     def losses(self, spec: TargetSpec) -> list[Loss]:
         """What the application's table named like the alias has that adopting it would not keep (the view
         put in its place reads a new table that has only its columns, their rules, its key and grants)."""
-        _identifier(spec.alias)
+        identifier(spec.alias)
         with self._db.errors():
             conn = self._db.connection()
             return self._losses(conn, spec.alias, spec.source.id_field, spec.source.vector_field)
@@ -215,7 +215,7 @@ class PgvectorSink(_Reads):
         with self._db.errors():
             conn = self._db.connection()
             return privileges.missing(
-                conn, _identifier(spec.alias).as_string(conn), owns_table=self.serves_in_place
+                conn, identifier(spec.alias).as_string(conn), owns_table=self.serves_in_place
             )
 
     def refuse_missing_privileges(self, spec: TargetSpec) -> None:
@@ -230,7 +230,7 @@ class PgvectorSink(_Reads):
         """Create the target, or check the one there is for `spec`; first refuse, before anything is
         built, what this role may not do, and a table behind the alias that has what its adoption would not
         keep, unless accepted."""
-        _identifier(spec.name)
+        identifier(spec.name)
         self._layouts.pop(spec.name, None)
         storage = choose(self.storage, self.full_vector, spec.dim, index=self.build_index)
         self.refuse_missing_privileges(spec)
@@ -246,7 +246,7 @@ class PgvectorSink(_Reads):
     def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
         """A table of the target's shape in its schema, named `reindex_rehearsal_<token>`: created plain (the
         application's policies, triggers and grants come onto a target only at its cutover)."""
-        return replace(spec, name=".".join([*_split(spec.name)[:-1], f"{SCRATCH_PREFIX}{token}"]))
+        return replace(spec, name=".".join([*split_name(spec.name)[:-1], f"{SCRATCH_PREFIX}{token}"]))
 
     def scratches(self) -> list[str]:
         with self._db.errors():
@@ -327,14 +327,14 @@ class PgvectorSink(_Reads):
     def describe(self, target: str) -> TargetInfo | None:
         from psycopg import sql
 
-        _identifier(target)
+        identifier(target)
         with self._db.errors():
             conn = self._db.connection()
             layout = _read_layout(conn, target)
             if layout is None:
                 return None
             count = int(
-                _one(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(layout.ident)).fetchone())
+                first_value(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(layout.ident)).fetchone())
             )
         dim = layout.vector.typmod if layout.vector is not None and layout.vector.typmod > 0 else None
         meta = layout.meta
@@ -349,7 +349,7 @@ class PgvectorSink(_Reads):
         )
 
     def alias(self, alias: str) -> AliasInfo:
-        _identifier(alias)
+        identifier(alias)
         with self._db.errors():
             return _resolve_alias(self._db.connection(), alias).info
 
@@ -364,8 +364,8 @@ class PgvectorSink(_Reads):
     ) -> str | None:
         """Swap the view in one short transaction; a busy lock is retried, then refused (old target stays).
         With `settle`, writers are held first (EXCLUSIVE: readers pass), then settle runs, then the swap."""
-        _identifier(alias)
-        _identifier(target)
+        identifier(alias)
+        identifier(target)
         previous = retry_locked(self, lambda: self._swap(alias, target, expected, meta, settle), alias)
         with self._db.errors():
             self._read_back(alias, target)
@@ -394,7 +394,7 @@ class PgvectorSink(_Reads):
             return [str(row[0]) for row in self._db.connection().execute(query).fetchall()]
 
     def targets(self, alias: str) -> list[str]:
-        parts = _split(alias)
+        parts = split_name(alias)
         schema = parts[0] if len(parts) == 2 else None
         pattern = re.sub(r"([\\%_])", r"\\\1", parts[-1]) + r"\_\_%"
         with self._db.errors():
@@ -405,7 +405,7 @@ class PgvectorSink(_Reads):
     def drop(self, target: str) -> None:
         from psycopg import sql
 
-        _identifier(target)
+        identifier(target)
         self._layouts.pop(target, None)
         with self._db.transaction() as conn:
             oid = _regclass(conn, target)
@@ -417,7 +417,7 @@ class PgvectorSink(_Reads):
                     f"target {target!r} is still served by {', '.join(views)}",
                     hint="move the alias to another target before pruning this one",
                 )
-            conn.execute(sql.SQL("DROP TABLE {}").format(_identifier(target)))
+            conn.execute(sql.SQL("DROP TABLE {}").format(identifier(target)))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -427,7 +427,7 @@ class PgvectorSink(_Reads):
 
     def _layout(self, target: str) -> _Layout:
         if target not in self._layouts:
-            _identifier(target)
+            identifier(target)
             with self._db.errors():
                 layout = _read_layout(self._db.connection(), target)
             if layout is None:

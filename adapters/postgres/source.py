@@ -12,7 +12,7 @@ from reindex.columns import Documents
 from reindex.ports import Column, Record, Sink, SourceSchema
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.catalog import _qualified_name, _read_source_shape, _server_identity
-from reindex_adapters.postgres.connection import _Database, _database_of, _DsnConfig, _identifier, _one
+from reindex_adapters.postgres.connection import Database, _database_of, _DsnConfig, first_value, identifier
 from reindex_adapters.postgres.sink import PgvectorSink
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class PostgresSource:
         vector_column: str | None = None,
         page_size: int = 1000,
     ) -> None:
-        self._db = _Database(dsn, "source", vectors=False)
+        self._db = Database(dsn, "source", vectors=False)
         self.table = table
         self.page_size = page_size
         self._columns = (id_column, text_column, vector_column)
@@ -80,9 +80,9 @@ class PostgresSource:
 
         with self._db.errors():
             row = self._db.connection().execute(
-                sql.SQL("SELECT count(*) FROM {}").format(_identifier(self.table))
+                sql.SQL("SELECT count(*) FROM {}").format(identifier(self.table))
             )
-            return int(_one(row.fetchone()))
+            return int(first_value(row.fetchone()))
 
     def scan(self, after: str | None = None) -> Iterator[Record]:
         while True:
@@ -149,7 +149,7 @@ class PostgresSource:
         query = sql.SQL(
             "SELECT k, n FROM (SELECT {k} AS k, row_number() OVER (ORDER BY {k}) AS n, count(*) OVER () AS total"
             " FROM {t} {w}) AS numbered WHERE n %% %s = 0 OR n = total ORDER BY n"
-        ).format(k=key.ident, t=_identifier(self.table), w=where)
+        ).format(k=key.ident, t=identifier(self.table), w=where)
         params = [after, size] if after is not None else [size]
         with self._db.errors():
             rows = self._db.connection().execute(query, params).fetchall()
@@ -215,7 +215,7 @@ class PostgresSource:
         from psycopg import sql
 
         names = sql.SQL(", ").join(a.ident for a in self._shape.columns)
-        return sql.SQL("SELECT {} FROM {} ").format(names, _identifier(self.table))
+        return sql.SQL("SELECT {} FROM {} ").format(names, identifier(self.table))
 
     def _record(self, row: tuple[Any, ...]) -> Record:
         payload = {a.name: value for a, value in zip(self._shape.columns, row, strict=True)}

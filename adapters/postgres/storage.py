@@ -211,7 +211,7 @@ def check_server(conn: Connection, storage: Storage) -> None:
     """Refuse a type the target database's pgvector does not have yet (halfvec and bit: 0.7.0)."""
     row = conn.execute(_VERSION_SQL).fetchone()
     if row is None:
-        return  # the extension is created by the first write (`_Database`), at the server's version
+        return  # the extension is created by the first write (`Database`), at the server's version
     found = version(str(row[0]))
     wanted = SINCE[storage.kind]
     if found < wanted:

@@ -20,7 +20,7 @@ from reindex_adapters.postgres.catalog import (
     _regclass,
 )
 from reindex_adapters.postgres.catalog import _attributes as _catalog_columns
-from reindex_adapters.postgres.connection import _Database, _identifier, _one
+from reindex_adapters.postgres.connection import Database, first_value, identifier
 from reindex_adapters.postgres.source import PostgresSource
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ ORDER BY i.indisprimary DESC, a.attnum"""
 def survey(section: dict[str, Any], given: Overrides) -> Survey:
     """Read the catalog and a small sample of `section`'s table; the DSN comes from its environment variable."""
     config = validate("source", PostgresSource.Config, section)
-    db = _Database(config.resolved_dsn("source"), "source", vectors=False)
+    db = Database(config.resolved_dsn("source"), "source", vectors=False)
     try:
         with db.errors():
             return _survey(db.connection(), config.table, given)
@@ -69,7 +69,7 @@ def _survey(conn: Connection, table: str, given: Overrides) -> Survey:
     if key.field is not None and text.field is not None:
         _read_source_shape(conn, table, key.field, text.field, vector.field)  # the source's own checks
     relkind = str(
-        _one(conn.execute("SELECT relkind::text FROM pg_class WHERE oid = %s::oid", [oid]).fetchone())
+        first_value(conn.execute("SELECT relkind::text FROM pg_class WHERE oid = %s::oid", [oid]).fetchone())
     )
     alias, note = _alias_state(conn, table, oid, relkind)
     attribute = next((a for a in columns if a.name == vector.field), None)
@@ -112,7 +112,7 @@ def _average_lengths(conn: Connection, table: str, names: list[str]) -> dict[str
         return {}
     averages = sql.SQL(", ").join(sql.SQL("avg(length({}))").format(sql.Identifier(n)) for n in names)
     query = sql.SQL("SELECT {} FROM (SELECT {} FROM {} LIMIT %s) AS sample").format(
-        averages, sql.SQL(", ").join(sql.Identifier(n) for n in names), _identifier(table)
+        averages, sql.SQL(", ").join(sql.Identifier(n) for n in names), identifier(table)
     )
     row = conn.execute(query, [SAMPLE_ROWS]).fetchone()
     assert row is not None
@@ -141,7 +141,9 @@ def _alias_state(conn: Connection, table: str, oid: int, relkind: str) -> tuple[
 def _count(conn: Connection, table: str) -> int:
     from psycopg import sql
 
-    return int(_one(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_identifier(table))).fetchone()))
+    return int(
+        first_value(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(identifier(table))).fetchone())
+    )
 
 
 def _dim(attribute: _Attribute | None) -> int | None:

@@ -19,7 +19,7 @@ from reindex.errors import RowsRejected
 from reindex.ports import Rows
 from reindex_adapters.postgres import copy_format as pg_copy
 from reindex_adapters.postgres.catalog import _BOOKKEEPING, _ORIGIN, _RESERVED, _Layout
-from reindex_adapters.postgres.connection import _Database, _first_line, _psycopg
+from reindex_adapters.postgres.connection import Database, first_line, load_psycopg
 from reindex_adapters.postgres.ddl import _AS_THE_TOOL
 
 if TYPE_CHECKING:
@@ -37,13 +37,13 @@ _BulkColumns = pg_copy.Schemaless | pg_copy.Schema
 @contextmanager
 def _rejections(target: str) -> Iterator[None]:
     """Refusals caused by the rows' content (SQLSTATE class 22, psycopg's NUL check) → RowsRejected."""
-    psycopg = _psycopg()
+    psycopg = load_psycopg()
     try:
         yield
     except psycopg.DataError as exc:
         code = exc.sqlstate or ("nul_byte" if "NUL" in str(exc) else "invalid_value")
         raise RowsRejected(
-            f"Postgres refused rows for {target!r}: {_first_line(exc)}", reason=f"sink_rejected:{code}"
+            f"Postgres refused rows for {target!r}: {first_line(exc)}", reason=f"sink_rejected:{code}"
         ) from exc
 
 
@@ -52,9 +52,9 @@ class _Writers:
     They know pgvector's types like the sink's own: a source table's columns may hold some."""
 
     def __init__(self, dsn: str, count: int) -> None:
-        self._dbs: list[_Database] = []
+        self._dbs: list[Database] = []
         try:
-            self._dbs += [_Database(dsn, "target", vectors=True, has_connected=True) for _ in range(count)]
+            self._dbs += [Database(dsn, "target", vectors=True, has_connected=True) for _ in range(count)]
         except BaseException:
             self.close()
             raise
@@ -92,12 +92,12 @@ def _write_rows(conn: Connection, layout: _Layout, rows: Rows) -> None:
     _upsert_stage(conn, layout)
 
 
-def _write_bulk(db: _Database, layout: _Layout, columns: _BulkColumns, rows: Rows, *, direct: bool) -> bool:
+def _write_bulk(db: Database, layout: _Layout, columns: _BulkColumns, rows: Rows, *, direct: bool) -> bool:
     """One binary COPY of the whole batch: into the target when `direct`, falling back to stage + upsert
     when a key is already there. True when that fallback was taken."""
     from psycopg import sql
 
-    psycopg = _psycopg()
+    psycopg = load_psycopg()
     with db.errors(), _rejections(layout.name):
         conn = db.connection()
         payload = _encoded(conn, layout.name, columns, rows)
@@ -238,7 +238,7 @@ def _has_dumper(conn: Connection, oid: int, *, binary: bool) -> bool:
 
     try:
         conn.adapters.get_dumper_by_oid(oid, Format.BINARY if binary else Format.TEXT)
-    except _psycopg().ProgrammingError:
+    except load_psycopg().ProgrammingError:
         return False
     return True
 
