@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field
 
 from reindex import registry
 from reindex.errors import ConfigError, environment, validate
+from reindex.ports import NamesModelPaths, NamesPaths
 
 SECTIONS = ("source", "embedder", "target", "run", "ray", "compare", "gate", "routes")
 DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -269,10 +270,12 @@ def _anchor_section(role: str, section: dict[str, Any], base: Path) -> dict[str,
     except ConfigError:
         return section  # an unknown kind: `check` names it
     section = dict(section)
-    for key in getattr(model.Config, "PATHS", ()):
+    paths = model.Config.PATHS if isinstance(model.Config, NamesPaths) else ()
+    for key in paths:
         if isinstance(section.get(key), str) and not section[key].startswith(":"):  # ":memory:"
             section[key] = _under(base, section[key])
-    for key in getattr(model.Config, "MODEL_PATHS", ()):
+    models = model.Config.MODEL_PATHS if isinstance(model.Config, NamesModelPaths) else ()
+    for key in models:
         value = section.get(key)
         if isinstance(value, str) and _is_local(value, base):
             section[key] = _under(base, value)

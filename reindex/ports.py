@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -105,6 +105,22 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class NamesPaths(Protocol):
+    """An adapter's `Config` whose keys named here hold file paths, read against the config file's folder
+    unless absolute (`reindex.config`: a JSONL or Parquet file, Qdrant's local storage, a tokenizer file)."""
+
+    PATHS: ClassVar[tuple[str, ...]]
+
+
+@runtime_checkable
+class NamesModelPaths(Protocol):
+    """An adapter's `Config` whose keys named here hold a model: a folder beside the config file where one
+    is there, else a Hugging Face hub id, left as it is."""
+
+    MODEL_PATHS: ClassVar[tuple[str, ...]]
 
 
 @runtime_checkable
