@@ -19,7 +19,8 @@ from typing import Any, overload
 import numpy as np
 from numpy.typing import NDArray
 
-from reindex.ports import EmbedsColumns, Record, TokenizesColumns, Tokens
+from reindex.capabilities import EmbedsColumns, TokenizesColumns
+from reindex.ports import Record, Tokens
 
 Indexes = Sequence[int] | NDArray[np.integer[Any]]
 Int64s = NDArray[np.int64]

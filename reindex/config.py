@@ -12,8 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator, model_validator
 
 from reindex import registry
+from reindex.capabilities import NamesModelPaths, NamesPaths
 from reindex.errors import ConfigError, environment, validate
-from reindex.ports import NamesModelPaths, NamesPaths
 
 SECTIONS = ("source", "embedder", "target", "run", "ray", "compare", "gate", "routes")
 DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}

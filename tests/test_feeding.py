@@ -86,7 +86,7 @@ class FailingOnce(Handle):
     def rejections(self) -> dict[int, str]:
         return {0: "provider_rejected:invalid_request"}
 
-    # the rest of a remote call's handle (`ports.PendingRequests`)
+    # the rest of a remote call's handle (`capabilities.PendingRequests`)
     def done(self) -> bool:
         return True
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
+from reindex.capabilities import Traffic
 from reindex.errors import BackendError, ReindexError
-from reindex.ports import EmbedderTraits, RequestLimits, TokenCounts, Tokens, Traffic, Vectors
+from reindex.ports import EmbedderTraits, RequestLimits, TokenCounts, Tokens, Vectors
 from reindex_adapters.cohere.client import (
     COUNTS,
     MAX_TEXTS,

@@ -22,18 +22,10 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 from pydantic import Field
 
+from reindex.capabilities import Traffic
 from reindex.errors import ConfigError
 from reindex.fingerprint import fingerprint
-from reindex.ports import (
-    EmbedderInfo,
-    EmbedderTraits,
-    JobItem,
-    JobResult,
-    TokenCounts,
-    Tokens,
-    Traffic,
-    Vectors,
-)
+from reindex.ports import EmbedderInfo, EmbedderTraits, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters.gemini.client import make_client, translated_errors
 from reindex_adapters.gemini.responses import read_responses
 from reindex_adapters.remote.errors import ProviderNotFound

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import numpy as np
 from pydantic import Field
 
+from reindex.capabilities import Traffic
 from reindex.columns import TokenColumns
 from reindex.errors import BackendError
-from reindex.ports import EmbedderTraits, RequestLimits, Tokens, Traffic, Vectors
+from reindex.ports import EmbedderTraits, RequestLimits, Tokens, Vectors
 from reindex_adapters.openai.client import (
     MAX_INPUTS,
     MAX_REQUEST_TOKENS,

@@ -12,8 +12,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from reindex.capabilities import Traffic as Figures
 from reindex.errors import ReindexError, TransientError
-from reindex.ports import Traffic as Figures
 from reindex_adapters.remote.errors import ProviderBusy
 
 T = TypeVar("T")

@@ -21,8 +21,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from reindex.capabilities import Traffic
 from reindex.errors import BackendError, ConfigError, TransientError
-from reindex.ports import EmbedderTraits, JobItem, JobResult, Tokens, Traffic
+from reindex.ports import EmbedderTraits, JobItem, JobResult, Tokens
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound
 from reindex_adapters.remote.jobs import KeyIndex, create_once
 from reindex_adapters.remote.lines import billed_tokens, collect_lines

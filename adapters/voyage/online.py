@@ -16,8 +16,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from reindex.capabilities import Traffic
 from reindex.errors import BackendError
-from reindex.ports import EmbedderTraits, JobItem, JobResult, RequestLimits, Tokens, Traffic, Vectors
+from reindex.ports import EmbedderTraits, JobItem, JobResult, RequestLimits, Tokens, Vectors
 from reindex_adapters.remote.errors import ProviderRejected
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.remote.tokens import request_groups

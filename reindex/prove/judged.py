@@ -7,10 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from reindex import registry
+from reindex.capabilities import Closes
 from reindex.errors import VerificationFailed
-from reindex.ports import (
-    Closes,
-)
 from reindex.prove import quality
 from reindex.run.migration import (
     Migration,

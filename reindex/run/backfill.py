@@ -11,14 +11,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from reindex import crashpoints, registry
+from reindex.capabilities import ReportsTraffic, TimesIndexBuild
 from reindex.config import Config
 from reindex.errors import ConfigError, CutoverRefused
-from reindex.ports import (
-    DeferredEmbedder,
-    EmbedderTraits,
-    ReportsTraffic,
-    TimesIndexBuild,
-)
+from reindex.ports import DeferredEmbedder, EmbedderTraits
 from reindex.run import processes
 from reindex.run.cost import Budget
 from reindex.run.deferred import DeferredRun

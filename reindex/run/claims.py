@@ -24,8 +24,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import Any, Protocol
 
+from reindex.capabilities import Metered
 from reindex.config import RunConfig
-from reindex.ports import DeferredEmbedder, Metered
+from reindex.ports import DeferredEmbedder
 from reindex.state import ledger
 from reindex.state.ledger import Ledger
 

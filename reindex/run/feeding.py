@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from reindex.capabilities import Pending, PendingRequests, PipelinesCalls, RefusesRows
 from reindex.columns import TokenColumns, embed
 from reindex.errors import TransientError
-from reindex.ports import Pending, PendingRequests, PipelinesCalls, RefusesRows, Vectors
+from reindex.ports import Vectors
 
 Batch = NDArray[np.int64]
 Retry = Callable[..., Any]

@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from reindex.batching import chunks
+from reindex.capabilities import ScansColumns
 from reindex.columns import Documents
 from reindex.errors import RowsRejected, TransientError
-from reindex.ports import Record, Rows, ScansColumns, Sink, Source
+from reindex.ports import Record, Rows, Sink, Source
 from reindex.retry import retrying
 from reindex.run.shards import Shard
 from reindex.state.records import DeadLetter

@@ -25,10 +25,11 @@ import numpy as np
 
 from reindex import crashpoints
 from reindex.batching import batch_budget, batch_texts, padded_tokens, token_batches
+from reindex.capabilities import CountsExactly, Metered
 from reindex.columns import TokenColumns
 from reindex.config import RunConfig
 from reindex.errors import BudgetRefused, ConfigError, Interrupted
-from reindex.ports import CountsExactly, Embedder, Metered, Record, Rows, Sink, Source, TargetSpec, Vectors
+from reindex.ports import Embedder, Record, Rows, Sink, Source, TargetSpec, Vectors
 from reindex.retry import retrying
 from reindex.run.claims import ClaimBook, Claims, WindowClaims, run_wide
 from reindex.run.copies import Copies, copy_rows

@@ -8,9 +8,10 @@ from collections.abc import Iterator, Mapping
 from itertools import islice
 from typing import Any
 
+from reindex.capabilities import BoundsShards, ScansRanges
 from reindex.columns import Documents
 from reindex.errors import BackendError
-from reindex.ports import BoundsShards, ScansRanges, Source
+from reindex.ports import Source
 from reindex.run.io import scan_documents
 from reindex.run.migration import Migration
 from reindex.state.ledger import Ledger

@@ -1,5 +1,5 @@
 """One suite for every registered embedder kind and test double: the traits it declares are the ones the
-core reads (`ports.EmbedderTraits`), and each optional behaviour it claims (`ports.EmbedsColumns`,
+core reads (`ports.EmbedderTraits`), and each optional behaviour it claims (`capabilities.EmbedsColumns`,
 `PipelinesCalls`, `Metered`, ...) is there as its Protocol says, so nothing the core needs is left to a
 probe. Built offline: provider kinds get a key and an endpoint nothing listens on (nothing is sent)."""
 
@@ -13,13 +13,8 @@ import numpy as np
 import pytest
 
 from reindex import registry
-from reindex.columns import embed, tokenize
-from reindex.ports import (
-    DeferredEmbedder,
-    EmbedderTraits,
+from reindex.capabilities import (
     EmbedsColumns,
-    EmbedsStragglers,
-    LimitsRequests,
     Metered,
     PipelinesCalls,
     RefusesRows,
@@ -28,6 +23,8 @@ from reindex.ports import (
     TokenizesColumns,
     Traffic,
 )
+from reindex.columns import embed, tokenize
+from reindex.ports import DeferredEmbedder, EmbedderTraits, EmbedsStragglers, LimitsRequests
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens there: a kind that sent a request would fail the test
 KEY = "REINDEX_CONTRACT_KEY"

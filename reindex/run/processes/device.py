@@ -23,9 +23,10 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from reindex import crashpoints, registry
+from reindex.capabilities import Pending, PendingRequests, PipelinesCalls
 from reindex.columns import TokenColumns, embed
 from reindex.errors import BackendError, ReindexError
-from reindex.ports import EmbedderInfo, EmbedderTraits, Pending, PendingRequests, PipelinesCalls, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, Vectors
 
 POLL_SECONDS = 0.05  # how often an idle process looks at its parent
 

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from reindex.capabilities import ShipsTokenizer
 from reindex.config import Config
-from reindex.ports import ShipsTokenizer
 
 
 @dataclass(frozen=True)

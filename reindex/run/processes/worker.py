@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+from reindex.capabilities import ShipsTokenizer, ThreadedTokenizer
 from reindex.config import Config
 from reindex.errors import BackendError, ReindexError
-from reindex.ports import ShipsTokenizer, ThreadedTokenizer
 from reindex.run.cost import Budget, Spending
 from reindex.run.lanes import Lane, open_lane
 from reindex.run.planning import read_planned

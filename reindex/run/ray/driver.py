@@ -14,9 +14,9 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
+from reindex.capabilities import ShipsTokenizer
 from reindex.config import Config
 from reindex.errors import ConfigError, Interrupted, ReindexError
-from reindex.ports import ShipsTokenizer
 from reindex.run.cost import Budget
 from reindex.run.migration import Migration
 from reindex.run.pipeline import Progress

@@ -14,10 +14,11 @@ from dataclasses import replace
 from typing import Any
 
 from reindex import registry
+from reindex.capabilities import ThreadedTokenizer
 from reindex.columns import Documents
 from reindex.config import Config
 from reindex.errors import ReindexError
-from reindex.ports import Source, ThreadedTokenizer
+from reindex.ports import Source
 from reindex.run.lanes import Lane, open_lane
 from reindex.run.pipeline import Pipeline
 from reindex.run.planning import read_planned
