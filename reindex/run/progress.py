@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -29,3 +31,27 @@ class Progress:
 
     def finish(self) -> None:
         self.finished = time.monotonic()
+
+    def since(self, before: Progress) -> dict[str, float]:
+        """What this account counted since `before` (a copy taken then): what a worker, a Ray actor or a
+        process, sends for each shard it did, and `count` adds up where the run is coordinated."""
+        return {
+            "documents": self.documents - before.documents,
+            "written": self.written - before.written,
+            "dead_letters": self.dead_letters - before.dead_letters,
+            "tokens": self.tokens - before.tokens,
+            "padded_tokens": self.padded_tokens - before.padded_tokens,
+            "reused": self.reused - before.reused,
+            "model_seconds": self.model_seconds - before.model_seconds,
+        }
+
+    def count(self, counts: Mapping[str, Any], *, model_seconds: bool = True) -> None:
+        """Add a shard's `since` counts; `model_seconds` False where a model process times the model."""
+        self.documents += int(counts["documents"])
+        self.written += int(counts["written"])
+        self.dead_letters += int(counts["dead_letters"])
+        self.tokens += int(counts["tokens"])
+        self.padded_tokens += int(counts["padded_tokens"])
+        self.reused += int(counts["reused"])
+        if model_seconds:
+            self.model_seconds += float(counts["model_seconds"])

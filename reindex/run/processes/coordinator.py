@@ -342,16 +342,8 @@ class _Coordinator:
                 self.failure = error
 
     def _count(self, counts: dict[str, Any]) -> None:
-        progress = self.progress
-        progress.documents += int(counts["documents"])
-        progress.written += int(counts["written"])
-        progress.dead_letters += int(counts["dead_letters"])
-        progress.tokens += int(counts["tokens"])
-        progress.padded_tokens += int(counts["padded_tokens"])
-        progress.reused += int(counts["reused"])
-        if not self.models:
-            progress.model_seconds += float(counts["model_seconds"])
-        self.on_progress(progress)
+        self.progress.count(counts, model_seconds=not self.models)  # a model process times the model itself
+        self.on_progress(self.progress)
 
     def _lost(self, proc: _Proc) -> None:
         """A process that died. A worker that held no shard leaves the others to go on (the run ends

@@ -141,17 +141,7 @@ class _Worker:
         if pipeline.run_shard(seq, task["after"], docs) is None:
             return ("refused", seq)
         after = pipeline.progress
-        counts = {
-            "seq": seq,
-            "documents": after.documents - before.documents,
-            "written": after.written - before.written,
-            "dead_letters": after.dead_letters - before.dead_letters,
-            "tokens": after.tokens - before.tokens,
-            "padded_tokens": after.padded_tokens - before.padded_tokens,
-            "reused": after.reused - before.reused,
-            "model_seconds": after.model_seconds - before.model_seconds,
-            "seconds": time.monotonic() - started,
-        }
+        counts = {"seq": seq, **after.since(before), "seconds": time.monotonic() - started}
         return ("done", counts)
 
 

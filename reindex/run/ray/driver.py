@@ -245,11 +245,7 @@ def _results(dataset: Any) -> Generator[dict[str, Any], None, None]:
 def _count(progress: RayProgress, row: dict[str, Any]) -> None:
     if row["refused"]:
         return
-    progress.documents += int(row["documents"])
-    progress.written += int(row["written"])
-    progress.dead_letters += int(row["dead_letters"])
-    progress.tokens += int(row["tokens"])
-    progress.model_seconds += float(row["model_seconds"])
+    progress.count(row)
     key = f"{row['node']}/{row['actor']}"
     stats = progress.workers.setdefault(key, WorkerStats(str(row["node"]), str(row["actor"])))
     stats.shards += 1

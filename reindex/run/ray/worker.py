@@ -22,6 +22,7 @@ from reindex.ports import Source
 from reindex.run.lanes import Lane, open_lane
 from reindex.run.pipeline import Pipeline
 from reindex.run.planning import read_planned
+from reindex.run.progress import Progress
 from reindex.run.ray.budget import RemoteBudget
 from reindex.run.ray.cluster import _ray
 from reindex.run.shards import Pretokenized, pretokenize
@@ -179,11 +180,7 @@ class ShardWorker:
         after = pipeline.progress
         return {
             "seq": shard.seq,
-            "documents": after.documents - before.documents,
-            "written": after.written - before.written,
-            "dead_letters": after.dead_letters - before.dead_letters,
-            "tokens": after.tokens - before.tokens,
-            "model_seconds": after.model_seconds - before.model_seconds,
+            **after.since(before),
             "seconds": time.monotonic() - started,
             "node": self.node,
             "actor": self.actor,
@@ -198,11 +195,7 @@ class ShardWorker:
 
 
 _NOTHING: dict[str, Any] = {
-    "documents": 0,
-    "written": 0,
-    "dead_letters": 0,
-    "tokens": 0,
-    "model_seconds": 0.0,
+    **Progress().since(Progress()),
     "seconds": 0.0,
     "error": b"",
     "refused": False,
