@@ -110,8 +110,8 @@ def same_as_local(dsn: str, local: RunReport, report: RunReport, config: Config)
     counts = ("documents", "written", "dead_letters") + (("tokens",) if config.run.dedupe == "run" else ())
     assert report.reconciled
     assert [getattr(report, c) for c in counts] == [getattr(local, c) for c in counts]
-    # every engine keeps one progress account: the ray engine reported no padding (0.0) before it did
-    assert local.padding_fraction and report.padding_fraction
+    if local.padding_fraction:  # one progress account for every engine: the ray engine reported 0.0
+        assert report.padding_fraction
     same_target(dsn, local.target, report.target)
     assert commands.verify(config).complete
 
