@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from reindex import crashpoints, registry
 from reindex.capabilities import ReportsTraffic, TimesIndexBuild
@@ -148,48 +148,107 @@ def backfill(
     if on_start:
         on_start(m.source.count(), before.documents if before else 0)
     budget = Budget(m.config.run.max_cost_usd, price_of(m.embedder), before.billed_tokens if before else 0)
-    common: dict[str, Any] = {
+    engine = engine_for(m, ledger)
+    progress = engine.run(m, ledger, lease, Shared(stop or threading.Event(), on_progress, budget))
+    report = _finish(m, ledger, progress)
+    return replace(report, processes=progress.processes, note=engine.note)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every engine is handed besides the migration, its ledger and its lease."""
+
+    stop: threading.Event
+    on_progress: Callable[[Progress], None] | None
+    budget: Budget
+
+
+class Engine(Protocol):
+    """How a run's shards get done: each engine reads, embeds and writes them its own way and returns one
+    progress account (`Progress`), which `_finish` turns into the report."""
+
+    @property
+    def note(self) -> str | None:
+        """Why the run used fewer processes than asked for, in one line."""
+        ...
+
+    def run(self, m: Migration, ledger: Ledger, lease: Lease | None, shared: Shared) -> Progress: ...
+
+
+def engine_for(m: Migration, ledger: Ledger) -> Engine:
+    """The engine that does this migration's shards. A provider batch embedder runs on this machine under
+    either engine: the provider does the embedding, and what is left here (reading, screening, writing the
+    vectors) is not what a batch run waits on. Shards planned in the ledger are finished as planned."""
+    embedder = m.embedder
+    if isinstance(embedder, DeferredEmbedder):
+        return _ProviderBatches()
+    if m.config.run.engine == "ray":
+        return _Ray()
+    choice = processes.workers_for(m.config, m.source, m.sink, embedder)
+    planned = any(not shard.recorded for shard in ledger.shard_plan(m.plan_id))
+    if processes.uses_processes(choice, embedder) or planned:
+        return _Processes(choice.workers, choice.note)
+    return _OneProcess(choice.note)
+
+
+def _pipeline_options(m: Migration, ledger: Ledger, shared: Shared) -> dict[str, Any]:
+    return {
         "source": m.source,
         "sink": m.sink,
         "ledger": ledger,
         "spec": m.spec,
         "plan_id": m.plan_id,
         "run": m.config.run,
-        "stop": stop,
-        "on_progress": on_progress,
-        "budget": budget,
+        "stop": shared.stop,
+        "on_progress": shared.on_progress,
+        "budget": shared.budget,
     }
-    embedder = m.embedder
-    # A provider batch embedder runs on this machine under either engine: the provider does the embedding,
-    # and what is left here (reading, screening, writing the vectors) is not what a batch run waits on.
-    if m.config.run.engine == "ray" and not isinstance(embedder, DeferredEmbedder):
+
+
+class _Ray:
+    note: str | None = None
+
+    def run(self, m: Migration, ledger: Ledger, lease: Lease | None, shared: Shared) -> Progress:
         assert lease is not None, "the ray engine's workers are fenced with the run's lease"
-        engine = registry.resolve_engine("ray")
-        progress: Progress = engine.run(
-            m, ledger, lease, stop=stop or threading.Event(), on_progress=on_progress, budget=budget
+        progress: Progress = registry.resolve_engine("ray").run(
+            m, ledger, lease, stop=shared.stop, on_progress=shared.on_progress, budget=shared.budget
         )
-    elif isinstance(embedder, DeferredEmbedder):
+        return progress
+
+
+class _ProviderBatches:
+    note: str | None = None
+
+    def run(self, m: Migration, ledger: Ledger, lease: Lease | None, shared: Shared) -> Progress:
         _refuse_a_ray_plan(m, ledger)
-        progress = DeferredRun(embedder=embedder, **common).run()
-    else:
-        choice = processes.workers_for(m.config, m.source, m.sink, embedder)
-        planned = any(not shard.recorded for shard in ledger.shard_plan(m.plan_id))
-        if processes.uses_processes(choice, embedder) or planned:  # planned shards are finished as planned
-            assert lease is not None, "the workers are fenced with the run's lease"
-            progress = processes.run(
-                m,
-                ledger,
-                lease,
-                workers=choice.workers,
-                stop=stop or threading.Event(),
-                on_progress=on_progress,
-                budget=budget,
-            )
-        else:
-            progress = Pipeline(embedder=embedder, **common).run()
-        report = _finish(m, ledger, progress)
-        return replace(report, processes=progress.processes, note=choice.note)
-    return _finish(m, ledger, progress)
+        assert isinstance(m.embedder, DeferredEmbedder)
+        return DeferredRun(embedder=m.embedder, **_pipeline_options(m, ledger, shared)).run()
+
+
+@dataclass(frozen=True)
+class _Processes:
+    workers: int
+    note: str | None
+
+    def run(self, m: Migration, ledger: Ledger, lease: Lease | None, shared: Shared) -> Progress:
+        assert lease is not None, "the workers are fenced with the run's lease"
+        return processes.run(
+            m,
+            ledger,
+            lease,
+            workers=self.workers,
+            stop=shared.stop,
+            on_progress=shared.on_progress,
+            budget=shared.budget,
+        )
+
+
+@dataclass(frozen=True)
+class _OneProcess:
+    note: str | None
+
+    def run(self, m: Migration, ledger: Ledger, lease: Lease | None, shared: Shared) -> Progress:
+        return Pipeline(embedder=m.embedder, **_pipeline_options(m, ledger, shared)).run()
 
 
 def after_the_flip(m: Migration, ledger: Ledger) -> RunReport:
