@@ -16,12 +16,13 @@ import itertools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
+from reindex.offers import EmbedderOffer, Entry, key_entry
 from reindex.ports import EmbedderInfo, EmbedderTraits, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters import mistral_tokens
 from reindex_adapters.remote.decoding import line_vectors
@@ -50,6 +51,18 @@ UNANSWERED = {"TIMEOUT_EXCEEDED": "batch_expired", "CANCELLED": "batch_cancelled
 PAGE = 100
 
 
+def _entries(model: str, variable: str) -> list[Entry]:
+    return [
+        Entry("kind", "mistral-batch", "Mistral's batch API, at half the online price"),
+        Entry("model", model, "mistral-embed: the one model taken (1,024 dimensions)"),
+        key_entry(variable),
+        Entry("server_url", "http://127.0.0.1:8090", "another endpoint (the SDK's option)", is_example=True),
+        Entry(
+            "timeout_hours", 24, "the job's own limit; lines not done by then are sent again", is_example=True
+        ),
+    ]
+
+
 class MistralBatchEmbedder:
     """`mistral-embed` through Mistral's batch API: one JSONL file per job, adopted by its key.
 
@@ -58,6 +71,10 @@ class MistralBatchEmbedder:
     `submit` lists jobs filtered by it (checking each match itself) before creating anything, and the
     create is never retried: after a timeout the job is looked up again, and adopted if it was made.
     """
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        _entries, key_env="MISTRAL_API_KEY", claims=frozenset(PRICES)
+    )  # what `reindex init` writes for it
 
     class Config(Paced):
         kind: Literal["mistral-batch"]

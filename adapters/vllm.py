@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency
 from reindex.fingerprint import fingerprint
+from reindex.offers import EmbedderOffer, local_entries
 from reindex.ports import EmbedderInfo, EmbedderTraits, Tokens, Vectors
 from reindex_adapters.hub import model_dir, special_count, untruncated, weights_digest
 
@@ -53,6 +54,10 @@ class VllmSpec:
 
 class VllmEmbedder:
     """A pooling model served by vLLM's offline engine, fed with ids tokenized once by the core."""
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        local_entries("vllm", "continuous batching on GPUs")
+    )  # what `reindex init` writes for it
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)

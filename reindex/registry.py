@@ -3,17 +3,28 @@
 Adapter modules import their SDK lazily, so resolving a kind never pulls torch or psycopg by itself.
 Third-party adapters register through the `reindex.sources`, `reindex.embedders` and `reindex.sinks`
 entry-point groups with the same "module:Class" value; so do the test doubles this distribution ships
-(`memory` source and sink, `hash` and `memory-batch` embedders, in reindex_adapters.testing).
+(`memory` source and sink, `hash` and `memory-batch` embedders, in reindex_adapters.testing). What `reindex
+init` proposes for a kind its class declares (`offer`, reindex/offers.py): no table here names a kind twice.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
 from reindex.errors import ConfigError, validate
+from reindex.offers import (
+    EmbedderOffer,
+    OffersEmbedder,
+    OffersSource,
+    OffersTarget,
+    SourceOffer,
+    TargetOffer,
+)
+from reindex.survey import Overrides, Survey
 
 Role = Literal["source", "embedder", "target"]
 
@@ -40,24 +51,6 @@ EMBEDDERS: dict[str, str] = {
 SINKS: dict[str, str] = {
     "pgvector": "reindex_adapters.postgres:PgvectorSink",
     "qdrant": "reindex_adapters.qdrant:QdrantSink",
-}
-# source kind -> the function `reindex init` calls to see a source's fields, size, vectors and alias
-SURVEYS: dict[str, str] = {
-    "postgres": "reindex_adapters.postgres.survey:survey",
-    "qdrant": "reindex_adapters.qdrant.survey:survey",
-    "jsonl": "reindex_adapters.files.survey:survey_jsonl",
-    "parquet": "reindex_adapters.files.survey:survey_parquet",
-}
-# embedder kind -> the models it takes (a provider's price table, or its list of models): a model `reindex init`
-# is given without --embedder gets the first kind whose table names it (reindex/init/embedders.py)
-PROVIDER_PRICES: dict[str, str] = {
-    "openai": "reindex_adapters.openai:PRICES",
-    "gemini-batch": "reindex_adapters.gemini.batch:PRICES",
-    "mistral-batch": "reindex_adapters.mistral:PRICES",
-    "bedrock-batch": "reindex_adapters.bedrock.embedder:PRICES",
-    "voyage-batch": "reindex_adapters.voyage.models:PRICES",
-    "cohere-batch": "reindex_adapters.cohere.client:BATCH_MODELS",  # Embed Jobs take only the v3.0 models
-    "cohere": "reindex_adapters.cohere.client:MODELS",
 }
 LEDGERS: dict[str, str] = {
     "postgres": "reindex_adapters.postgres.ledger:PostgresLedger",
@@ -111,7 +104,7 @@ def resolve(role: Role, kind: str) -> Any:
     """Return the adapter class registered for `kind`."""
     known = kinds(role)
     if kind not in known:
-        offered = sorted(name for name, where in known.items() if not where.startswith(TEST_DOUBLES))
+        offered = sorted(public(role, known))
         raise ConfigError(f"unknown {role} kind {kind!r}", hint=f"use one of: {', '.join(offered)}")
     module_name, _, class_name = known[kind].partition(":")
     return getattr(load(module_name, f"{role} kind {kind!r}"), class_name)
@@ -153,18 +146,37 @@ def probe_backends() -> dict[str, Any]:
     return probe
 
 
-def resolve_survey(kind: str) -> Any:
-    module_name, _, name = SURVEYS[kind].partition(":")
-    return getattr(importlib.import_module(module_name), name)
+def source_offers() -> dict[str, SourceOffer]:
+    """What `reindex init` may propose as a [source], by kind: each registered kind that describes itself."""
+    return {kind: adapter.offer for kind, adapter in _offering("source") if isinstance(adapter, OffersSource)}
 
 
-def provider_kind(model: str) -> str | None:
-    """The embedder kind whose provider sells `model` (configs/pricing.toml, mirrored in each adapter)."""
-    for kind, table in PROVIDER_PRICES.items():
-        module_name, _, name = table.partition(":")
-        if model in getattr(importlib.import_module(module_name), name):
-            return kind
-    return None
+def survey(offer: SourceOffer) -> Callable[[dict[str, Any], Overrides], Survey]:
+    """The function a source kind's offer names to read the source for `reindex init`."""
+    module_name, _, name = offer.survey.partition(":")
+    function: Callable[[dict[str, Any], Overrides], Survey] = getattr(load(module_name, "a survey"), name)
+    return function
+
+
+def target_offers() -> dict[str, TargetOffer]:
+    return {kind: adapter.offer for kind, adapter in _offering("target") if isinstance(adapter, OffersTarget)}
+
+
+def embedder_offers() -> dict[str, EmbedderOffer]:
+    return {
+        kind: adapter.offer for kind, adapter in _offering("embedder") if isinstance(adapter, OffersEmbedder)
+    }
+
+
+def _offering(role: Role) -> list[tuple[str, Any]]:
+    """Every kind of `role`, resolved (a test double that declares an offer is offered where named)."""
+    return [(kind, resolve(role, kind)) for kind in kinds(role)]
+
+
+def public(role: Role, named: Iterable[str]) -> list[str]:
+    """The kinds of `named` a hint may suggest: the test doubles never."""
+    known = kinds(role)
+    return [kind for kind in named if not known.get(kind, "").startswith(TEST_DOUBLES)]
 
 
 def resolve_ledger(kind: str) -> Any:

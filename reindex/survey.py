@@ -1,6 +1,6 @@
 """What `reindex init` learns from a source before it writes a config: fields, size, old vectors, alias.
 
-Each backend fills a Survey (adapters/*_survey.py, found through the registry); the rules for choosing
+Each backend fills a Survey (its `offer`'s survey, reindex/offers.py); the rules for choosing
 one field among several live here, so every backend chooses the same way and explains it the same way.
 """
 
@@ -17,7 +17,6 @@ SAMPLE_ROWS = 200  # rows read to measure text lengths: enough to tell a title f
 TEXT_NAMES = ("body", "text", "content", "page_content", "chunk", "document", "_node_content.text")
 ID_NAMES = ("id", "_id", "doc_id", "document_id", "uuid")
 VECTOR_NAMES = ("embedding", "embeddings", "vector", "vectors")
-UNITS = {"postgres": "rows", "parquet": "rows", "jsonl": "documents", "qdrant": "points"}  # what is counted
 _MAX_DEPTH = 3  # nested objects followed when looking for text fields (metadata.text, _node_content.text)
 
 
@@ -48,10 +47,11 @@ class Choice:
 class Survey:
     """What one source showed: enough to write its [source] section and to explain the choices."""
 
-    kind: str  # the [source] kind: postgres | qdrant | jsonl | parquet
+    kind: str  # the [source] kind: postgres | qdrant | jsonl | parquet | a plugin's
     name: str  # the table or view, collection or alias, or file path
     relation: str  # "table", "view", "collection", "alias", "JSONL file", ...
     documents: int | None
+    units: str  # what `documents` counts: "rows", "points", "documents"
     id: Choice
     text: Choice
     vector: Choice
@@ -61,6 +61,7 @@ class Survey:
     alias: AliasInfo | None = None  # the name is an alias today: what it serves, and its fingerprint
     text_lengths: Mapping[str, float | None] = field(default_factory=dict)  # average characters, sampled
     notes: tuple[str, ...] = ()  # what the backend wants the reader to know (adoption, odd shapes)
+    unknown_distance: str | None = None  # why the distance is not known, where the backend can say
 
     def describe(self) -> str:
         """`table docs, 12,345 rows; current vectors: embedding vector(384), cosine`."""
@@ -68,10 +69,12 @@ class Survey:
         if self.vector_type is None:
             vectors = "no vectors found"
         else:
-            unknown = "distance unknown (no ANN index)" if self.kind == "postgres" else None
-            described = [f"{self.vector.field or 'unnamed'} {self.vector_type}", self.distance or unknown]
+            described = [
+                f"{self.vector.field or 'unnamed'} {self.vector_type}",
+                self.distance or self.unknown_distance,
+            ]
             vectors = "current vectors: " + ", ".join(part for part in described if part)
-        return f"{self.relation} {self.name}, {count} {UNITS[self.kind]}; {vectors}"
+        return f"{self.relation} {self.name}, {count} {self.units}; {vectors}"
 
     def choices(self) -> str:
         """`id "id" (the primary key); text "body" (a well-known name; also "title")`."""

@@ -40,10 +40,9 @@ def tree_packages() -> set[str]:
 
 
 def registered_modules() -> set[str]:
-    """Every module the registry names: kinds (built-in and entry points), surveys, ledgers, engines, probes."""
+    """Every module the registry names: kinds (built-in and entry points), ledgers, engines, probes."""
     values = [value for role in ("source", "embedder", "target") for value in registry.kinds(role).values()]
-    values += [*registry.SURVEYS.values(), *registry.LEDGERS.values(), *registry.ENGINES.values()]
-    values += [registry.BACKENDS_PROBE, *registry.PROVIDER_PRICES.values()]
+    values += [*registry.LEDGERS.values(), *registry.ENGINES.values(), registry.BACKENDS_PROBE]
     return {value.partition(":")[0] for value in values}
 
 
@@ -112,13 +111,21 @@ def test_the_installed_wheel_resolves_every_kind_whose_extra_it_has(installed: P
         "import importlib, json\n"
         "from reindex import registry\n"
         "values = [v for r in ('source', 'embedder', 'target') for v in registry.kinds(r).values()]\n"
-        "values += [*registry.SURVEYS.values(), *registry.LEDGERS.values(), *registry.ENGINES.values()]\n"
-        "values += [registry.BACKENDS_PROBE, *registry.PROVIDER_PRICES.values()]\n"
+        "values += [*registry.LEDGERS.values(), *registry.ENGINES.values(), registry.BACKENDS_PROBE]\n"
         "failed = {}\n"
         "for value in values:\n"
         "    module, _, name = value.partition(':')\n"
         "    try:\n"
         "        getattr(importlib.import_module(module), name) if name else importlib.import_module(module)\n"
+        "    except Exception as exc:\n"
+        "        failed[value] = repr(exc)\n"
+        "offers = [registry.source_offers(), registry.target_offers(), registry.embedder_offers()]\n"
+        "failed |= {k: 'no offer' for k in set(registry.SOURCES) - set(offers[0])}\n"
+        "values = [offer.survey for offer in offers[0].values()]\n"
+        "for value in values:\n"
+        "    module, _, name = value.partition(':')\n"
+        "    try:\n"
+        "        getattr(importlib.import_module(module), name)\n"
         "    except Exception as exc:\n"
         "        failed[value] = repr(exc)\n"
         "import reindex, reindex_adapters\n"

@@ -17,12 +17,13 @@ import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, field_validator
 
 from reindex.errors import BackendError, ConfigError
 from reindex.fingerprint import fingerprint
+from reindex.offers import EmbedderOffer, Entry
 from reindex.ports import (
     ONLINE,
     EmbedderInfo,
@@ -83,8 +84,41 @@ def job_name(key: str) -> str:
 # the embedder -------------------------------------------------------------------------------------------
 
 
+def _entries(model: str, _: str) -> list[Entry]:
+    return [
+        Entry(
+            "kind",
+            "bedrock-batch",
+            "Bedrock batch inference; credentials from boto3's chain",
+            above=("AWS credentials come from AWS_PROFILE, the AWS_* variables or an instance role",),
+        ),
+        Entry("model", model),
+        Entry("region", "us-east-1", "your Bedrock region", fill_in=True),
+        Entry(
+            "role_arn",
+            "arn:aws:iam::123456789012:role/bedrock-batch",
+            "the service role Bedrock assumes",
+            fill_in=True,
+        ),
+        Entry(
+            "input_s3_uri",
+            "s3://your-bucket/reindex/in",
+            "where records are written for Bedrock",
+            fill_in=True,
+        ),
+        Entry(
+            "output_s3_uri", "s3://your-bucket/reindex/out", "where Bedrock writes its results", fill_in=True
+        ),
+        Entry("dimensions", 1024, "256, 512 or 1024 (part of the fingerprint)"),
+    ]
+
+
 class BedrockBatchEmbedder:
     """Titan Text Embeddings V2 through Bedrock batch inference; one record per text (`inputText`)."""
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        _entries, no_key="credentials come from boto3's chain", claims=frozenset(PRICES)
+    )  # what `reindex init` writes for it
 
     class Config(Paced):
         kind: Literal["bedrock-batch"]

@@ -15,16 +15,18 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from reindex.errors import ConfigError
+from reindex.offers import EmbedderOffer, provider_entries
 from reindex.ports import ONLINE, EmbedderTraits, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters.cohere import datasets
 from reindex_adapters.cohere.client import (
     BATCH_MODELS,
+    COHERE_OPTIONS,
     COUNTS,
     Api,
     Settings,
@@ -53,6 +55,12 @@ class CohereBatchEmbedder:
     """An embed-v3.0 model through Embed Jobs: one dataset and one job per key, both named after it (the key's
     digest), adopted by that name. A job takes only a validated dataset, so `submit` uploads and `poll` creates
     the job once validation is over: neither waits."""
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        provider_entries("cohere-batch", "or cohere: online", *COHERE_OPTIONS),
+        key_env="CO_API_KEY",
+        claims=BATCH_MODELS,  # Embed Jobs take only the v3.0 models
+    )  # what `reindex init` writes for it
 
     class Config(Settings):
         kind: Literal["cohere-batch"]

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from reindex.errors import ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
+from reindex.offers import Entry
 from reindex.ports import EmbedderInfo, TokenCounts, Tokens
 from reindex_adapters.remote.endpoint import ProviderEndpoint
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected, retry_after
@@ -41,6 +42,14 @@ OUTPUT_DIMENSIONS = (256, 512, 1024, 1536)  # embed-v4.0's sizes
 # USD per 1M input tokens on PRICES_TAKEN, from third-party listings of Cohere's prices (configs/pricing.toml says
 # which): Embed Jobs are not documented as discounted, so their batch price is the online one. embed-v4.0 has no
 # batch row: Embed Jobs take only the v3.0 models. The light models have no listed price: set `prices`.
+COHERE_OPTIONS = (  # the options `reindex init` shows as examples
+    Entry(
+        "input_type",
+        "search_document",
+        "how Cohere embeds stored texts (part of the fingerprint)",
+        is_example=True,
+    ),
+)
 PRICES_TAKEN = "2026-12-06"
 PRICES: dict[str, dict[str, float]] = {
     "embed-english-v3.0": {"online": 0.10, "batch": 0.10},

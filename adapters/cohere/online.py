@@ -11,17 +11,21 @@ import functools
 import threading
 from collections.abc import Sequence
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from reindex.capabilities import Traffic
 from reindex.errors import BackendError, ReindexError
+from reindex.offers import EmbedderOffer, provider_entries
 from reindex.ports import EmbedderTraits, RequestLimits, TokenCounts, Tokens, Vectors
 from reindex_adapters.cohere.client import (
+    BATCH_MODELS,
+    COHERE_OPTIONS,
     COUNTS,
     MAX_TEXTS,
+    MODELS,
     Api,
     Settings,
     make_client,
@@ -102,6 +106,12 @@ class Requests:
 class CohereEmbedder:
     """/v2/embed, `concurrency` requests at a time; a refused input comes back as a NaN row, named by
     `last_rejections()` ({row: "provider_rejected:<code>"})."""
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        provider_entries("cohere", "or cohere-batch: Embed Jobs", *COHERE_OPTIONS),
+        key_env="CO_API_KEY",
+        claims=frozenset(MODELS) - BATCH_MODELS,  # the v3.0 ones go to Embed Jobs, at half the price
+    )  # what `reindex init` writes for it
 
     class Config(Settings):
         kind: Literal["cohere"]

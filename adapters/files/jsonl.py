@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict
 
 from reindex.columns import Documents
 from reindex.errors import ConfigError
+from reindex.offers import SourceOffer
 from reindex.ports import Record, SourceSchema
+from reindex_adapters.files import offers
 from reindex_adapters.files.records import (
     _MISSING,
     _chunked,
@@ -41,6 +43,8 @@ class JsonlSource:
     """One JSON object per line. The cursor is the line's byte offset, so resume is one seek."""
 
     shareable = True  # several processes may open it at once (reindex.run.processes)
+
+    offer: ClassVar[SourceOffer] = offers.JSONL  # what `reindex init` writes for it
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)

@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.columns import Documents
 from reindex.errors import ConfigError, MissingDependency
+from reindex.offers import SourceOffer
 from reindex.ports import Record, SourceSchema
+from reindex_adapters.files import offers
 from reindex_adapters.files.records import _chunked, _file_errors, _position, _record
 
 if TYPE_CHECKING:
@@ -22,6 +24,8 @@ class ParquetSource:
     """Rows of one Parquet file, read batch by batch from the row group that holds the cursor."""
 
     shareable = True  # several processes may open it at once (reindex.run.processes)
+
+    offer: ClassVar[SourceOffer] = offers.PARQUET  # what `reindex init` writes for it
 
     class Config(BaseModel):
         model_config = ConfigDict(extra="forbid", frozen=True)

@@ -73,6 +73,7 @@ def _survey(
         name=str(path),
         relation=relation,
         documents=documents,
+        units="documents" if kind == "jsonl" else "rows",
         id=key,
         text=choose_text(lengths, given.text_field),
         vector=vector,

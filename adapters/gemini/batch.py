@@ -17,7 +17,7 @@ import io
 import json
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 from pydantic import Field
@@ -25,6 +25,7 @@ from pydantic import Field
 from reindex.capabilities import Traffic
 from reindex.errors import ConfigError
 from reindex.fingerprint import fingerprint
+from reindex.offers import EmbedderOffer, Entry, key_entry
 from reindex.ports import EmbedderInfo, EmbedderTraits, JobItem, JobResult, TokenCounts, Tokens, Vectors
 from reindex_adapters.gemini.client import make_client, translated_errors
 from reindex_adapters.gemini.responses import read_responses
@@ -56,8 +57,27 @@ TERMINAL = frozenset(
 )
 
 
+def _entries(model: str, variable: str) -> list[Entry]:
+    return [
+        Entry("kind", "gemini-batch", "Gemini's Batch API, at half the online price"),
+        Entry("model", model),
+        key_entry(variable),
+        Entry("output_dimensionality", 768, "768, 1536 or 3072 (part of the fingerprint)", is_example=True),
+        Entry(
+            "task_type",
+            "RETRIEVAL_DOCUMENT",
+            "sent with every text (part of the fingerprint)",
+            is_example=True,
+        ),
+    ]
+
+
 class GeminiBatchEmbedder:
     """`gemini-batch`: a provider batch job per shard, adopted by display name; see the module docstring."""
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        _entries, key_env="GEMINI_API_KEY", claims=frozenset(PRICES)
+    )  # what `reindex init` writes for it
 
     class Config(Paced):
         kind: Literal["gemini-batch"]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import field_validator
 
 from reindex.errors import MissingDependency
+from reindex.offers import EmbedderOffer, Entry, key_entry
 from reindex_adapters.openai.online import OpenAIEmbedder
 from reindex_adapters.remote.keys import api_key
 
@@ -34,6 +35,20 @@ PRICES: dict[str, dict[str, float]] = {
 }
 
 
+def _azure_entries(model: str, variable: str) -> list[Entry]:
+    return [
+        Entry("kind", "azure-openai", "online only: Azure's Batch API takes no embeddings"),
+        Entry("model", model, "the model the deployment serves (its price and tokenizer)"),
+        Entry(
+            "azure_endpoint", "https://RESOURCE.openai.azure.com", "your resource's endpoint", fill_in=True
+        ),
+        Entry("api_version", "2024-10-21", "an API version your resource serves"),
+        Entry("deployment", model, "your deployment's name, if not the model's", fill_in=True),
+        key_entry(variable),
+        Entry("dimensions", 512, "text-embedding-3 shortening (part of the fingerprint)", is_example=True),
+    ]
+
+
 class AzureOpenAIEmbedder(OpenAIEmbedder):
     """The `openai` embedder against an Azure OpenAI deployment.
 
@@ -42,6 +57,10 @@ class AzureOpenAIEmbedder(OpenAIEmbedder):
     same model, dim, `dimensions` and truncation, and moving between OpenAI and Azure keeps the target.
     `model` must therefore name what the deployment serves; the deployment's name says only where.
     """
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        _azure_entries, key_env="AZURE_OPENAI_API_KEY"
+    )  # what `reindex init` writes for it
 
     class Config(OpenAIEmbedder.Config):
         kind: Literal["azure-openai"]  # type: ignore[assignment]

@@ -6,15 +6,17 @@ import functools
 import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError
+from reindex.offers import EmbedderOffer, provider_entries
 from reindex.ports import EmbedderTraits, JobItem, JobResult, Tokens
 from reindex_adapters.openai.client import (
     MAX_INPUTS,
     MAX_REQUEST_TOKENS,
+    OPENAI_OPTIONS,
     Endpoint,
     _Settings,
     make_client,
@@ -54,6 +56,10 @@ class OpenAIBatchEmbedder:
     lines. A batch made by 0.2 (`<digest>-<n>` lines, a user_data map) is read by its map where the
     provider serves it.
     """
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        provider_entries("openai-batch", "or openai: online", *OPENAI_OPTIONS), key_env="OPENAI_API_KEY"
+    )  # what `reindex init` writes for it
 
     class Config(_Settings):
         kind: Literal["openai-batch"]

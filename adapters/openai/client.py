@@ -11,6 +11,7 @@ from pydantic import Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, ReindexError
 from reindex.fingerprint import fingerprint
+from reindex.offers import Entry
 from reindex.ports import EmbedderInfo, TokenCounts
 from reindex_adapters.remote.endpoint import ProviderEndpoint
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound, ProviderRejected, retry_after
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from openai import APIStatusError, OpenAI
 
 KNOWN_DIMS = {"text-embedding-3-small": 1536, "text-embedding-3-large": 3072, "text-embedding-ada-002": 1536}
+OPENAI_OPTIONS = (
+    Entry("base_url", "http://127.0.0.1:8089/v1", "any OpenAI-compatible endpoint", is_example=True),
+    Entry("dimensions", 512, "text-embedding-3 shortening (part of the fingerprint)", is_example=True),
+)  # the options `reindex init` shows as examples
 PRICES_TAKEN = "2026-11-29"
 PRICES: dict[str, dict[str, float]] = {  # USD per 1M input tokens, list prices on PRICES_TAKEN
     "text-embedding-3-small": {"online": 0.02, "batch": 0.01},

@@ -10,7 +10,7 @@ import functools
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import numpy as np
 from pydantic import Field
@@ -18,10 +18,13 @@ from pydantic import Field
 from reindex.capabilities import Traffic
 from reindex.columns import TokenColumns
 from reindex.errors import BackendError
+from reindex.offers import EmbedderOffer, provider_entries
 from reindex.ports import EmbedderTraits, RequestLimits, Tokens, Vectors
 from reindex_adapters.openai.client import (
     MAX_INPUTS,
     MAX_REQUEST_TOKENS,
+    OPENAI_OPTIONS,
+    PRICES,
     Endpoint,
     _Settings,
     make_client,
@@ -84,6 +87,12 @@ class OpenAIEmbedder:
 
     `last_rejections()` names the rejected rows of the last `embed` call ({row: "provider_rejected:<code>"}).
     """
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        provider_entries("openai", "or openai-batch: the Batch API at about half the price", *OPENAI_OPTIONS),
+        key_env="OPENAI_API_KEY",
+        claims=frozenset(PRICES),
+    )  # what `reindex init` writes for it
 
     class Config(_Settings):
         kind: Literal["openai"]

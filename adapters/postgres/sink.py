@@ -12,13 +12,14 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field
 
 from reindex import crashpoints
 from reindex.columns import documents
 from reindex.errors import BackendError, ConfigError, CutoverRefused
+from reindex.offers import TargetOffer
 from reindex.ports import (
     AliasInfo,
     Distance,
@@ -30,7 +31,7 @@ from reindex.ports import (
     TargetInfo,
     TargetSpec,
 )
-from reindex_adapters.postgres import fidelity, privileges
+from reindex_adapters.postgres import fidelity, offers, privileges
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.alias import (
     _DEPENDENT_VIEWS_SQL,
@@ -96,6 +97,8 @@ WHERE c.relkind = 'r' AND c.relname LIKE 'reindex\_rehearsal\_%' AND pg_has_role
 
 class PgvectorSink(_Reads):
     """Targets are tables `<alias>__<fingerprint8>`; the alias is a view `SELECT * FROM <target>`."""
+
+    offer: ClassVar[TargetOffer] = offers.TARGET  # what `reindex init` writes for it
 
     shareable = True  # several processes may open it at once (reindex.run.processes)
 

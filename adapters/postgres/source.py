@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from reindex.columns import Documents
+from reindex.offers import SourceOffer
 from reindex.ports import Column, Record, Sink, SourceSchema
+from reindex_adapters.postgres import offers
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.catalog import _qualified_name, _read_source_shape, _server_identity
 from reindex_adapters.postgres.connection import Database, _database_of, _DsnConfig, first_value, identifier
@@ -21,6 +23,8 @@ if TYPE_CHECKING:
 
 class PostgresSource:
     """Reads a table or view page by page (`WHERE id > cursor ORDER BY id LIMIT n`): memory stays flat."""
+
+    offer: ClassVar[SourceOffer] = offers.SOURCE  # what `reindex init` writes for it
 
     shareable = True  # several processes may open it at once (reindex.run.processes)
 

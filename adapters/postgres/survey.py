@@ -78,6 +78,8 @@ def _survey(conn: Connection, table: str, given: Overrides) -> Survey:
         name=table,
         relation=_RELATIONS.get(relkind, "relation"),
         documents=_count(conn, table),
+        units="rows",
+        unknown_distance="distance unknown (no ANN index)",
         id=key,
         text=text,
         vector=vector,

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -15,6 +15,7 @@ from pydantic import Field, field_validator
 from reindex.columns import documents
 from reindex.errors import ConfigError, CutoverRefused
 from reindex.fingerprint import document_version, fields_version
+from reindex.offers import TargetOffer
 from reindex.ports import (
     IndexEntry,
     Loss,
@@ -23,6 +24,7 @@ from reindex.ports import (
     TargetSpec,
 )
 from reindex.vectors import vector_problem
+from reindex_adapters.qdrant import offers
 from reindex_adapters.qdrant.alias import _ALIAS_MAX, GUARD_MARK, _AliasMoves
 from reindex_adapters.qdrant.bookkeeping import (
     ADOPTED,
@@ -66,6 +68,8 @@ if TYPE_CHECKING:
 class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
     """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata; a source's
     other named vectors (sparse ones, a second dense one) are carried to the target unchanged."""
+
+    offer: ClassVar[TargetOffer] = offers.TARGET  # what `reindex init` writes for it
 
     holds_writers = False  # nothing holds a collection's writers: cutover --sync carries the window after
 

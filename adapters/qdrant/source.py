@@ -4,13 +4,15 @@ its named vectors other than the one re-embedded (carried.py) beside its payload
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 
 from reindex.errors import ConfigError
 from reindex.fingerprint import fields_version
+from reindex.offers import SourceOffer
 from reindex.ports import Record, Sink, SourceSchema
+from reindex_adapters.qdrant import offers
 from reindex_adapters.qdrant.carried import PointPayload, carried_vectors, digests
 from reindex_adapters.qdrant.connection import _acquire, _Connection, _location, _release, _translated
 from reindex_adapters.qdrant.layout import carried_names, local_payload_schema, source_layout
@@ -31,6 +33,8 @@ BOUNDS_PAGE = 10_000  # points per ids-only scroll page when a ray driver plans 
 
 class QdrantSource:
     """Reads a collection (or alias) in point-id order; the cursor is the last point id."""
+
+    offer: ClassVar[SourceOffer] = offers.SOURCE  # what `reindex init` writes for it
 
     class Config(_Connection):
         kind: Literal["qdrant"]

@@ -61,6 +61,7 @@ def _survey(client: QdrantClient, name: str, given: Overrides) -> Survey:
         name=name,
         relation="collection" if alias.is_physical else "alias",
         documents=client.count(name, exact=True).count,
+        units="points",
         id=Choice("id", "the point id"),
         text=choose_text(lengths, given.text_field),
         vector=vector,

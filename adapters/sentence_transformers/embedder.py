@@ -11,6 +11,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.columns import TokenColumns, ragged
+from reindex.offers import EmbedderOffer, Entry, local_entries
 from reindex.ports import EmbedderInfo, EmbedderTraits, Tokens, Vectors
 from reindex_adapters.hub import special_count
 from reindex_adapters.sentence_transformers.model import (
@@ -33,6 +34,16 @@ if TYPE_CHECKING:
 
 class SentenceTransformerEmbedder:
     """A sentence-transformers model on CPU or CUDA, fed with token ids the core has already batched."""
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        local_entries(
+            "sentence-transformers",
+            "or vllm on GPUs",
+            Entry(
+                "precision", "fp32", "bf16 / fp16 change the vectors, and so the fingerprint", is_example=True
+            ),
+        )
+    )  # what `reindex init` writes for it
 
     # what a loaded one holds (declared: `reindex.identities.Unloaded` loads on the first use of these)
     info: EmbedderInfo

@@ -17,12 +17,13 @@ import hashlib
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from reindex.capabilities import Traffic
 from reindex.errors import BackendError, ConfigError, TransientError
+from reindex.offers import EmbedderOffer, provider_entries
 from reindex.ports import EmbedderTraits, JobItem, JobResult, Tokens
 from reindex_adapters.remote.errors import ProviderBusy, ProviderNotFound
 from reindex_adapters.remote.jobs import KeyIndex, create_once
@@ -30,7 +31,15 @@ from reindex_adapters.remote.lines import billed_tokens, collect_lines
 from reindex_adapters.remote.pacing import Pacer
 from reindex_adapters.voyage.client import VoyageApi
 from reindex_adapters.voyage.lines import input_file, input_lines, read_line
-from reindex_adapters.voyage.models import MODELS, VoyageSettings, identity, prices_for, request_params
+from reindex_adapters.voyage.models import (
+    MODELS,
+    PRICES,
+    VOYAGE_OPTIONS,
+    VoyageSettings,
+    identity,
+    prices_for,
+    request_params,
+)
 from reindex_adapters.voyage.online import VoyageEmbedder
 from reindex_adapters.voyage.tokens import TokenCounter
 
@@ -62,6 +71,12 @@ class UncertainCreate(TransientError):
 class VoyageBatchEmbedder:
     """Voyage's Batch API; see the module docstring. Every input is a line of its own (custom_id = the
     item's), so a refused input fails no other and any process can read a job's lines from its input file."""
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        provider_entries("voyage-batch", "or voyage: online", *VOYAGE_OPTIONS),
+        key_env="VOYAGE_API_KEY",
+        claims=frozenset(PRICES),
+    )  # what `reindex init` writes for it
 
     class Config(VoyageSettings):
         kind: Literal["voyage-batch"]

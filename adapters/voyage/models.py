@@ -14,6 +14,7 @@ from pydantic import Field
 
 from reindex.errors import ConfigError
 from reindex.fingerprint import fingerprint
+from reindex.offers import Entry
 from reindex.ports import EmbedderInfo
 from reindex_adapters.remote.pacing import Paced
 
@@ -48,6 +49,12 @@ MODELS: dict[str, Model] = {
 
 # USD per 1M input tokens on PRICES_TAKEN (configs/pricing.toml, [voyage], says where each figure was read).
 # Batch: the online price less Voyage's 33% Batch API discount.
+VOYAGE_OPTIONS = (  # the options `reindex init` shows as examples
+    Entry(
+        "input_type", "document", "how Voyage embeds stored texts (part of the fingerprint)", is_example=True
+    ),
+    Entry("output_dimension", 1024, "256, 512, 1024 or 2048 where the model takes it", is_example=True),
+)
 PRICES_TAKEN = "2026-12-06"
 PRICES: dict[str, dict[str, float]] = {
     "voyage-4-large": {"online": 0.12, "batch": 0.0804},

@@ -11,13 +11,14 @@ import functools
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from reindex.capabilities import Traffic
 from reindex.errors import BackendError
+from reindex.offers import EmbedderOffer, provider_entries
 from reindex.ports import EmbedderTraits, JobItem, JobResult, RequestLimits, Tokens, Vectors
 from reindex_adapters.remote.errors import ProviderRejected
 from reindex_adapters.remote.pacing import Pacer
@@ -25,6 +26,7 @@ from reindex_adapters.remote.tokens import request_groups
 from reindex_adapters.voyage.client import VoyageApi
 from reindex_adapters.voyage.models import (
     MAX_INPUTS,
+    VOYAGE_OPTIONS,
     VoyageSettings,
     identity,
     model_limits,
@@ -37,6 +39,11 @@ from reindex_adapters.voyage.tokens import TokenCounter
 class VoyageEmbedder:
     """`/v1/embeddings`, `concurrency` requests at a time; a refused input comes back as a NaN row, named by
     `last_rejections()` ({row: "provider_rejected:<reason>"})."""
+
+    offer: ClassVar[EmbedderOffer] = EmbedderOffer(
+        provider_entries("voyage", "or voyage-batch: the Batch API, a third off", *VOYAGE_OPTIONS),
+        key_env="VOYAGE_API_KEY",
+    )  # what `reindex init` writes for it
 
     class Config(VoyageSettings):
         kind: Literal["voyage"]

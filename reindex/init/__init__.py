@@ -1,6 +1,6 @@
 """`reindex init`: write a first, commented migration config from what the source shows.
 
-    options ──► [source] ──survey (adapters/*_survey.py)──► id, text, old vectors, size, alias state
+    options ──► [source] ──survey (the kind's `offer`)──► id, text, old vectors, size, alias state
             ──► proposal: alias, [target] (the source's backend and connection by default), [embedder]
                 (every kind the tool runs: embedders.py)
             ──► config_text: commented TOML, validated as `load` reads it, written only where no file is
@@ -14,16 +14,21 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from reindex import config as config_module
 from reindex import registry
+from reindex.capabilities import NamesPaths
 from reindex.errors import ConfigError, environment
 from reindex.init import embedders, proposal
 from reindex.init.request import InitRequest as InitRequest
 from reindex.init.text import render, values
+from reindex.offers import Entry, Value
+from reindex.registry import Role
 from reindex.survey import Survey
 
 
@@ -71,16 +76,21 @@ def init(path: Path, request: InitRequest) -> InitReport:
     """
     _refuse_existing(path)
     base = path.absolute().parent
-    request = _paths_for(request, base)
-    source = proposal.source_values(request)
+    request = _model_path(request, base)
+    offer, source = proposal.source_values(request)
+    target_kind, target_offer = proposal.target_offer(request, source, offer)
+    source = _paths("source", source, _absolute)  # given from here; written relative to the file, below
     looked_at = config_module.anchor({"source": source}, base)["source"]  # as `load` will read them
-    survey: Survey = registry.resolve_survey(str(source["kind"]))(looked_at, request.given)
-    proposal.require_fields(survey)
-    alias = request.alias or proposal.default_alias(survey)
+    survey = registry.survey(offer)(looked_at, request.given)
+    proposal.require_fields(survey, offer)
+    alias = request.alias or proposal.default_alias(survey, offer)
+    target = proposal.target_entries(request, target_kind, target_offer, source, alias, survey)
     sections = {
-        "source": proposal.source_entries(source, survey),
+        "source": proposal.source_entries(
+            _paths("source", source, lambda p: _relative(p, base)), survey, offer
+        ),
         "embedder": embedders.entries(request),
-        "target": proposal.target_entries(request, source, alias, survey),
+        "target": _relative_entries("target", target, base),
         "run": proposal.run_entries(alias),
     }
     text = render(_header(path, survey), sections)
@@ -95,10 +105,31 @@ def init(path: Path, request: InitRequest) -> InitReport:
     return InitReport(path, survey, alias, written, notes)
 
 
+def settings(option_name: str, pairs: list[str]) -> dict[str, Value]:
+    """`KEY=VALUE` pairs as TOML would read the value (`500` a number, `true` a boolean), else as text."""
+    found: dict[str, Value] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"{option_name} {pair!r} is not KEY=VALUE", hint=f"e.g. {option_name} page_size=500"
+            )
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        found[key.strip()] = value if isinstance(value, str | int | float | bool) else text
+    return found
+
+
 def _unset_variables(sections: dict[str, dict[str, Any]]) -> list[str]:
-    """Variables the file names that this environment lacks (the source's were read, so they are set)."""
+    """Variables the file names (keys ending in `_env`) that this environment lacks (the source's were read,
+    so they are set)."""
     names = {
-        sections[s][k] for s in ("target", "embedder") for k in ("dsn_env", "api_key_env") if k in sections[s]
+        str(value)
+        for s in ("target", "embedder")
+        for key, value in sections[s].items()
+        if key.endswith("_env")
     }
     return [
         f"{name} is not set here: set it where the migration runs"
@@ -120,23 +151,44 @@ def _header(path: Path, survey: Survey) -> list[str]:
     ]
 
 
-def _paths_for(request: InitRequest, base: Path) -> InitRequest:
-    """The request's paths as the config will hold them: relative to the config file's folder (`load`
-    reads them so, wherever it runs). A model given as a folder must be there: a typo is one line now,
-    not a minute of model-hub retries at `plan`."""
+def _model_path(request: InitRequest, base: Path) -> InitRequest:
+    """A model given as a folder, as the config will hold it: relative to the config file's folder. It must
+    be there: a typo is one line now, not a minute of model-hub retries at `plan`."""
     model = request.model
     if _names_a_folder(model):
         found = Path(model).expanduser()
         if not found.is_dir():
             raise _no_model_folder(found)
         model = _relative(found, base)
-    return dataclasses.replace(
-        request,
-        model=model,
-        file=Path(_relative(request.file, base)) if request.file is not None else None,
-        source_path=_relative(Path(request.source_path), base) if request.source_path else None,
-        target_path=_relative(Path(request.target_path), base) if request.target_path else None,
-    )
+    return dataclasses.replace(request, model=model)
+
+
+def _paths(role: Role, section: dict[str, Any], change: Callable[[str], str]) -> dict[str, Any]:
+    """`section` with `change` applied to the keys its kind's Config reads as paths."""
+    paths = _path_keys(role, str(section["kind"]))
+    return {key: change(str(value)) if key in paths else value for key, value in section.items()}
+
+
+def _absolute(path: str) -> str:
+    return path if path.startswith(":") else str(Path(path).expanduser().absolute())
+
+
+def _relative_entries(role: Role, entries: list[Entry], base: Path) -> list[Entry]:
+    """The path keys of a section as the config holds them: relative to its folder (`load` reads them so,
+    wherever it runs)."""
+    kind = next(str(entry.value) for entry in entries if entry.key == "kind")
+    paths = _path_keys(role, kind)
+    return [
+        dataclasses.replace(entry, value=_relative(str(entry.value), base))
+        if entry.key in paths and not entry.is_example
+        else entry
+        for entry in entries
+    ]
+
+
+def _path_keys(role: Role, kind: str) -> tuple[str, ...]:
+    adapter = registry.resolve(role, kind)
+    return adapter.Config.PATHS if isinstance(adapter.Config, NamesPaths) else ()
 
 
 def _names_a_folder(model: str) -> bool:

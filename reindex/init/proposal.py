@@ -1,102 +1,114 @@
 """What `reindex init` proposes for each section of a first config, from the request and the survey.
 
-[source] keeps what the survey chose (with the alternatives as comments), [target] defaults to the source's
-backend and connection, [embedder] follows the model's name. Secrets are refused as values: only the names
-of environment variables are written.
+Every choice per kind is the kind's own (its `offer`, reindex/offers.py): which option names a source, its
+connection and the check that refuses secrets, the keys its survey fills, a target's connection and what it
+adds. [source] keeps what the survey chose (with the alternatives as comments), [target] defaults to the
+source's backend and connection, [embedder] follows the model's name (embedders.py). Secrets are refused as
+values: only the names of environment variables are written.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
+from reindex import registry
 from reindex.errors import ConfigError
-from reindex.init.text import Entry
-from reindex.survey import UNITS, Choice, Survey, quoted
+from reindex.offers import ConnectionOffer, Entry, SourceOffer, TargetContext, TargetOffer, Value, option
+from reindex.survey import Choice, Survey, quoted
 
 if TYPE_CHECKING:
     from reindex.init.request import InitRequest
 
-TARGET_KINDS = ("pgvector", "qdrant")
-_SAME_BACKEND = {"postgres": "pgvector", "qdrant": "qdrant"}  # the default target of a source kind
-_FILE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
-# [source] keys naming the id, the text and the old vectors, per source kind (None: the kind has no such key)
-_KEYS: dict[str, tuple[str | None, str, str | None]] = {
-    "postgres": ("id_column", "text_column", "vector_column"),
-    "qdrant": (None, "text_field", "vector_name"),  # documents are keyed by the point id
-    "jsonl": ("id_field", "text_field", None),
-    "parquet": ("id_field", "text_field", None),
-}
-_NOUNS = {"postgres": "column", "parquet": "column", "jsonl": "field", "qdrant": "payload field"}
-_PASSWORD_PARAMETER = re.compile(r"(?:^|[\s?&])(?:ssl)?password\s*=\s*[^\s&]", re.IGNORECASE)
 
-
-def default_alias(survey: Survey) -> str:
+def default_alias(survey: Survey, offer: SourceOffer) -> str:
     """The name applications read now: the table or view, the collection or alias; a file's stem."""
-    return Path(survey.name).stem if survey.kind in ("jsonl", "parquet") else survey.name
-
-
-def has_password(dsn: str) -> bool:
-    """A password in a URL's user info, or a `password=` query parameter or libpq keyword."""
-    try:
-        if "://" in dsn and urlsplit(dsn).password:
-            return True
-    except ValueError:  # a malformed URL: the adapter's own DSN check names the problem later
-        return False
-    return _PASSWORD_PARAMETER.search(dsn) is not None
+    return Path(survey.name).stem if offer.suffixes else survey.name
 
 
 # [source] ----------------------------------------------------------------------------------------------
 
 
-def source_values(request: InitRequest) -> dict[str, Any]:
-    """The [source] connection and name, refusing secrets given as values."""
-    named = [
-        option
-        for option, value in (
-            ("--table", request.table),
-            ("--collection", request.collection),
-            ("--file", request.file),
-        )
-        if value is not None
-    ]
-    if len(named) != 1:
+def source_values(request: InitRequest) -> tuple[SourceOffer, dict[str, Any]]:
+    """The kind's offer, and the [source] it writes: kind, connection, name, settings; secrets refused."""
+    offers = registry.source_offers()
+    kind = request.source_kind or _kind_named(request, offers)
+    if kind not in offers:
+        known = ", ".join(registry.public("source", offers))
+        raise ConfigError(f"--source {kind!r} is not a kind init proposes", hint=f"one of: {known}")
+    offer = offers[kind]
+    connection = offer.connection.options if offer.connection else ()
+    refused = [key for key in request.source if key not in (offer.option, *connection)]
+    if refused:
+        takes = ", ".join(_spelling("source", key) for key in (offer.option, *connection))
         raise ConfigError(
-            "name one source" + (f", not {' and '.join(named)}" if named else ""),
-            hint="--table NAME (Postgres), --collection NAME (Qdrant) or --file PATH (JSONL, Parquet)",
+            f"{_spelling('source', refused[0])} is not an option of a {kind} source",
+            hint=f"its options: {takes}",
         )
-    if request.table is not None:
-        connection = _postgres("source", request.source_dsn_env, request.source_dsn)
-        return {"kind": "postgres", **connection, "table": request.table}
-    if request.collection is not None:
-        connection = _qdrant("source", request.source_url, request.source_path, request.source_api_key_env)
-        return {"kind": "qdrant", **connection, "collection": request.collection}
-    assert request.file is not None
-    return {"kind": _file_kind(request.file), "path": str(request.file)}
-
-
-def source_entries(source: dict[str, Any], survey: Survey) -> list[Entry]:
-    size = (
-        f"{survey.relation}, {survey.documents:,} {UNITS[survey.kind]}"
-        if survey.documents is not None
-        else ""
+    settings = dict(request.source_settings)
+    name = (
+        request.source.get(offer.option)
+        or settings.pop(offer.option, None)
+        or settings.pop(offer.name_key, None)
     )
-    name_key = {"postgres": "table", "qdrant": "collection"}.get(survey.kind, "path")
+    if name is None:
+        raise ConfigError(
+            f"a {kind} source needs --{option(offer.option)}", hint=f"pass --{option(offer.option)} NAME"
+        )
+    written = _connection("source", offer.connection, request.source, settings)
+    return offer, {"kind": kind, **written, offer.name_key: str(name), **settings}
+
+
+def _kind_named(request: InitRequest, offers: Mapping[str, SourceOffer]) -> str:
+    """The kind whose option names the source (--table: postgres); a file's suffix picks among file kinds."""
+    given = {**request.source_settings, **request.source}
+    options = list(dict.fromkeys(offer.option for offer in offers.values()))
+    named = [name for name in options if name in given]
+    if len(named) != 1:
+        public = set(registry.public("source", offers))
+        ways = [
+            f"--{option(name)} NAME ({', '.join(k for k, o in offers.items() if o.option == name and k in public)})"
+            for name in options
+        ]
+        not_these = f", not {' and '.join(f'--{option(name)}' for name in named)}" if named else ""
+        raise ConfigError(
+            "name one source" + not_these,
+            hint=", ".join(ways) + ", or --source KIND with --source-set KEY=VALUE",
+        )
+    kinds = [kind for kind, offer in offers.items() if offer.option == named[0]]
+    if len(kinds) == 1:
+        return kinds[0]
+    value = str(given[named[0]])
+    suffix = Path(value).suffix.lower()
+    by_suffix = [kind for kind in kinds if suffix in offers[kind].suffixes]
+    if len(by_suffix) != 1:
+        suffixes = [s for kind in registry.public("source", kinds) for s in offers[kind].suffixes]
+        raise ConfigError(
+            f"--{option(named[0])} {value}: no source kind reads a {suffix or 'file without a suffix'}",
+            hint=f"name a {', '.join(suffixes[:-1])} or {suffixes[-1]} file"
+            if suffixes
+            else "name its kind: --source KIND",
+        )
+    return by_suffix[0]
+
+
+def source_entries(source: Mapping[str, Any], survey: Survey, offer: SourceOffer) -> list[Entry]:
+    size = f"{survey.relation}, {survey.documents:,} {survey.units}" if survey.documents is not None else ""
+    comments = offer.connection.comments if offer.connection else {}
     entries = [
-        Entry(key, value, size if key == name_key else _connection_comment(key))
+        Entry(key, value, size if key == offer.name_key else comments.get(key, ""))
         for key, value in source.items()
     ]
-    id_key, text_key, vector_key = _KEYS[survey.kind]
-    if id_key is not None:
-        entries.append(_choice_entry(id_key, survey.id, survey, survey.id.reason))
+    if offer.id_key is not None:
+        entries.append(_choice_entry(offer.id_key, survey.id, survey, survey.id.reason))
     length = survey.text_lengths.get(survey.text.field or "")
     text_reason = survey.text.reason + (f", {length:,.0f} characters on average" if length else "")
-    entries.append(_choice_entry(text_key, survey.text, survey, text_reason))
-    if vector_key is not None and survey.vector.field is not None:
+    entries.append(_choice_entry(offer.text_key, survey.text, survey, text_reason))
+    if offer.vector_key is not None and survey.vector.field is not None:
         kept = f"the current vectors {survey.vector_type}: the target keeps the name"
-        entries.append(_choice_entry(vector_key, survey.vector, survey, kept))
+        entries.append(_choice_entry(offer.vector_key, survey.vector, survey, kept))
     return entries
 
 
@@ -106,68 +118,61 @@ def _choice_entry(key: str, choice: Choice, survey: Survey, comment: str) -> Ent
     above: tuple[str, ...] = ()
     if choice.others:
         others = ", ".join(_with_length(name, survey) for name in choice.others)
-        above = (f"also found: {others}; --{_option(key)} picks another",)
+        above = (f"also found: {others}; --{option(key)} picks another",)
     return Entry(key, choice.field, comment, above)
 
 
-def require_fields(survey: Survey) -> None:
-    id_key, text_key, _ = _KEYS[survey.kind]
-    noun, where = _NOUNS[survey.kind], f"{survey.relation} {survey.name}"
-    if id_key is not None and survey.id.field is None:
+def require_fields(survey: Survey, offer: SourceOffer) -> None:
+    noun, where = offer.noun, f"{survey.relation} {survey.name}"
+    if offer.id_key is not None and survey.id.field is None:
         raise ConfigError(
             f"no usable id {noun} in {where}: {survey.id.reason}",
-            hint=f"pass --{_option(id_key)} NAME, a {noun} whose values are unique",
+            hint=f"pass --{option(offer.id_key)} NAME, a {noun} whose values are unique",
         )
     if survey.text.field is None:
-        raise ConfigError(f"no text {noun} found in {where}", hint=f"pass --{_option(text_key)} NAME")
-
-
-def _file_kind(path: Path) -> str:
-    kind = _FILE_KINDS.get(path.suffix.lower())
-    if kind is None:
-        raise ConfigError(
-            f"--file {path}: not a JSONL or Parquet file", hint="name a .jsonl or .parquet file"
-        )
-    return kind
+        raise ConfigError(f"no text {noun} found in {where}", hint=f"pass --{option(offer.text_key)} NAME")
 
 
 # [target], [run] ([embedder]: embedders.py) ----------------------------------------------------------------------------
 
 
-def target_entries(
-    request: InitRequest, source: dict[str, Any], alias: str, survey: Survey | None = None
-) -> list[Entry]:
-    kind = request.target or _SAME_BACKEND.get(str(source["kind"]))
+def target_offer(
+    request: InitRequest, source: Mapping[str, Any], offer: SourceOffer
+) -> tuple[str, TargetOffer]:
+    """The target's kind (given, else the source's backend) and its offer, its options checked before
+    anything is read."""
+    offers = registry.target_offers()
+    kind = request.target or offer.target
     if kind is None:
+        raise ConfigError(f"a {source['kind']} source needs a target", hint=_target_hint(offers))
+    if kind not in offers:
+        raise ConfigError(f"unknown target kind {kind!r}", hint=_target_hint(offers))
+    connection = offers[kind].connection
+    refused = [key for key in request.target_options if key not in connection.options]
+    if refused:
+        takes = ", ".join(_spelling("target", key) for key in connection.options)
         raise ConfigError(
-            "a file source needs a target",
-            hint="--target pgvector --target-dsn-env NAME, or --target qdrant --target-url URL",
+            f"{_spelling('target', refused[0])} is not an option of a {kind} target",
+            hint=f"its options: {takes}",
         )
-    if kind not in TARGET_KINDS:
-        raise ConfigError(f"unknown target kind {kind!r}", hint="--target pgvector or --target qdrant")
-    in_place = (
-        kind == "pgvector"
-        and source["kind"] == "postgres"
-        and survey is not None
-        and survey.relation in ("table", "partitioned table")
-        and alias == survey.name
-        and not _other_database(request)
+    return kind, offers[kind]
+
+
+def target_entries(
+    request: InitRequest,
+    kind: str,
+    target: TargetOffer,
+    source: Mapping[str, Any],
+    alias: str,
+    survey: Survey,
+) -> list[Entry]:
+    own = bool(request.target_options) or any(
+        key in request.target_settings for key in target.connection.options
     )
-    accept = [
-        Entry(
-            "accept",
-            ("extra_column",) if in_place else ("table_statements", "column_order"),
-            "column mode adds one column while in flight: uncomment to accept it (plan refuses until then)"
-            if in_place
-            else "what the cutover may not keep of the table; `reindex plan` lists what it finds",
-            is_example=True,
-        )
-    ]
-    if in_place:  # the application's own table: the new vectors side by side in it (docs/backends.md)
-        accept.insert(0, Entry("mode", "column", "the table stays the table: the flip renames two columns"))
+    context = TargetContext(source, survey, alias, own_connection=own)
     return [
         Entry("kind", kind),
-        *_target_connection(request, kind, source),
+        *_target_connection(request, target, source, own),
         Entry("alias", alias, "the name applications read"),
         Entry(
             "name",
@@ -175,29 +180,55 @@ def target_entries(
             'default "<alias>__<fingerprint8>"; never the alias itself',
             is_example=True,
         ),
-        *(accept if kind == "pgvector" else []),
+        *target.entries(context),
+        *(
+            Entry(key, value)
+            for key, value in request.target_settings.items()
+            if key not in target.connection.options
+        ),
     ]
 
 
-def _other_database(request: InitRequest) -> bool:
-    """A target connection given apart from the source's: not the source's table (a fresh table there)."""
-    return request.target_dsn_env is not None or request.target_dsn is not None
+def _target_hint(offers: Mapping[str, TargetOffer]) -> str:
+    ways = [
+        f"--target {kind} --target-{option(offers[kind].connection.options[0])} ..."
+        for kind in registry.public("target", offers)
+    ]
+    return ", or ".join(ways)
 
 
-def _target_connection(request: InitRequest, kind: str, source: dict[str, Any]) -> list[Entry]:
+def _target_connection(
+    request: InitRequest, target: TargetOffer, source: Mapping[str, Any], own: bool
+) -> list[Entry]:
     """The target's connection as given; none given: the source's own, on the same backend."""
-    if kind == "pgvector":
-        if request.target_dsn_env is None and request.target_dsn is None and source["kind"] == "postgres":
-            return [
-                Entry(k, v, "the source's database") for k, v in source.items() if k in ("dsn", "dsn_env")
-            ]
-        connection = _postgres("target", request.target_dsn_env, request.target_dsn)
-    else:
-        if request.target_url is None and request.target_path is None and source["kind"] == "qdrant":
-            same = ("url", "path", "api_key_env")
-            return [Entry(k, v, "the source's Qdrant") for k, v in source.items() if k in same]
-        connection = _qdrant("target", request.target_url, request.target_path, request.target_api_key_env)
-    return [Entry(key, value, _connection_comment(key)) for key, value in connection.items()]
+    connection = target.connection
+    refused = [key for key in request.target_options if key not in connection.options]
+    if refused:
+        takes = ", ".join(_spelling("target", key) for key in connection.options)
+        raise ConfigError(
+            f"{_spelling('target', refused[0])} is not an option of a {request.target} target",
+            hint=f"its options: {takes}",
+        )
+    if not own and source["kind"] == target.shares_with:
+        same = f"{connection.same}"
+        return [Entry(key, value, same) for key, value in source.items() if key in connection.options]
+    settings = dict(request.target_settings)
+    written = _connection("target", connection, request.target_options, settings)
+    return [Entry(key, value, connection.comments.get(key, "")) for key, value in written.items()]
+
+
+def _connection(
+    role: str, connection: ConnectionOffer | None, named: Mapping[str, str], settings: dict[str, Value]
+) -> dict[str, str]:
+    """The connection keys written for `role`, checked by the kind (which refuses secrets as values); keys
+    given through --ROLE-set are taken out of `settings`."""
+    if connection is None:
+        return {}
+    given = {
+        key: named.get(key) if key in named else (str(settings.pop(key)) if key in settings else None)
+        for key in connection.options
+    }
+    return connection.check(role, given)
 
 
 def run_entries(alias: str) -> list[Entry]:
@@ -214,50 +245,10 @@ def run_entries(alias: str) -> list[Entry]:
     ]
 
 
-# connections and secrets ---------------------------------------------------------------------------------
-
-
-def _postgres(role: str, dsn_env: str | None, dsn: str | None) -> dict[str, str]:
-    if (dsn_env is None) == (dsn is None):
-        raise ConfigError(
-            f"name the {role} database once: --{role}-dsn-env NAME (a variable holding the DSN)",
-            hint=f"export REINDEX_{role.upper()}_DSN=postgresql://... then --{role}-dsn-env REINDEX_{role.upper()}_DSN",
-        )
-    if dsn is None:
-        return {"dsn_env": str(dsn_env)}
-    if has_password(dsn):
-        raise ConfigError(
-            f"--{role}-dsn holds a password, which must not go into the file",
-            hint=f"export REINDEX_{role.upper()}_DSN='<the DSN>' and pass --{role}-dsn-env REINDEX_{role.upper()}_DSN",
-        )
-    return {"dsn": dsn}
-
-
-def _qdrant(role: str, url: str | None, path: str | None, api_key_env: str | None) -> dict[str, str]:
-    if (url is None) == (path is None):
-        raise ConfigError(
-            f"name the {role} Qdrant once",
-            hint=f"--{role}-url URL (a server) or --{role}-path FOLDER (local storage)",
-        )
-    if url is not None and has_password(url):
-        raise ConfigError(
-            f"--{role}-url holds a password", hint=f"pass the API key as --{role}-api-key-env NAME"
-        )
-    connection = {"url": url} if url is not None else {"path": str(path)}
-    return connection | ({"api_key_env": api_key_env} if api_key_env else {})
-
-
-def _connection_comment(key: str) -> str:
-    return {
-        "dsn_env": "the DSN is read from this variable, never written here",
-        "dsn": "no password here: libpq finds it (.pgpass, PGPASSWORD)",
-        "api_key_env": "the API key is read from this variable, never written here",
-        "path": "Qdrant local storage",
-    }.get(key, "")
-
-
-def _option(key: str) -> str:
-    return key.replace("_", "-")
+def _spelling(role: str, key: str) -> str:
+    """How the command line names a key: a source's name by its own option (--table), else --ROLE-KEY."""
+    names = {offer.option for offer in registry.source_offers().values()}
+    return f"--{option(key)}" if role == "source" and key in names else f"--{role}-{option(key)}"
 
 
 def _with_length(name: str, survey: Survey) -> str:

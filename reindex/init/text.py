@@ -6,26 +6,15 @@ import json
 import re
 import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from reindex.offers import Entry, Value
 
 COMMENT_COLUMN = 32  # inline comments line up here, as in configs/*.toml
 WIDTH = 110  # the project's line length
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # not allowed in a TOML comment
 
 
-@dataclass(frozen=True)
-class Entry:
-    """One key of a section, with what a reader should know about it."""
-
-    key: str
-    value: str | int | bool | tuple[str, ...]
-    comment: str = ""
-    above: tuple[str, ...] = ()  # whole comment lines before the key: alternatives, caveats
-    is_example: bool = False  # written commented out: an option worth knowing, not set
-    fill_in: bool = False  # a placeholder the user must replace (an Azure resource, a Bedrock role)
-
-
-def values(entries: Sequence[Entry]) -> dict[str, str | int | bool | tuple[str, ...]]:
+def values(entries: Sequence[Entry]) -> dict[str, Value]:
     """The keys a section sets, examples left out: what the config loader will read."""
     return {entry.key: entry.value for entry in entries if not entry.is_example}
 
@@ -55,13 +44,13 @@ def comment_lines(texts: Sequence[str]) -> list[str]:
     return lines
 
 
-def toml_value(value: str | int | bool | tuple[str, ...]) -> str:
+def toml_value(value: Value) -> str:
     if isinstance(value, tuple):
         return "[" + ", ".join(toml_value(item) for item in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
     # A JSON string is a TOML basic string (the same escapes), except that TOML also wants DEL escaped.
     return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 

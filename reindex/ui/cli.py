@@ -385,9 +385,26 @@ def init_config(
     file: Annotated[
         Path | None, typer.Option(help="file source: a .jsonl or .parquet export", rich_help_panel="Source")
     ] = None,
+    source: Annotated[
+        str | None,
+        typer.Option(
+            help="the source's kind, for one without its own option (a plugin's); default: from the option given",
+            rich_help_panel="Source",
+        ),
+    ] = None,
+    source_set: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="KEY=VALUE: any [source] key (a plugin's name and connection), repeatable",
+            rich_help_panel="Source",
+        ),
+    ] = None,
     target: Annotated[
         str | None,
-        typer.Option(help="pgvector or qdrant (default: the source's backend)", rich_help_panel="Target"),
+        typer.Option(
+            help="pgvector, qdrant or a plugin's kind (default: the source's backend)",
+            rich_help_panel="Target",
+        ),
     ] = None,
     target_dsn_env: Annotated[
         str | None, typer.Option(help="default: the source's", rich_help_panel="Target")
@@ -403,6 +420,10 @@ def init_config(
     ] = None,
     target_api_key_env: Annotated[
         str | None, typer.Option(help="default: the source's", rich_help_panel="Target")
+    ] = None,
+    target_set: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE: any [target] key, repeatable", rich_help_panel="Target"),
     ] = None,
     alias: Annotated[
         str | None, typer.Option(help="default: the name applications read now", rich_help_panel="Target")
@@ -440,22 +461,29 @@ def init_config(
     as_json: JsonOption = False,
 ) -> None:
     """Write a commented config from what the source shows: id, text and vector fields, size, alias state."""
+    named = {"table": table, "collection": collection, "file": str(file) if file is not None else None}
+    connection = {
+        "dsn_env": source_dsn_env,
+        "dsn": source_dsn,
+        "url": source_url,
+        "path": source_path,
+        "api_key_env": source_api_key_env,
+    }
+    target_connection = {
+        "dsn_env": target_dsn_env,
+        "dsn": target_dsn,
+        "url": target_url,
+        "path": target_path,
+        "api_key_env": target_api_key_env,
+    }
     request = init_module.InitRequest(
         model=model,
-        table=table,
-        source_dsn_env=source_dsn_env,
-        source_dsn=source_dsn,
-        collection=collection,
-        source_url=source_url,
-        source_path=source_path,
-        source_api_key_env=source_api_key_env,
-        file=file,
+        source={key: value for key, value in {**named, **connection}.items() if value is not None},
+        source_settings=_guarded(lambda: init_module.settings("--source-set", source_set or [])),
+        source_kind=source,
         target=target,
-        target_dsn_env=target_dsn_env,
-        target_dsn=target_dsn,
-        target_url=target_url,
-        target_path=target_path,
-        target_api_key_env=target_api_key_env,
+        target_options={key: value for key, value in target_connection.items() if value is not None},
+        target_settings=_guarded(lambda: init_module.settings("--target-set", target_set or [])),
         alias=alias,
         embedder=embedder,
         api_key_env=api_key_env,

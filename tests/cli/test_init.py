@@ -243,7 +243,9 @@ def test_an_export_file_goes_to_the_target_it_is_given(
     monkeypatch.setenv("REINDEX_TARGET_DSN", pg_dsn)
     write_export(Path(f"export{suffix}"))
     code, _, stderr = invoke("init", "export.toml", "--file", f"export{suffix}", "--model", str(tiny_model))
-    assert code == 2 and "a file source needs a target" in stderr and not Path("export.toml").exists()
+    kind = suffix.removeprefix(".")
+    assert code == 2 and f"a {kind} source needs a target" in stderr and not Path("export.toml").exists()
+    assert "--target pgvector --target-dsn-env" in stderr and "--target qdrant --target-url" in stderr
 
     code, _, stderr = invoke(
         "init", "export.toml", "--file", f"export{suffix}", "--model", str(tiny_model),
@@ -367,12 +369,16 @@ EMBEDDER_MODELS = {
 }
 
 
-def test_init_offers_every_embedder_kind_the_tool_runs() -> None:
-    """No built-in kind is left out of `init --embedder` (a kind added later must be added here too)."""
+def test_init_offers_every_built_in_kind_the_tool_runs() -> None:
+    """Every built-in kind describes itself to `init` (its class's `offer`), and a model is claimed by at most
+    one kind (a kind added later must be added to EMBEDDER_MODELS too)."""
     from reindex import registry
-    from reindex.init.embedders import WRITERS
 
-    assert set(WRITERS) == set(registry.EMBEDDERS) == set(EMBEDDER_MODELS)
+    assert set(registry.embedder_offers()) >= set(registry.EMBEDDERS) == set(EMBEDDER_MODELS)
+    assert set(registry.source_offers()) >= set(registry.SOURCES)
+    assert set(registry.target_offers()) >= set(registry.SINKS)
+    claimed = [model for offer in registry.embedder_offers().values() for model in offer.claims]
+    assert len(claimed) == len(set(claimed))
 
 
 @pytest.mark.parametrize("kind", sorted(EMBEDDER_MODELS))
@@ -430,3 +436,63 @@ def test_an_unknown_embedder_kind_and_a_key_for_bedrock_are_refused() -> None:
         "init", "b.toml", *args, "--model", "amazon.titan-embed-text-v2:0", "--api-key-env", "AWS_KEY"
     )
     assert code == 2 and "boto3" in stderr
+
+
+def test_a_kind_named_by_its_offer_alone_writes_what_its_own_option_writes(
+    source_dsn: str, tiny_model: Path
+) -> None:
+    """`--source KIND --source-set KEY=VALUE` is how a plugin's kind is proposed: on a built-in kind it writes
+    the same [source] as --table does, plus any other key given (typed as TOML reads it)."""
+    make_docs(source_dsn)
+    code, _, stderr = init_table("docs", tiny_model)
+    assert code == 0, stderr
+    code, _, stderr = invoke(
+        "init", "generic.toml", "--source", "postgres", "--source-set", "table=docs",
+        "--source-set", "dsn_env=REINDEX_SOURCE_DSN", "--source-set", "page_size=500", "--model", str(tiny_model),
+    )  # fmt: skip
+    assert code == 0, stderr
+    by_option, generic = load(Path("docs.toml")), load(Path("generic.toml"))
+    assert generic.source == {**by_option.source, "page_size": 500}
+    assert generic.target == by_option.target
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ("--table", "docs", "--source-url", "http://q:6333"),
+            "--source-url is not an option of a postgres source",
+        ),
+        (
+            ("--file", "docs.jsonl", "--source-dsn", "host=x"),
+            "--source-dsn is not an option of a jsonl source",
+        ),
+        (("--file", "docs.csv"), "--file docs.csv: no source kind reads a .csv"),
+        (
+            ("--source", "memory", "--source-set", "documents=3"),
+            "--source 'memory' is not a kind init proposes",
+        ),
+        (("--table", "docs", "--collection", "docs"), "name one source, not --table and --collection"),
+        (("--source", "postgres", "--source-set", "dsn_env=X"), "a postgres source needs --table"),
+        (("--table", "docs", "--source-set", "oops"), "--source-set 'oops' is not KEY=VALUE"),
+        (
+            (
+                "--collection",
+                "docs",
+                "--source-path",
+                "store",
+                "--target",
+                "pgvector",
+                "--target-url",
+                "http://x",
+            ),
+            "--target-url is not an option of a pgvector target",
+        ),
+    ],
+)
+def test_an_option_the_kind_does_not_take_is_refused_by_name(args: tuple[str, ...], message: str) -> None:
+    """Each kind says which options it takes (its offer); another one is one line naming it, exit 2, no file."""
+    Path("store").mkdir()
+    code, _, stderr = invoke("init", "x.toml", *args, "--model", "m")
+    assert code == 2 and message in stderr, stderr
+    assert not Path("x.toml").exists()
