@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from reindex.errors import BackendError, ConfigError, MissingDependency
 from reindex.fingerprint import fingerprint
 from reindex.offers import EmbedderOffer, local_entries
-from reindex.ports import EmbedderInfo, EmbedderTraits, Tokens, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, Section, Tokens, Vectors
 from reindex_adapters.hub import model_dir, special_count, untruncated, weights_digest
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ class VllmEmbedder:
         local_entries("vllm", "continuous batching on GPUs")
     )  # what `reindex init` writes for it
 
-    class Config(BaseModel):
+    class Config(Section):
         model_config = ConfigDict(extra="forbid", frozen=True)
         MODEL_PATHS: ClassVar[tuple[str, ...]] = ("model",)  # a folder beside the config, or a hub id
         kind: Literal["vllm"]

@@ -214,7 +214,7 @@ def status(config: Config) -> StatusReport:
             if summary
             else (0, 0, 0, 0, 0)
         )
-        target = run.target if run else str(config.target.get("name") or "")
+        target = run.target if run else config.target.name or ""
         return StatusReport(
             plan_id=run.plan_id if run else "",
             target=target,

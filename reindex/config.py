@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -14,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field
 from reindex import registry
 from reindex.capabilities import NamesModelPaths, NamesPaths
 from reindex.errors import ConfigError, environment, validate
+from reindex.ports import Section, TargetSection
+from reindex.registry import Role
 
 SECTIONS = ("source", "embedder", "target", "run", "ray", "compare", "gate", "routes")
 DURATION_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
@@ -179,19 +182,25 @@ class RouteConfig(BaseModel):
 
 @dataclass(frozen=True)
 class Config:
+    """A migration's file, validated once: each adapter's table into its kind's own `Config` (a `Section`;
+    the target's a `TargetSection`), which the core reads and the registry builds from."""
+
     path: Path
-    source: dict[str, Any]
-    embedder: dict[str, Any]
-    target: dict[str, Any]
+    source: Section
+    embedder: Section
+    target: TargetSection
     run: RunConfig
     ray: RayConfig = field(default_factory=RayConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     routes: tuple[RouteConfig, ...] = ()
+    # the [source], [embedder] and [target] tables as written (paths anchored): what the run's key digests,
+    # so a ledger written before finds its run, and what `plan` prices routes against
+    tables: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def alias(self) -> str:
-        return str(self.target["alias"])
+        return self.target.alias
 
 
 def load(path: Path) -> Config:
@@ -223,16 +232,16 @@ def parse(text: str, path: Path) -> Config:
             raise ConfigError(f"{path}: missing section [{section}]", hint="see configs/ for examples")
     config = Config(
         path,
-        raw["source"],
-        raw["embedder"],
-        raw["target"],
+        validated_section("source", raw["source"]),
+        validated_section("embedder", raw["embedder"]),
+        validated_target(raw["target"]),
         validate("run", RunConfig, raw.get("run", {})),
         validate("ray", RayConfig, raw.get("ray", {})),
         validate("compare", CompareConfig, raw.get("compare", {})),
         validate("gate", GateConfig, raw.get("gate", {})),
         _routes(raw.get("routes", [])),
+        {role: raw[role] for role in ("source", "embedder", "target")},
     )
-    check(config)
     return config
 
 
@@ -309,14 +318,26 @@ def _routes(raw: Any) -> tuple[RouteConfig, ...]:
     return routes
 
 
-def check(config: Config) -> None:
-    """Validate each section against its adapter's Config model, without connecting to anything."""
-    for role, section in (
-        ("source", config.source),
-        ("embedder", config.embedder),
-        ("target", config.target),
-    ):
-        adapter = registry.resolve(role, str(section.get("kind", "")))  # type: ignore[arg-type]
-        validate(role, adapter.Config, section)
-    if not config.target.get("alias"):
+def validated_section(role: Role, table: Mapping[str, Any]) -> Section:
+    """`table` validated into its kind's own `Config`, without connecting to anything."""
+    adapter = registry.resolve(role, str(table.get("kind", "")))
+    validated = validate(role, adapter.Config, dict(table))
+    if not isinstance(validated, Section):
+        base = "TargetSection" if role == "target" else "Section"
+        raise ConfigError(
+            f"the {role} kind {table.get('kind')!r} declares a Config the core cannot read",
+            hint=f"its adapter's Config must extend reindex.ports.{base}",
+        )
+    return validated
+
+
+def validated_target(table: Mapping[str, Any]) -> TargetSection:
+    if not table.get("alias"):
         raise ConfigError("[target] missing required key 'alias'", hint="the name applications read")
+    validated = validated_section("target", table)
+    if not isinstance(validated, TargetSection):
+        raise ConfigError(
+            f"the target kind {table.get('kind')!r} declares a Config without an alias",
+            hint="its adapter's Config must extend reindex.ports.TargetSection",
+        )
+    return validated

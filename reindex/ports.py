@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field
 
 Vectors = NDArray[np.float32]  # shape (n, dim)
 Distance = Literal["cosine", "dot", "euclid"]
@@ -139,6 +140,23 @@ class Tokens:
 
 
 DEFAULT_WINDOW_HOURS = 24.0  # a batch window where a provider states none: OpenAI's only, Bedrock's default
+
+
+class Section(BaseModel):
+    """What the core reads of every adapter's table in a config: its kind. Every adapter's `Config` extends
+    it; the config is validated once, into the kind's own `Config`, and the core reads that (reindex.config)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str
+
+
+class TargetSection(Section):
+    """What the core reads of every [target]: the name applications read, and the target's own name (None:
+    `<alias>__<fingerprint8>`). Every sink's `Config` extends it."""
+
+    alias: str = Field(min_length=1)
+    name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

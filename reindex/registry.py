@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any, Literal
+
+from pydantic import BaseModel
 
 from reindex.errors import ConfigError, validate
 from reindex.offers import (
@@ -188,7 +190,13 @@ def resolve_engine(name: str) -> Any:
     return importlib.import_module(ENGINES[name])
 
 
-def build(role: Role, section: dict[str, Any]) -> Any:
-    """Validate a config section against its adapter's Config model and construct the adapter."""
+def build(role: Role, section: Mapping[str, Any] | BaseModel) -> Any:
+    """Construct the adapter from its section: a config's, validated once already (`reindex.config`), or a
+    table (a route's [embedder], [compare] embedder) validated here against the kind's Config."""
+    if isinstance(section, BaseModel):
+        adapter = resolve(role, str(getattr(section, "kind", "")))
+        if isinstance(section, adapter.Config):
+            return adapter.from_config(section)
+        section = section.model_dump(exclude_unset=True)
     adapter = resolve(role, str(section.get("kind", "")))
-    return adapter.from_config(validate(role, adapter.Config, section))
+    return adapter.from_config(validate(role, adapter.Config, dict(section)))

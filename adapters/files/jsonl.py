@@ -16,12 +16,12 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from reindex.columns import Documents
 from reindex.errors import ConfigError
 from reindex.offers import SourceOffer
-from reindex.ports import Record, SourceSchema
+from reindex.ports import Record, Section, SourceSchema
 from reindex_adapters.files import offers
 from reindex_adapters.files.records import (
     _MISSING,
@@ -46,7 +46,7 @@ class JsonlSource:
 
     offer: ClassVar[SourceOffer] = offers.JSONL  # what `reindex init` writes for it
 
-    class Config(BaseModel):
+    class Config(Section):
         model_config = ConfigDict(extra="forbid", frozen=True)
         PATHS: ClassVar[tuple[str, ...]] = ("path",)  # relative to the config file (reindex.config.anchor)
         kind: Literal["jsonl"]

@@ -7,12 +7,12 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from reindex.columns import Documents
 from reindex.errors import ConfigError, MissingDependency
 from reindex.offers import SourceOffer
-from reindex.ports import Record, SourceSchema
+from reindex.ports import Record, Section, SourceSchema
 from reindex_adapters.files import offers
 from reindex_adapters.files.records import _chunked, _file_errors, _position, _record
 
@@ -27,7 +27,7 @@ class ParquetSource:
 
     offer: ClassVar[SourceOffer] = offers.PARQUET  # what `reindex init` writes for it
 
-    class Config(BaseModel):
+    class Config(Section):
         model_config = ConfigDict(extra="forbid", frozen=True)
         PATHS: ClassVar[tuple[str, ...]] = ("path",)  # relative to the config file (reindex.config.anchor)
         kind: Literal["parquet"]

@@ -12,9 +12,10 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict, model_validator
 
 from reindex.errors import BackendError, ConfigError, MissingDependency, TransientError, environment
+from reindex.ports import Section
 
 if TYPE_CHECKING:
     import psycopg
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 MAX_IDENTIFIER_BYTES = 63  # Postgres truncates longer names silently: refuse them instead
 
 
-class _DsnConfig(BaseModel):
+class _DsnConfig(Section):
     model_config = ConfigDict(extra="forbid", frozen=True)
     dsn: str | None = None
     dsn_env: str | None = None

@@ -29,6 +29,7 @@ from reindex.ports import (
     Rows,
     StoragePlan,
     TargetInfo,
+    TargetSection,
     TargetSpec,
 )
 from reindex_adapters.postgres import fidelity, offers, privileges
@@ -108,10 +109,8 @@ class PgvectorSink(_Reads):
     # is a column of the alias's own table, so a source reading that table sees every write, before and after
     serves_in_place = False
 
-    class Config(_DsnConfig):
+    class Config(_DsnConfig, TargetSection):
         kind: Literal["pgvector"]
-        alias: str
-        name: str | None = None
         lock_timeout_ms: int = Field(default=2000, ge=1)
         swap_attempts: int = Field(default=5, ge=1)
         index: Literal["hnsw", "none"] = "hnsw"

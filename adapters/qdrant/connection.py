@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import ConfigDict, model_validator
 
 from reindex.errors import (
     BackendError,
@@ -25,6 +25,7 @@ from reindex.errors import (
     TransientError,
     environment,
 )
+from reindex.ports import Section
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient
@@ -35,7 +36,7 @@ _NAME_MAX = 255  # Qdrant's limit on collection and alias names
 _NAME_REFUSED = '<>:"/\\|?*\0\x1f'
 
 
-class _Connection(BaseModel):
+class _Connection(Section):
     model_config = ConfigDict(extra="forbid", frozen=True)
     PATHS: ClassVar[tuple[str, ...]] = ("path",)  # relative to the config file (reindex.config.anchor)
     url: str | None = None

@@ -21,6 +21,7 @@ from reindex.ports import (
     Loss,
     Rows,
     TargetInfo,
+    TargetSection,
     TargetSpec,
 )
 from reindex.vectors import vector_problem
@@ -73,10 +74,8 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
 
     holds_writers = False  # nothing holds a collection's writers: cutover --sync carries the window after
 
-    class Config(_Connection, TargetOptions):
+    class Config(_Connection, TargetOptions, TargetSection):
         kind: Literal["qdrant"]
-        alias: str
-        name: str | None = None
         upsert_batch: int = Field(default=256, ge=1)
 
         @field_validator("alias")

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from reindex.capabilities import Traffic as Figures
 from reindex.errors import ReindexError, TransientError
+from reindex.ports import Section
 from reindex_adapters.remote.errors import ProviderBusy
 
 T = TypeVar("T")
@@ -192,7 +193,7 @@ class Traffic:
         )
 
 
-class Paced(BaseModel):
+class Paced(Section):
     """What every provider kind's config says of pacing and retries (`Pacer.of` reads it)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

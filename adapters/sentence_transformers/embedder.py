@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from reindex.columns import TokenColumns, ragged
 from reindex.offers import EmbedderOffer, Entry, local_entries
-from reindex.ports import EmbedderInfo, EmbedderTraits, Tokens, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, Section, Tokens, Vectors
 from reindex_adapters.hub import special_count
 from reindex_adapters.sentence_transformers.model import (
     Device,
@@ -59,7 +59,7 @@ class SentenceTransformerEmbedder:
     _pad_left: bool
     _type_ids: bool
 
-    class Config(BaseModel):
+    class Config(Section):
         model_config = ConfigDict(extra="forbid", frozen=True)
         MODEL_PATHS: ClassVar[tuple[str, ...]] = ("model",)  # a folder beside the config, or a hub id
         kind: Literal["sentence-transformers"]

@@ -73,7 +73,7 @@ def rehearse(m: Migration, *, documents: int, seconds_per_document: float | None
         shard = max(MIN_SHARD, min(shard, int(2 * REHEARSAL_SECONDS / (SHARDS * seconds_per_document))))
     with tempfile.TemporaryDirectory(prefix="reindex-rehearsal-") as folder:
         run = m.config.run.model_copy(update={"shard_size": shard, "state": str(Path(folder) / "ledger.db")})
-        config = replace(m.config, run=run, target={**m.config.target, "name": scratch.name})
+        config = replace(m.config, run=run, target=m.config.target.model_copy(update={"name": scratch.name}))
         rehearsal = migration(config, m.source, m.sink, m.embedder)
         try:
             return _rehearse(rehearsal, shard) or "no shard was written within the rehearsal's time"

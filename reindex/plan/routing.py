@@ -69,10 +69,10 @@ class Route:
 
 def candidates(config: Config, embedder: Embedder) -> list[Candidate]:
     """The configured embedder first, then each `[[routes]]` table, each built once (no network)."""
-    routes = [Candidate(RouteConfig(name=CONFIGURED), dict(config.embedder), embedder)]
+    routes = [Candidate(RouteConfig(name=CONFIGURED), dict(config.tables["embedder"]), embedder)]
     for route in config.routes:
         if route.embedder is None:
-            routes.append(Candidate(route, dict(config.embedder), embedder))
+            routes.append(Candidate(route, dict(config.tables["embedder"]), embedder))
             continue
         try:
             routes.append(Candidate(route, route.embedder, registry.build("embedder", route.embedder)))

@@ -17,20 +17,27 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from reindex import registry
 from reindex.errors import ConfigError, validate
-from reindex.ports import EmbedderInfo, KnowsIdentity
+from reindex.ports import EmbedderInfo, KnowsIdentity, Section
 
 CACHE_ENV = "REINDEX_CACHE_DIR"
 
 
-def build_embedder(section: dict[str, Any], *, lazy: bool = False) -> Any:
-    """The embedder an `[embedder]` table names; with `lazy`, `Unloaded` where its identity is remembered."""
-    adapter = registry.resolve("embedder", str(section.get("kind", "")))
-    config = validate("embedder", adapter.Config, section)
+def build_embedder(section: Mapping[str, Any] | Section, *, lazy: bool = False) -> Any:
+    """The embedder an `[embedder]` section names (a config's, validated already, or a table); with `lazy`,
+    `Unloaded` where its identity is remembered."""
+    kind = section.kind if isinstance(section, Section) else str(section.get("kind", ""))
+    adapter = registry.resolve("embedder", kind)
+    config = (
+        section
+        if isinstance(section, adapter.Config)
+        else validate("embedder", adapter.Config, dict(section))
+    )
     key = adapter.identity_key(config) if isinstance(adapter, KnowsIdentity) else None
     if lazy and key is not None and (info := recall(key)) is not None:
         return Unloaded(adapter, config, info, key)

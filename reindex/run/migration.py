@@ -34,6 +34,7 @@ from reindex.ports import (
     Distance,
     Embedder,
     PlansStorage,
+    Section,
     Sink,
     Source,
     SourceSchema,
@@ -111,7 +112,7 @@ def migration(
     identity = info.fingerprint
     if storage is not None and not storage.default:
         identity = _digest(info.fingerprint, storage.type)
-    name = str(config.target.get("name") or target_name(config.alias, identity))
+    name = config.target.name or target_name(config.alias, identity)
     if name == config.alias:
         raise ConfigError(f"[target] name {name!r} equals the alias", hint="targets are never live names")
     stored = [] if identity == info.fingerprint else [storage.type if storage else None]
@@ -146,8 +147,8 @@ def refuse_uncarried(schema: SourceSchema, sink: Sink) -> None:
 
 def config_key(config: Config, source: Source, sink: Sink) -> str:
     """Finds a migration's run in the ledger without loading the model (see the module docstring)."""
-    section = json.dumps(config.embedder, sort_keys=True, default=str)
-    return _digest(source.identity(), sink.identity(), config.alias, config.target.get("name"), section)
+    section = json.dumps(config.tables["embedder"], sort_keys=True, default=str)  # as written, as ever
+    return _digest(source.identity(), sink.identity(), config.alias, config.target.name, section)
 
 
 def known_run(config: Config, ledger: Ledger, source: Source, sink: Sink) -> RunInfo | None:
@@ -162,7 +163,7 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
 
 
-def _open(opened: list[Any], role: registry.Role, section: dict[str, Any]) -> Any:
+def _open(opened: list[Any], role: registry.Role, section: Section) -> Any:
     adapter = registry.build(role, section)
     opened.append(adapter)
     return adapter

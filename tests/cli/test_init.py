@@ -90,7 +90,7 @@ def test_a_postgres_table_becomes_a_commented_config_that_plan_reads(
     assert "docs is a plain table today, and stays the table applications use" in text
     assert 'also found: "title" (8 characters on average); --text-column picks another' in text
     config = load(Path("docs.toml"))
-    assert config.source == {
+    assert config.tables["source"] == {
         "kind": "postgres",
         "dsn_env": "REINDEX_SOURCE_DSN",
         "table": "docs",
@@ -98,13 +98,17 @@ def test_a_postgres_table_becomes_a_commented_config_that_plan_reads(
         "text_column": "body",
         "vector_column": "embedding",
     }
-    assert config.target == {
+    assert config.tables["target"] == {
         "kind": "pgvector",
         "dsn_env": "REINDEX_SOURCE_DSN",
         "alias": "docs",
         "mode": "column",
     }
-    assert config.embedder == {"kind": "sentence-transformers", "model": str(tiny_model), "normalize": True}
+    assert config.tables["embedder"] == {
+        "kind": "sentence-transformers",
+        "model": str(tiny_model),
+        "normalize": True,
+    }
 
     # The plain table keeps everything in the column mode but one column more while in flight: plan names
     # that and exits 2 until the config accepts it, for which the written file has the line, commented out.
@@ -200,13 +204,13 @@ def test_a_langchain_qdrant_collection_behind_an_alias(tiny_model: Path) -> None
         "others": ["metadata.source"],
     }
     config = load(Path("qdrant.toml"))
-    assert config.source == {
+    assert config.tables["source"] == {
         "kind": "qdrant",
         "path": str(Path.cwd() / "store"),  # written relative; read as the config file's
         "collection": "docs",
         "text_field": "page_content",
     }
-    assert config.target == {"kind": "qdrant", "path": str(Path.cwd() / "store"), "alias": "docs"}
+    assert config.tables["target"] == {"kind": "qdrant", "path": str(Path.cwd() / "store"), "alias": "docs"}
     assert 'path = "store"' in Path("qdrant.toml").read_text()
     plan = planned("qdrant.toml")
     assert plan["documents"] == DOCUMENTS and plan["alias_target"] == "lc_v1"
@@ -254,13 +258,13 @@ def test_an_export_file_goes_to_the_target_it_is_given(
     assert code == 0, stderr
     config = load(Path("export.toml"))
     kind = suffix.lstrip(".")
-    assert config.source == {
+    assert config.tables["source"] == {
         "kind": kind,
         "path": str(Path.cwd() / f"export{suffix}"),  # written relative; read as the config file's
         "id_field": "doc_id",
         "text_field": "content",
     }
-    assert config.target == {"kind": "pgvector", "dsn_env": "REINDEX_TARGET_DSN", "alias": "export"}
+    assert config.tables["target"] == {"kind": "pgvector", "dsn_env": "REINDEX_TARGET_DSN", "alias": "export"}
     assert "embedding looks like old vectors (6 floats)" in unwrapped("export.toml")
     assert planned("export.toml")["documents"] == DOCUMENTS
 
@@ -273,7 +277,7 @@ def test_a_provider_model_gets_the_openai_kind_and_its_key_by_name(monkeypatch: 
         "--target", "qdrant", "--target-path", "store",
     )  # fmt: skip
     assert code == 0, stderr
-    assert load(Path("openai.toml")).embedder == {
+    assert load(Path("openai.toml")).tables["embedder"] == {
         "kind": "openai",
         "model": "text-embedding-3-small",
         "api_key_env": "OPENAI_API_KEY",
@@ -309,7 +313,7 @@ def test_ambiguous_text_columns_pick_the_longest_and_name_the_others(
         "--model", str(tiny_model), "--text-column", "headline",
     )  # fmt: skip
     assert code == 0, stderr
-    assert load(Path("headline.toml")).source["text_column"] == "headline"
+    assert load(Path("headline.toml")).tables["source"]["text_column"] == "headline"
 
     code, _, stderr = init_table("loose", tiny_model)
     assert code == 2 and "no usable id column in table loose" in stderr and "--id-column NAME" in stderr
@@ -395,10 +399,10 @@ def test_every_embedder_kind_is_written_with_its_required_keys_and_validates(
     )  # fmt: skip
     assert code == 0, stdout + stderr
     report = json.loads(stdout)
-    section = load(Path(f"{kind}.toml")).embedder
+    section = load(Path(f"{kind}.toml")).tables["embedder"]
     assert section["kind"] == kind and section["model"] == EMBEDDER_MODELS[kind]
     adapter = registry.resolve("embedder", kind)
-    validate("embedder", adapter.Config, section)  # every required key is there, none unknown
+    validate("embedder", adapter.Config, dict(section))  # every required key is there, none unknown
     required = {name for name, f in adapter.Config.model_fields.items() if f.is_required()}
     assert required <= set(section)
     if kind in ("azure-openai", "bedrock-batch"):  # values init cannot know are named as placeholders
@@ -424,7 +428,7 @@ def test_a_model_a_provider_sells_gets_that_providers_kind(model: str, kind: str
         "init", "m.toml", "--file", "export.jsonl", "--model", model, "--target", "qdrant", "--target-path", "s",
     )  # fmt: skip
     assert code == 0, stderr
-    assert load(Path("m.toml")).embedder["kind"] == kind
+    assert load(Path("m.toml")).embedder.kind == kind
 
 
 def test_an_unknown_embedder_kind_and_a_key_for_bedrock_are_refused() -> None:
@@ -452,8 +456,8 @@ def test_a_kind_named_by_its_offer_alone_writes_what_its_own_option_writes(
     )  # fmt: skip
     assert code == 0, stderr
     by_option, generic = load(Path("docs.toml")), load(Path("generic.toml"))
-    assert generic.source == {**by_option.source, "page_size": 500}
-    assert generic.target == by_option.target
+    assert generic.tables["source"] == {**by_option.tables["source"], "page_size": 500}
+    assert generic.tables["target"] == by_option.tables["target"]
 
 
 @pytest.mark.parametrize(

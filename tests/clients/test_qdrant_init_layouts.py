@@ -106,7 +106,7 @@ def test_a_langchain_qdrant_store_read_through_its_alias(in_tmp: Path, tiny_mode
     migrate_with_init(
         "notes.toml", "--collection", "notes_live", "--source-path", "store", "--model", str(tiny_model)
     )
-    assert load(Path("notes.toml")).source["collection"] == "notes_live"
+    assert load(Path("notes.toml")).tables["source"]["collection"] == "notes_live"
 
     model = Tiny(tiny_model)
     with client_of(storage) as client:  # the unchanged application, with the new model only
@@ -160,7 +160,7 @@ def test_a_llamaindex_qdrant_store_read_by_the_collection_name_behind_an_alias(
         "--model",
         str(tiny_model),
     )
-    assert load(Path("kb.toml")).source["collection"] == "kb"
+    assert load(Path("kb.toml")).tables["source"]["collection"] == "kb"
 
     embed = LlamaTiny(Tiny(tiny_model))
     with client_of(storage) as client:

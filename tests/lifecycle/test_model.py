@@ -233,7 +233,7 @@ class Lifecycle(RuleBasedStateMachine):
 
     def _run(self, config: Config, stop: threading.Event, on_progress: Any) -> commands.RunReport:
         """A run; where the target was dropped (prune), the refusal names `--fresh`, and that starts over."""
-        target = self.world.target(config.embedder["seed"])
+        target = self.world.target(config.tables["embedder"]["seed"])
         try:
             return commands.run(config, stop=stop, on_progress=on_progress)
         except ConfigError as exc:

@@ -23,7 +23,7 @@ from psycopg import sql
 
 from reindex import commands, registry
 from reindex.commands import RunReport
-from reindex.config import Config, load
+from reindex.config import Config, load, validated_target
 from reindex.errors import ConfigError, Interrupted, MissingDependency
 from reindex.run import planning
 from reindex.run.io import scan_documents
@@ -184,9 +184,9 @@ def test_a_qdrant_folder_in_local_mode_is_refused_before_ray_starts(tmp_path: Pa
     """One process opens a local-mode folder at a time; the workers would each fail to open it."""
     source = corpus(tmp_path / "docs.jsonl", 10)
     cluster = config(tmp_path, pg_dsn, source, alias="ray_docs", engine="ray")
-    cluster = dataclasses.replace(
-        cluster, target={"kind": "qdrant", "path": str(tmp_path / "qdrant"), "alias": "ray_docs"}
-    )
+    target = {"kind": "qdrant", "path": str(tmp_path / "qdrant"), "alias": "ray_docs"}
+    tables = {**cluster.tables, "target": target}
+    cluster = dataclasses.replace(cluster, target=validated_target(target), tables=tables)
     with pytest.raises(ConfigError, match="Qdrant local mode") as refused:
         commands.run(cluster)
     assert refused.value.exit_code == 2 and "url of a Qdrant server" in str(refused.value.hint)

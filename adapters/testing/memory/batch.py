@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from reindex.ports import EmbedderTraits, JobItem, JobResult, Tokens, Vectors
+from reindex.ports import EmbedderTraits, JobItem, JobResult, Section, Tokens, Vectors
 from reindex_adapters.testing.memory.hash_embedder import HashEmbedder
 from reindex_adapters.testing.memory.provider import BatchProvider, Bill, ProviderJob
 from reindex_adapters.testing.memory.stores import store
@@ -24,7 +24,7 @@ class MemoryBatchEmbedder:
     every command, and `store(name).provider.script(...)` injects expiry faults into later jobs.
     """
 
-    class Config(BaseModel):
+    class Config(Section):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["memory-batch"]
         dim: int = 32

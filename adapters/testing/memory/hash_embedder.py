@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from reindex.columns import TokenColumns, ragged
 from reindex.fingerprint import fingerprint
-from reindex.ports import EmbedderInfo, EmbedderTraits, Tokens, Vectors
+from reindex.ports import EmbedderInfo, EmbedderTraits, Section, Tokens, Vectors
 
 if TYPE_CHECKING:
     from reindex_adapters.sentence_transformers import ColumnTokenizer
@@ -32,7 +32,7 @@ class HashEmbedder:
     real tokenizer and the vector hashes the kept token ids.
     """
 
-    class Config(BaseModel):
+    class Config(Section):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["hash"]
         dim: int = 32

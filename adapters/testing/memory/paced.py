@@ -13,10 +13,10 @@ import threading
 import time
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from reindex.columns import TokenColumns
-from reindex.ports import EmbedderTraits, Vectors
+from reindex.ports import EmbedderTraits, Section, Vectors
 from reindex_adapters.testing.memory.hash_embedder import HashEmbedder, _words
 
 
@@ -34,7 +34,7 @@ class PacedEmbedder(HashEmbedder):
     """A model on an emulated accelerator: it computes `rate` tokens a second, one batch at a time, in a model
     process of its own under the `processes` engine (its device is no GPU: Ray is asked for none)."""
 
-    class Config(BaseModel):
+    class Config(Section):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["paced"]
         dim: int = 32

@@ -7,10 +7,19 @@ from dataclasses import replace
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from reindex.errors import BackendError, ConfigError, CutoverRefused, RowsRejected
-from reindex.ports import AliasInfo, Distance, IndexEntry, Rows, TargetInfo, TargetSpec, Vectors
+from reindex.ports import (
+    AliasInfo,
+    Distance,
+    IndexEntry,
+    Rows,
+    TargetInfo,
+    TargetSection,
+    TargetSpec,
+    Vectors,
+)
 from reindex.vectors import vector_problem
 from reindex_adapters.testing.memory.stores import MemoryStore, Stored, store
 
@@ -25,11 +34,9 @@ class MemorySink:
     holds_writers = False  # its settle runs before the lock; no application writes through it anyway
     shareable = False  # its store lives in this process
 
-    class Config(BaseModel):
+    class Config(TargetSection):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["memory"]
-        alias: str
-        name: str | None = None
         store: str | None = None  # a named, process-wide store shared with other adapters and commands
         reject_nul: bool = False
 

@@ -6,9 +6,9 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict, Field
 
-from reindex.ports import Record, SourceSchema
+from reindex.ports import Record, Section, SourceSchema
 from reindex_adapters.testing.memory.stores import MemoryStore, store
 
 
@@ -17,10 +17,10 @@ class MemorySource:
 
     shareable = False  # its store lives in this process
 
-    class Config(BaseModel):
+    class Config(Section):
         model_config = ConfigDict(extra="forbid", frozen=True)
         kind: Literal["memory"]
-        documents: list[dict[str, Any]] = []
+        documents: list[dict[str, Any]] = Field(default_factory=list)
         store: str | None = None  # a named, process-wide store shared with other adapters and commands
 
     def __init__(self, records: Sequence[Record] = (), *, store: MemoryStore | None = None) -> None:

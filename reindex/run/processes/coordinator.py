@@ -207,7 +207,7 @@ class _Coordinator:
                     args=(
                         env,
                         device.serve,
-                        dict(m.config.embedder),
+                        dict(m.config.tables["embedder"]),
                         m.spec.fingerprint,
                         [ours for _, ours in ends],
                         control,

@@ -36,7 +36,7 @@ def workers_for(config: Config, source: Any, sink: Any, embedder: Any) -> Choice
     have = cores()
     for role, adapter in (("source", source), ("target", sink)):
         if not adapter.shareable:
-            kind = (config.source if role == "source" else config.target).get("kind")
+            kind = (config.source if role == "source" else config.target).kind
             return Choice(1, f"one process: the [{role}] ({kind}) is opened by one process at a time")
     if embedder.traits.remote:
         return Choice(1, f"one process: {embedder.info.kind}'s rate limits and concurrency are one budget")

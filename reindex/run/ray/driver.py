@@ -54,7 +54,7 @@ def check(config: Config, embedder: Any, ledger: Ledger) -> None:
     """Refuse what the ray engine cannot do (exit 2, naming the fix); `reindex run` calls it before the
     migration's run and target are touched. (A provider batch embedder never gets here: it runs on the
     driver's machine under either engine.)"""
-    for role, section in (("source", config.source), ("target", config.target)):
+    for role, section in config.tables.items():
         if section.get("kind") == "qdrant" and section.get("path") is not None:
             raise ConfigError(
                 f"[{role}] is Qdrant local mode (path = {section['path']!r}), which one process opens at a"

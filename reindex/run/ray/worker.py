@@ -3,7 +3,6 @@ tokenizer travels) and `ShardWorker`, the embedding actor whose lanes run the lo
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import socket
@@ -86,7 +85,7 @@ def _tokenizer(shipped: tuple[str, bytes], cpus: float) -> Callable[[list[str]],
 
 
 def _read(item: dict[str, Any], config: Config) -> Documents:
-    key = json.dumps(config.source, sort_keys=True, default=str)
+    key = config.source.model_dump_json()
     source = _sources.get(key)
     if source is None:
         source = _sources[key] = registry.build("source", config.source)
