@@ -450,7 +450,7 @@ class InspectReport:
     inspected: str
     built_by_reindex: bool  # False: no fingerprint or content hashes were recorded on it
     model: dict[str, Any] | None
-    coverage: dict[str, Any]
+    coverage: Coverage
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -478,7 +478,7 @@ def inspect(config: Config, *, target: str | None = None) -> InspectReport:
             name,
             info.fingerprint is not None,
             dict(info.model) if info.model else None,
-            report.to_json(),
+            report,
         )
 
 

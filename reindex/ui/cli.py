@@ -150,11 +150,10 @@ def _load(path: Path) -> config_module.Config:
 
 def _render(result: Any, as_json: bool, verb: str, config: Path) -> None:
     """The verb's result: its whole JSON document with --json, else a summary for a person."""
-    data = result.to_json()
     if as_json:
-        out.print_json(json.dumps(data, default=str))
+        out.print_json(json.dumps(result.to_json(), default=str))
         return
-    terminal.show(out, verb, data, str(config))
+    terminal.show(out, verb, result, str(config))
 
 
 @app.command()

@@ -1,6 +1,8 @@
 """What each verb prints for a person at a terminal: a short summary in sentences and small tables.
 
-Renderers read the verb's JSON document (`to_json()`), so nothing is shown that `--json` does not carry.
+Renderers read the verb's typed result, whose JSON document is its fields (`asdict`): nothing is shown that
+`--json` does not carry, and mypy checks every field a renderer reads. Plan and compare build their document
+as one (a dict of sections) and are rendered from it.
 Values from a source, a ledger or a config are printed as text, never as markup. The layout (light rules
 on a colour terminal, plain text with no box drawing for NO_COLOR, logs and pipes) is `screen.Screen`'s;
 `reindex plan`'s summary is in plan_view.py, every other verb's here.
@@ -14,71 +16,77 @@ from typing import Any
 from rich.console import Console
 
 from reindex import units
+from reindex.commands import DeadLetterReport, InspectReport, PruneReport, ResolveReport, StatusReport
+from reindex.flip.cutover import AliasMove
+from reindex.flip.sync import SyncReport
+from reindex.prove.verify import Coverage
+from reindex.run.backfill import RunReport
 from reindex.ui.plan_view import plan
-from reindex.ui.screen import LISTED, Screen, _problems
+from reindex.ui.screen import LISTED, Screen
 from reindex.units import count, duration, integer, local_time, model_line, ratio, usd
 
 # run, sync, dead letters --------------------------------------------------------------------------------
 
 
-def run(s: Screen, r: dict[str, Any]) -> None:
-    done = r["reconciled"]
-    this_run = r.get("documents_this_run")
-    if (
-        this_run is not None and this_run < r["documents"]
-    ):  # a resume: the totals are the run's, the time ours
+def run(s: Screen, r: RunReport) -> None:
+    done = r.reconciled
+    this_run = r.documents_this_run
+    if this_run is not None and this_run < r.documents:  # a resume: the totals are the run's, the time ours
         headline = (
-            f"Run finished: {count(r['written'], 'vector')} in {r['target']}; this invocation read "
-            f"{count(this_run, 'document')} in {duration(r['seconds'])} (the rest before it was resumed)"
+            f"Run finished: {count(r.written, 'vector')} in {r.target}; this invocation read "
+            f"{count(this_run, 'document')} in {duration(r.seconds)} (the rest before it was resumed)"
         )
     else:
-        headline = f"Run finished: {count(r['written'], 'vector')} written to {r['target']} in {duration(r['seconds'])}"
+        headline = (
+            f"Run finished: {count(r.written, 'vector')} written to {r.target} in {duration(r.seconds)}"
+        )
     s.headline(headline, ok=done)
     rows = [
         ("documents", _reconciliation(r)),
         (
             "tokens",
-            f"{integer(r['tokens'])} embedded ({count(r['truncated'], 'document')} cut at the model's limit)",
+            f"{integer(r.tokens)} embedded ({count(r.truncated, 'document')} cut at the model's limit)",
         ),
         ("throughput", _throughput(r)),
     ]
-    if r.get("requests") is not None:  # a remote model: its traffic, not padding or busy time
+    if r.requests is not None:  # a remote model: its traffic, not padding or busy time
         rows.append(
             (
                 "requests",
-                f"{integer(r['requests'])} sent ({integer(r['retries'])} retries, {integer(r['rate_limited'])} "
-                f"answered 429), {units.decimal(r['requests_per_second'])} requests/s, "
-                f"{units.decimal(r['tokens_per_minute'], 0)} tokens/min",
+                f"{integer(r.requests)} sent ({integer(r.retries)} retries, {integer(r.rate_limited)} "
+                f"answered 429), {units.decimal(r.requests_per_second)} requests/s, "
+                f"{units.decimal(r.tokens_per_minute, 0)} tokens/min",
             )
         )
-    if r["reused"]:
-        rows.append(("reused", f"{count(r['reused'], 'document')} shared an already embedded text"))
-    if r.get("finalize_seconds"):
-        index = f" (ANN index {duration(r['index_seconds'])})" if r.get("index_seconds") is not None else ""
-        rows.append(("finalize", f"{duration(r['finalize_seconds'])}{index}"))
-    if r.get("cost_usd") is not None:
-        rows.append(("cost", f"{usd(r['cost_usd'])} for {count(r['billed_tokens'], 'billed token')}"))
+    if r.reused:
+        rows.append(("reused", f"{count(r.reused, 'document')} shared an already embedded text"))
+    if r.finalize_seconds:
+        index = f" (ANN index {duration(r.index_seconds)})" if r.index_seconds is not None else ""
+        rows.append(("finalize", f"{duration(r.finalize_seconds)}{index}"))
+    if r.cost_usd is not None:
+        rows.append(("cost", f"{usd(r.cost_usd)} for {count(r.billed_tokens, 'billed token')}"))
     s.facts(rows)
-    _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
+    _dead_letter_warning(s, r.dead_letters, r.dead_letter_reasons)
     if not done:
         s.warn("the run does not reconcile: see `reindex status`")
         return
     s.next("reindex verify")
 
 
-def _throughput(r: dict[str, Any]) -> str:
-    rates = f"{units.rate(r['docs_per_second'], 'documents')}, {units.rate(r['tokens_per_second'], 'tokens')}"
-    if r.get("model_busy_fraction") is None:
+def _throughput(r: RunReport) -> str:
+    rates = f"{units.rate(r.docs_per_second, 'documents')}, {units.rate(r.tokens_per_second, 'tokens')}"
+    if r.model_busy_fraction is None:
         return rates
-    return f"{rates} (model busy {ratio(r['model_busy_fraction'])}, padding {ratio(r['padding_fraction'])})"
+    return f"{rates} (model busy {ratio(r.model_busy_fraction)}, padding {ratio(r.padding_fraction)})"
 
 
-def _reconciliation(r: dict[str, Any]) -> str:
-    vanished = f" + {integer(r['vanished'])} vanished" if r.get("vanished") else ""
-    verdict = "reconciled" if r["reconciled"] else "DOES NOT RECONCILE"
+def _reconciliation(r: RunReport | StatusReport) -> str:
+    gone = r.vanished if isinstance(r, StatusReport) else 0  # a run counts none: it read what was there
+    vanished = f" + {integer(gone)} vanished" if gone else ""
+    verdict = "reconciled" if r.reconciled else "DOES NOT RECONCILE"
     return (
-        f"{integer(r['documents'])} in = {integer(r['written'])} written + {integer(r['dead_letters'])} "
-        f"dead-lettered + {integer(r['duplicates'])} duplicate ids folded{vanished} ({verdict})"
+        f"{integer(r.documents)} in = {integer(r.written)} written + {integer(r.dead_letters)} "
+        f"dead-lettered + {integer(r.duplicates)} duplicate ids folded{vanished} ({verdict})"
     )
 
 
@@ -88,37 +96,37 @@ def _dead_letter_warning(s: Screen, total: int, reasons: dict[str, int]) -> None
         s.warn(f"{count(total, 'dead letter')} ({by_reason}): `reindex dlq list -c {s.config}`")
 
 
-def sync(s: Screen, r: dict[str, Any]) -> None:
-    changes = r["added"] + r["changed"] + r["repaired"] + r["deleted"]
+def sync(s: Screen, r: SyncReport) -> None:
+    changes = r.added + r.changed + r.repaired + r.deleted
     s.headline(
-        f"Synced {r['target']} in {duration(r['seconds'])}: "
+        f"Synced {r.target} in {duration(r.seconds)}: "
         + (
             "no changes"
             if not changes
             else (
-                f"{integer(r['added'])} added, {integer(r['changed'])} changed, {integer(r['repaired'])} repaired, "
-                f"{integer(r['deleted'])} deleted"
+                f"{integer(r.added)} added, {integer(r.changed)} changed, {integer(r.repaired)} repaired, "
+                f"{integer(r.deleted)} deleted"
             )
         )
     )
-    if r.get("adopted"):
+    if r.adopted:
         s.line(
-            f"Adopted {count(r['adopted'], 'vector')} the application wrote: each agrees with a fresh"
+            f"Adopted {count(r.adopted, 'vector')} the application wrote: each agrees with a fresh"
             " embedding of its text, content hashes stored, vectors kept"
         )
-    _after_flip(s, r.get("after_flip"))
-    _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
+    _after_flip(s, r.after_flip)
+    _dead_letter_warning(s, r.dead_letters, r.dead_letter_reasons)
 
 
-def dlq_list(s: Screen, r: dict[str, Any]) -> None:
-    if not r["total"]:
+def dlq_list(s: Screen, r: DeadLetterReport) -> None:
+    if not r.total:
         s.headline("No dead letters.", ok=True)
         return
-    s.headline(f"{count(r['total'], 'dead letter')}: documents that could not be embedded")
+    s.headline(f"{count(r.total, 'dead letter')}: documents that could not be embedded")
     s.table(
-        "", ("reason", "documents"), [(k, integer(n)) for k, n in sorted(r["reasons"].items())], numeric=(1,)
+        "", ("reason", "documents"), [(k, integer(n)) for k, n in sorted(r.reasons.items())], numeric=(1,)
     )
-    letters = r["dead_letters"]
+    letters = r.dead_letters
     s.table(
         "", ("id", "reason", "detail"), [(d["doc_id"], d["reason"], d["detail"]) for d in letters[:LISTED]]
     )
@@ -127,44 +135,44 @@ def dlq_list(s: Screen, r: dict[str, Any]) -> None:
     s.line(f"Fix the source or the policy, then: reindex dlq retry -c {s.config}")
 
 
-def dlq_retry(s: Screen, r: dict[str, Any]) -> None:
-    if not r["retried"]:
+def dlq_retry(s: Screen, r: DeadLetterReport) -> None:
+    if not r.retried:
         s.headline("No dead letters to retry.", ok=True)
         return
     s.headline(
-        f"Retried {count(r['retried'], 'dead letter')}: {integer(r['written'])} written, "
-        f"{integer(r['vanished'])} gone from the source, {integer(r['total'])} still dead",
-        ok=r["total"] == 0,
+        f"Retried {count(r.retried, 'dead letter')}: {integer(r.written)} written, "
+        f"{integer(r.vanished)} gone from the source, {integer(r.total)} still dead",
+        ok=r.total == 0,
     )
-    if r["total"]:
+    if r.total:
         s.line(f"See them: reindex dlq list -c {s.config}")
 
 
 # status, verify, inspect --------------------------------------------------------------------------------
 
 
-def status(s: Screen, r: dict[str, Any]) -> None:
-    if r["state"] == "not-started":
-        s.headline(f"No run yet for alias {r['alias']}.")
+def status(s: Screen, r: StatusReport) -> None:
+    if r.state == "not-started":
+        s.headline(f"No run yet for alias {r.alias}.")
     else:
-        live = "live" if r["is_live"] else "not live"
-        s.headline(f"{r['target']}: {r['state']}, {live}", ok=r["state"] == "complete" and r["reconciled"])
-    serves = units.served(r["alias_target"], r.get("alias_is_physical", False), r["alias"])
+        live = "live" if r.is_live else "not live"
+        s.headline(f"{r.target}: {r.state}, {live}", ok=r.state == "complete" and r.reconciled)
+    serves = units.served(r.alias_target, r.alias_is_physical, r.alias)
     rows = [
-        ("alias", f"{r['alias']} → {serves}"),
+        ("alias", f"{r.alias} → {serves}"),
         (
             "source",
-            count(r["source_documents"], "document") if r["source_documents"] is not None else units.NONE,
+            count(r.source_documents, "document") if r.source_documents is not None else units.NONE,
         ),
     ]
-    if r["state"] != "not-started":
+    if r.state != "not-started":
         rows += [
             ("documents", _reconciliation(r)),
-            ("shards", f"{integer(r['shards_done'])} written"),
+            ("shards", f"{integer(r.shards_done)} written"),
         ]
     s.facts(rows)
-    _dead_letter_warning(s, r["dead_letters"], r["dead_letter_reasons"])
-    if r["workers"]:
+    _dead_letter_warning(s, r.dead_letters, r.dead_letter_reasons)
+    if r.workers:
         s.table(
             "Workers",
             ("worker", "shards", "documents", "documents/s", "last minute", "last write"),
@@ -177,15 +185,15 @@ def status(s: Screen, r: dict[str, Any]) -> None:
                     units.decimal(w["recent_docs_per_second"], 0),
                     local_time(w["last_written_at"]),
                 )
-                for w in r["workers"]
+                for w in r.workers
             ],
             numeric=(1, 2, 3, 4),
         )
-    if r["history"]:
-        _history(s, r["history"])
-    if r["state"] == "running":
+    if r.history:
+        _history(s, r.history)
+    if r.state == "running":
         s.next("reindex run")
-    elif r["state"] == "complete" and not r["is_live"]:
+    elif r.state == "complete" and not r.is_live:
         s.next("reindex verify", "reindex cutover")
 
 
@@ -206,41 +214,38 @@ def _history(s: Screen, history: list[dict[str, Any]]) -> None:
     )
 
 
-def verify(s: Screen, c: dict[str, Any]) -> None:
-    if not c["target_exists"]:
-        s.headline(f"Not complete: {c['target']} does not exist yet.", ok=False)
+def verify(s: Screen, c: Coverage) -> None:
+    if not c.target_exists:
+        s.headline(f"Not complete: {c.target} does not exist yet.", ok=False)
         s.next("reindex run")
         return
     _coverage(s, c)
-    if c["complete"] and c.get("is_live"):
-        s.line(
-            f"The alias already serves {c['target']}: nothing to cut over. Later: reindex sync -c {s.config}"
-        )
-    elif c["complete"]:
+    if c.complete and c.is_live:
+        s.line(f"The alias already serves {c.target}: nothing to cut over. Later: reindex sync -c {s.config}")
+    elif c.complete:
         s.next("reindex cutover")
-    elif c.get("after_flip_pending"):
+    elif c.after_flip_pending:
         s.next("reindex cutover --sync")
-    elif c.get("run_unfinished"):
+    elif c.run_unfinished:
         s.next("reindex run")
 
 
-def _coverage(s: Screen, c: dict[str, Any]) -> None:
-    if c["complete"]:
+def _coverage(s: Screen, c: Coverage) -> None:
+    if c.complete:
         s.headline(
-            f"Complete: every one of {count(c['source_documents'], 'source document')} has a current vector "
-            f"in {c['target']}"
-            + (f" or a dead letter ({integer(c['dead_letters'])})" if c["dead_letters"] else ""),
+            f"Complete: every one of {count(c.source_documents, 'source document')} has a current vector "
+            f"in {c.target}" + (f" or a dead letter ({integer(c.dead_letters)})" if c.dead_letters else ""),
             ok=True,
         )
     else:
-        s.headline(f"Not complete: {c['target']} has {_problems(c)}", ok=False)
-    fingerprints = c["fingerprints"]
-    expected = c["expected_fingerprint"]
+        s.headline(f"Not complete: {c.target} has {c.problems()}", ok=False)
+    fingerprints = c.fingerprints
+    expected = c.expected_fingerprint
     s.facts(
         [
             (
                 "vectors",
-                f"{integer(c['target_vectors'])} for {count(c['source_documents'], 'source document')}",
+                f"{integer(c.target_vectors)} for {count(c.source_documents, 'source document')}",
             ),
             (
                 "fingerprints",
@@ -250,40 +255,36 @@ def _coverage(s: Screen, c: dict[str, Any]) -> None:
                 )
                 or units.NONE,
             ),
-            *(
-                [("written by the application", integer(c["application_rows"]))]
-                if c.get("application_rows")
-                else []
-            ),
-            ("checked", f"in {duration(c['seconds'])} ({units.rate(c['ids_per_second'], 'ids')})"),
+            *([("written by the application", integer(c.application_rows))] if c.application_rows else []),
+            ("checked", f"in {duration(c.seconds)} ({units.rate(c.ids_per_second, 'ids')})"),
         ]
     )
     problems = [
-        (name, integer(c[key]), ", ".join(c["examples"].get(key, [])[:3]))
-        for key, name in (
-            ("missing", "missing"),
-            ("stale", "stale (text changed)"),
-            ("orphaned", "orphaned (document gone)"),
-            ("invalid_vectors", "invalid vectors"),
-            ("unhashed", "without content hash"),
-            ("conflicting", "ids with two texts"),
+        (name, integer(n), ", ".join(c.examples.get(key, [])[:3]))
+        for key, name, n in (
+            ("missing", "missing", c.missing),
+            ("stale", "stale (text changed)", c.stale),
+            ("orphaned", "orphaned (document gone)", c.orphaned),
+            ("invalid_vectors", "invalid vectors", c.invalid_vectors),
+            ("unhashed", "without content hash", c.unhashed),
+            ("conflicting", "ids with two texts", c.conflicting),
         )
-        if c[key]
+        if n
     ]
     if problems:
         s.table("", ("problem", "vectors", "examples"), problems, numeric=(1,))
-    if c.get("dead_letter_ceiling") is not None and c["dead_letters"] > c["dead_letter_ceiling"]:
+    if c.dead_letter_ceiling is not None and c.dead_letters > c.dead_letter_ceiling:
         s.warn(
-            f"{count(c['dead_letters'], 'dead letter')} exceed [run] max_dead_letters "
-            f"({integer(c['dead_letter_ceiling'])} for this source)"
+            f"{count(c.dead_letters, 'dead letter')} exceed [run] max_dead_letters "
+            f"({integer(c.dead_letter_ceiling)} for this source)"
         )
-    if c.get("sample"):
-        sample = c["sample"]
+    if c.sample:
+        sample = c.sample
         s.line(
             f"Re-embedding check: {integer(sample['checked'])} sampled, {integer(sample['failures'])} differ "
             f"(cosine below {sample['threshold']})"
         )
-    _application_check(s, c.get("application_check"))
+    _application_check(s, c.application_check)
 
 
 def _application_check(s: Screen, check: dict[str, Any] | None) -> None:
@@ -296,14 +297,12 @@ def _application_check(s: Screen, check: dict[str, Any] | None) -> None:
         )
 
 
-def inspect(s: Screen, r: dict[str, Any]) -> None:
-    serving = f", served by alias {r['alias']}" if r["alias_target"] == r["inspected"] else ""
-    s.headline(f"{r['inspected']}{serving}")
-    built = (
-        model_line(r["model"]) if r["built_by_reindex"] else "not built by reindex (no fingerprint recorded)"
-    )
+def inspect(s: Screen, r: InspectReport) -> None:
+    serving = f", served by alias {r.alias}" if r.alias_target == r.inspected else ""
+    s.headline(f"{r.inspected}{serving}")
+    built = model_line(r.model) if r.built_by_reindex else "not built by reindex (no fingerprint recorded)"
     s.facts([("model", built)])
-    _coverage(s, r["coverage"])
+    _coverage(s, r.coverage)
 
 
 # compare ------------------------------------------------------------------------------------------------
@@ -372,30 +371,30 @@ def _quality_metrics(q: dict[str, Any]) -> list[tuple[str, float | None, str | N
 # alias moves ---------------------------------------------------------------------------------------------
 
 
-def alias_move(s: Screen, m: dict[str, Any]) -> None:
-    if m["action"] == "restore":
+def alias_move(s: Screen, m: AliasMove) -> None:
+    if m.action == "restore":
         s.headline(
-            f"Alias {m['alias']} is the application's table again, serving {m['target']} (was a view over it).",
+            f"Alias {m.alias} is the application's table again, serving {m.target} (was a view over it).",
             ok=True,
         )
         s.line(f"Next: reindex run -c {s.config}, then reindex cutover -c {s.config}")
         return
-    verb = "rolled back to" if m["action"] == "rollback" else "now serves"
-    if not m["changed"]:
-        s.headline(f"Alias {m['alias']} already serves {m['target']}: nothing changed.", ok=True)
+    verb = "rolled back to" if m.action == "rollback" else "now serves"
+    if not m.changed:
+        s.headline(f"Alias {m.alias} already serves {m.target}: nothing changed.", ok=True)
         return
-    was = f" (was {m['previous']})" if m["previous"] else ""
-    s.headline(f"Alias {m['alias']} {verb} {m['target']}{was}.", ok=not m["forced"])
-    if m["forced"]:
+    was = f" (was {m.previous})" if m.previous else ""
+    s.headline(f"Alias {m.alias} {verb} {m.target}{was}.", ok=not m.forced)
+    if m.forced:
         s.warn("forced past a failed verification or quality gate; recorded in the alias history")
-    _after_flip(s, m.get("after_flip"))
-    if m.get("unserved"):
+    _after_flip(s, m.after_flip)
+    if m.unserved:
         s.warn(
-            f"{count(m['unserved'], 'document')} written while {m['previous']} was live have no vector in"
-            f" {m['target']}: the alias does not serve them by vector until the next cutover, and"
-            f" {m['previous']} keeps theirs (ids in --json)"
+            f"{count(m.unserved, 'document')} written while {m.previous} was live have no vector in"
+            f" {m.target}: the alias does not serve them by vector until the next cutover, and"
+            f" {m.previous} keeps theirs (ids in --json)"
         )
-    if m["action"] == "rollback":
+    if m.action == "rollback":
         s.line(f"Roll forward with: reindex cutover --sync -c {s.config}")
     else:
         s.line(f"Roll back with: reindex rollback -c {s.config}")
@@ -420,22 +419,22 @@ def _after_flip(s: Screen, after: dict[str, Any] | None) -> None:
         )
 
 
-def prune(s: Screen, r: dict[str, Any]) -> None:
-    would = r.get("dry_run")
-    if not r["dropped"]:
-        s.headline(f"Nothing to drop for alias {r['alias']}.", ok=True)
+def prune(s: Screen, r: PruneReport) -> None:
+    would = r.dry_run
+    if not r.dropped:
+        s.headline(f"Nothing to drop for alias {r.alias}.", ok=True)
     else:
-        s.headline(f"{'Would drop' if would else 'Dropped'} {', '.join(r['dropped'])}.")
-    s.facts([("kept", ", ".join(r["kept"]) or units.NONE)])
-    if would and r["dropped"]:
+        s.headline(f"{'Would drop' if would else 'Dropped'} {', '.join(r.dropped)}.")
+    s.facts([("kept", ", ".join(r.kept) or units.NONE)])
+    if would and r.dropped:
         s.line(f"Drop them: reindex prune -c {s.config}")
 
 
-def resolve(s: Screen, r: dict[str, Any]) -> None:
-    target = r["target"] or f"{r['alias']} (a table or collection, not an alias yet)"
-    s.headline(f"Alias {r['alias']} → {target}")
-    model = r.get("model") or {}
-    if r.get("model_from") == "config":
+def resolve(s: Screen, r: ResolveReport) -> None:
+    target = r.target or f"{r.alias} (a table or collection, not an alias yet)"
+    s.headline(f"Alias {r.alias} → {target}")
+    model = r.model or {}
+    if r.model_from == "config":
         line = f"{_named_model(model)}, as [compare] embedder names it (the tool did not build this index)"
     else:
         line = model_line(model) if model else "unknown: not built by reindex; [compare] embedder can name it"
@@ -456,7 +455,9 @@ def _named_model(table: dict[str, Any]) -> str:
     return f"{table.get('kind', '?')} {name}" if name else str(table.get("kind", "?"))
 
 
-RENDERERS: dict[str, Callable[[Screen, dict[str, Any]], None]] = {
+# each renders the verb's typed result (mypy checks every field read); plan and compare render the JSON
+# document their verb builds as one (reindex.plan.estimate, reindex.prove.quality)
+RENDERERS: dict[str, Callable[[Screen, Any], None]] = {
     "plan": plan,
     "run": run,
     "status": status,
@@ -473,5 +474,9 @@ RENDERERS: dict[str, Callable[[Screen, dict[str, Any]], None]] = {
 }
 
 
-def show(console: Console, verb: str, data: dict[str, Any], config: str) -> None:
-    RENDERERS[verb](Screen(console, config), data)
+def show(console: Console, verb: str, result: Any, config: str) -> None:
+    """`result` as a person reads it: the typed result itself, or the JSON document of plan and compare."""
+    RENDERERS[verb](Screen(console, config), result.to_json() if verb in AS_DOCUMENTS else result)
+
+
+AS_DOCUMENTS = ("plan", "compare")

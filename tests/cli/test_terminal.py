@@ -9,12 +9,14 @@ import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
 from reindex import units
+from reindex.commands import RunReport, StatusReport
 from reindex.ui import terminal
 from reindex.ui.cli import app
 from tests.cli.test_cli import write_config
@@ -180,8 +182,10 @@ def test_an_incomplete_target_names_each_problem_with_examples_and_exits_3(
 
 
 def test_a_terminal_gets_light_rules_and_no_color_or_a_pipe_gets_none() -> None:
-    status = {
+    status: dict[str, Any] = {
         "plan_id": "p",
+        "vanished": 0,
+        "alias_is_physical": False,
         "target": "docs__new",
         "state": "complete",
         "documents": 12_345,
@@ -216,7 +220,7 @@ def test_a_terminal_gets_light_rules_and_no_color_or_a_pipe_gets_none() -> None:
             console = Console(
                 width=100, record=True, file=sink, force_terminal=force_terminal, no_color=no_color
             )
-            terminal.show(console, "status", status, "m.toml")
+            terminal.show(console, "status", StatusReport(**status), "m.toml")
             return console.export_text()
 
     fancy = shown(force_terminal=True)
@@ -277,7 +281,7 @@ def test_help_and_usage_errors_are_plain_text_in_a_pipe() -> None:
 
 
 def test_a_remote_model_run_shows_its_requests_and_429s_not_padding() -> None:
-    run = {
+    run: dict[str, Any] = {
         "plan_id": "p", "target": "docs__new", "documents": 1_301, "written": 1_300, "dead_letters": 1,
         "duplicates": 0, "reused": 0, "tokens": 8_000, "truncated": 0, "seconds": 2.2,
         "docs_per_second": 650.0, "tokens_per_second": 4_000.0, "padding_fraction": None,
@@ -288,7 +292,7 @@ def test_a_remote_model_run_shows_its_requests_and_429s_not_padding() -> None:
     }  # fmt: skip
     with open(os.devnull, "w") as sink:
         console = Console(width=100, record=True, file=sink, force_terminal=False)
-        terminal.show(console, "run", run, "m.toml")
+        terminal.show(console, "run", RunReport(**run), "m.toml")
         text = readable(console.export_text())
     assert "24 sent (1 retries, 1 answered 429), 10.9 requests/s, 218,000 tokens/min" in text
     assert "padding" not in text and "busy" not in text and "$0.0002 for 8,000 billed tokens" in text
@@ -302,6 +306,6 @@ def test_plan_says_when_token_counts_are_estimates_and_how() -> None:
     report.token_counts = {"exact": False, "basis": "estimate: cl100k_base x 1.25 (not published)"}
     with open(os.devnull, "w") as sink:
         console = Console(width=120, record=True, file=sink)
-        terminal.show(console, "plan", report.to_json(), "m.toml")
+        terminal.show(console, "plan", report, "m.toml")
         text = console.export_text()
     assert "tokens estimated, cl100k_base x 1.25 (not published): cost and cuts may differ" in text

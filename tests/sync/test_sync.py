@@ -108,7 +108,7 @@ def test_inspect_reports_an_index_this_tool_did_not_build(tmp_path: Path, pg_dsn
     cfg = load(write_config(tmp_path, pg_dsn))
     report = commands.inspect(cfg)
     assert report.alias_is_physical and not report.built_by_reindex
-    assert report.coverage["missing"] == 5 and report.coverage["fingerprints"] == {"none": 25}
+    assert report.coverage.missing == 5 and report.coverage.fingerprints == {"none": 25}
 
 
 def test_verify_sample_reembeds_and_catches_a_wrong_vector(
