@@ -59,13 +59,15 @@ class SourceOffer:
     # "module:function" reading the source as the config names it, (section, Overrides) -> Survey: named, not
     # imported, since a survey reads the source class that declares this offer
     survey: str
-    option: str  # init's option naming what is read (--table, --collection, --file)
-    name_key: str  # the [source] key it becomes ("table", "collection", "path")
+    name_key: str  # the [source] key naming what is read ("table", "collection", "path")
     text_key: str  # the [source] keys that name the text, the id and the old vectors (None: no such key)
     id_key: str | None = None
     vector_key: str | None = None
     noun: str = "field"  # what the source calls a field: "column", "payload field"
     connection: ConnectionOffer | None = None
+    # a built-in's own option for that name (--table, --collection, --file), which also picks the kind; None:
+    # the kind is named with --source KIND and the name with --source-set NAME_KEY=...
+    option: str | None = None
     suffixes: tuple[str, ...] = ()  # a file kind: the suffixes it reads; the file's stem is the alias
     target: str | None = None  # the target kind on the same backend: the default --target
 

@@ -40,32 +40,33 @@ def source_values(request: InitRequest) -> tuple[SourceOffer, dict[str, Any]]:
         raise ConfigError(f"--source {kind!r} is not a kind init proposes", hint=f"one of: {known}")
     offer = offers[kind]
     connection = offer.connection.options if offer.connection else ()
-    refused = [key for key in request.source if key not in (offer.option, *connection)]
+    takes = (*([offer.option] if offer.option else []), *connection)
+    refused = [key for key in request.source if key not in takes]
     if refused:
-        takes = ", ".join(_spelling("source", key) for key in (offer.option, *connection))
+        spelled = (
+            ", ".join(_spelling("source", key) for key in takes) or f"--source-set {offer.name_key}=NAME"
+        )
         raise ConfigError(
             f"{_spelling('source', refused[0])} is not an option of a {kind} source",
-            hint=f"its options: {takes}",
+            hint=f"its options: {spelled}",
         )
     settings = dict(request.source_settings)
-    name = (
-        request.source.get(offer.option)
-        or settings.pop(offer.option, None)
-        or settings.pop(offer.name_key, None)
-    )
+    name = (request.source.get(offer.option) if offer.option else None) or settings.pop(offer.name_key, None)
+    if offer.option and name is None:
+        name = settings.pop(offer.option, None)
     if name is None:
-        raise ConfigError(
-            f"a {kind} source needs --{option(offer.option)}", hint=f"pass --{option(offer.option)} NAME"
-        )
+        way = f"--{option(offer.option)} NAME" if offer.option else f"--source-set {offer.name_key}=NAME"
+        raise ConfigError(f"a {kind} source needs its {offer.name_key}", hint=f"pass {way}")
     written = _connection("source", offer.connection, request.source, settings)
     return offer, {"kind": kind, **written, offer.name_key: str(name), **settings}
 
 
 def _kind_named(request: InitRequest, offers: Mapping[str, SourceOffer]) -> str:
-    """The kind whose option names the source (--table: postgres); a file's suffix picks among file kinds."""
+    """The kind whose own option names the source (--table: postgres); a file's suffix picks among the file
+    kinds. A kind with no option of its own is named with --source."""
     given = {**request.source_settings, **request.source}
-    options = list(dict.fromkeys(offer.option for offer in offers.values()))
-    named = [name for name in options if name in given]
+    options = list(dict.fromkeys(offer.option for offer in offers.values() if offer.option))
+    named = [name for name in options if name in request.source]
     if len(named) != 1:
         public = set(registry.public("source", offers))
         ways = [
@@ -78,20 +79,26 @@ def _kind_named(request: InitRequest, offers: Mapping[str, SourceOffer]) -> str:
             hint=", ".join(ways) + ", or --source KIND with --source-set KEY=VALUE",
         )
     kinds = [kind for kind, offer in offers.items() if offer.option == named[0]]
+    kinds = registry.public("source", kinds) or kinds  # a test double is never picked by a bare option
     if len(kinds) == 1:
         return kinds[0]
     value = str(given[named[0]])
     suffix = Path(value).suffix.lower()
     by_suffix = [kind for kind in kinds if suffix in offers[kind].suffixes]
-    if len(by_suffix) != 1:
-        suffixes = [s for kind in registry.public("source", kinds) for s in offers[kind].suffixes]
+    if len(by_suffix) == 1:
+        return by_suffix[0]
+    suffixes = [s for kind in kinds for s in offers[kind].suffixes]
+    if not suffixes:
         raise ConfigError(
-            f"--{option(named[0])} {value}: no source kind reads a {suffix or 'file without a suffix'}",
-            hint=f"name a {', '.join(suffixes[:-1])} or {suffixes[-1]} file"
-            if suffixes
-            else "name its kind: --source KIND",
+            f"--{option(named[0])} names a source of several kinds ({', '.join(kinds)})",
+            hint="pass --source KIND",
         )
-    return by_suffix[0]
+    raise ConfigError(
+        f"--{option(named[0])} {value}: no source kind reads a {suffix or 'file without a suffix'}",
+        hint=f"name a {', '.join(suffixes[:-1])} or {suffixes[-1]} file"
+        if len(suffixes) > 1
+        else f"name a {suffixes[0]} file",
+    )
 
 
 def source_entries(source: Mapping[str, Any], survey: Survey, offer: SourceOffer) -> list[Entry]:
@@ -247,7 +254,7 @@ def run_entries(alias: str) -> list[Entry]:
 
 def _spelling(role: str, key: str) -> str:
     """How the command line names a key: a source's name by its own option (--table), else --ROLE-KEY."""
-    names = {offer.option for offer in registry.source_offers().values()}
+    names = {offer.option for offer in registry.source_offers().values() if offer.option}
     return f"--{option(key)}" if role == "source" and key in names else f"--{role}-{option(key)}"
 
 

@@ -477,7 +477,7 @@ def test_a_kind_named_by_its_offer_alone_writes_what_its_own_option_writes(
             "--source 'memory' is not a kind init proposes",
         ),
         (("--table", "docs", "--collection", "docs"), "name one source, not --table and --collection"),
-        (("--source", "postgres", "--source-set", "dsn_env=X"), "a postgres source needs --table"),
+        (("--source", "postgres", "--source-set", "dsn_env=X"), "a postgres source needs its table"),
         (("--table", "docs", "--source-set", "oops"), "--source-set 'oops' is not KEY=VALUE"),
         (
             (

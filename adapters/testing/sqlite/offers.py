@@ -23,9 +23,6 @@ CONNECTION = ConnectionOffer(("path",), _connection, {"path": "the SQLite file"}
 
 SOURCE = SourceOffer(
     "reindex_adapters.testing.sqlite.survey:survey",
-    # init's option naming the table: not "table", which is postgres's --table (two kinds on one option
-    # make a bare `--table NAME` ambiguous). No command-line option has this name: --source-set table=NAME
-    option="sqlite_table",
     name_key="table",
     id_key="id_column",
     text_key="text_column",

@@ -17,11 +17,19 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex.offers import TargetOffer
-from reindex.ports import AliasInfo, Distance, IndexEntry, Rows, TargetInfo, TargetSpec, Vectors
+from reindex.ports import (
+    AliasInfo,
+    Distance,
+    IndexEntry,
+    Rows,
+    TargetInfo,
+    TargetSection,
+    TargetSpec,
+    Vectors,
+)
 from reindex.vectors import exact_neighbours, vector_problem
 from reindex_adapters.testing.sqlite import offers
 from reindex_adapters.testing.sqlite.connection import errors, open_writable, quote
@@ -44,13 +52,10 @@ class SqliteSink:
     shareable = False  # one process writes: SQLite takes one writer at a time, and the run stays in one
     offer: ClassVar[TargetOffer] = offers.TARGET
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid", frozen=True)
+    class Config(TargetSection):  # kind, alias and name, as every [target] has them
         PATHS: ClassVar[tuple[str, ...]] = ("path",)  # relative to the config file (reindex.config.anchor)
         kind: Literal["sqlite"]
         path: Path
-        alias: str
-        name: str | None = None
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path).absolute() if str(path) != ":memory:" else Path(":memory:")

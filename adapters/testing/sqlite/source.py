@@ -8,11 +8,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from reindex.errors import ConfigError
 from reindex.offers import SourceOffer
-from reindex.ports import Record, SourceSchema
+from reindex.ports import Record, Section, SourceSchema
 from reindex_adapters.testing.sqlite import offers
 from reindex_adapters.testing.sqlite.connection import errors, open_readonly, quote, tables
 
@@ -29,8 +29,7 @@ class SqliteSource:
     shareable = True  # a file any process can open for reading; SQLite lets readers share it
     offer: ClassVar[SourceOffer] = offers.SOURCE
 
-    class Config(BaseModel):
-        model_config = ConfigDict(extra="forbid", frozen=True)
+    class Config(Section):
         PATHS: ClassVar[tuple[str, ...]] = ("path",)  # relative to the config file (reindex.config.anchor)
         kind: Literal["sqlite"]
         path: Path
