@@ -14,32 +14,16 @@ from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres import dependents, fidelity, restore
 from reindex_adapters.postgres.alias import _hold
 from reindex_adapters.postgres.catalog import _regclass
+from reindex_adapters.postgres.column_layouts import ColumnLayouts
 from reindex_adapters.postgres.connection import first_value, identifier
-from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
+from reindex_adapters.postgres.sink import retry_locked
 
 if TYPE_CHECKING:
-    from reindex_adapters.postgres.catalog import _Layout
     from reindex_adapters.postgres.connection import Connection
 
 
-class _ColumnAlias(PgvectorSink):
-    """The alias side of `PgvectorColumnSink`; the layout helpers below are the sink's."""
-
-    if TYPE_CHECKING:
-
-        def _layout(self, target: str) -> _Layout: ...
-
-        def _table_oid(self, conn: Connection, alias: str) -> int: ...
-
-        def _book_meta(self, conn: Connection, book: str) -> dict[str, Any]: ...
-
-        def _alias_for(self, target: str) -> str | None: ...
-
-        def _alias_of(self, found: columns.ColumnTarget) -> str: ...
-
-        def _vector_name(
-            self, conn: Connection, incoming: columns.ColumnTarget, current: columns.ColumnTarget | None
-        ) -> str: ...
+class _ColumnAlias(ColumnLayouts):
+    """The alias side of `PgvectorColumnSink`, on the layout helpers of column_layouts.py."""
 
     def alias(self, alias: str) -> AliasInfo:
         identifier(alias)

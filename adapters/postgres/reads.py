@@ -1,10 +1,11 @@
 """What the pgvector sink reads back: the index verify scans, vectors by id, every vector, and searches
-through the target's own ANN index, each in the target's storage type (storage.py)."""
+through the target's own ANN index, each in the target's storage type (storage.py). The sink holds a
+`TargetReads` and hands these calls to it."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,13 +23,13 @@ _OPERATORS: dict[Distance, str] = {"cosine": "<=>", "dot": "<#>", "euclid": "<->
 _cursor_names = itertools.count()
 
 
-class _Reads:
-    """The sink's reads; the sink gives the connection and each target's layout."""
+class TargetReads:
+    """What the sink reads back, given its connection and how to find a target's layout (the sink's own, so
+    the column-mode sink's finds a column of the application's table)."""
 
-    _db: Database
-
-    def _layout(self, target: str) -> _Layout:
-        raise NotImplementedError
+    def __init__(self, db: Database, layout: Callable[[str], _Layout]) -> None:
+        self._db = db
+        self._layout = layout
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
         layout = self._layout(target)

@@ -10,7 +10,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -23,6 +23,7 @@ from reindex.offers import TargetOffer
 from reindex.ports import (
     AliasInfo,
     Distance,
+    IndexEntry,
     Loss,
     Precision,
     Privilege,
@@ -31,6 +32,7 @@ from reindex.ports import (
     TargetInfo,
     TargetSection,
     TargetSpec,
+    Vectors,
 )
 from reindex_adapters.postgres import fidelity, offers, privileges
 from reindex_adapters.postgres import rules as postgres_rules
@@ -63,7 +65,7 @@ from reindex_adapters.postgres.ddl import (
     _create_target,
 )
 from reindex_adapters.postgres.kept_writes import keep_writes, writes_of
-from reindex_adapters.postgres.reads import _Reads
+from reindex_adapters.postgres.reads import TargetReads
 from reindex_adapters.postgres.storage import Kind, check_server, choose
 from reindex_adapters.postgres.storage import plan as plan_storage
 from reindex_adapters.postgres.write import (
@@ -96,7 +98,7 @@ SELECT n.nspname, c.relname, pg_table_is_visible(c.oid) FROM pg_class c JOIN pg_
 WHERE c.relkind = 'r' AND c.relname LIKE 'reindex\_rehearsal\_%' AND pg_has_role(c.relowner, 'USAGE')"""
 
 
-class PgvectorSink(_Reads):
+class PgvectorSink:
     """Targets are tables `<alias>__<fingerprint8>`; the alias is a view `SELECT * FROM <target>`."""
 
     offer: ClassVar[TargetOffer] = offers.TARGET  # what `reindex init` writes for it
@@ -155,6 +157,7 @@ class PgvectorSink(_Reads):
         self.accept = tuple(accept)
         self.index_seconds: float | None = None  # the last finalize's CREATE INDEX; None: none built
         self._layouts: dict[str, _Layout] = {}
+        self._reads = TargetReads(self._db, self._layout)  # the target's own layout: a subclass's
         self._identity: str | None = None
         self._pool: _Writers | None = None
         self._conflicted: set[str] = set()  # targets whose last direct COPY met keys already there
@@ -426,6 +429,26 @@ class PgvectorSink(_Reads):
             self._pool.close()
             self._pool = None
         self._db.close()
+
+    # reads (reads.py) --------------------------------------------------------------------------------------
+
+    def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
+        return self._reads.scan_index(target, dim)
+
+    def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
+        return self._reads.fetch(target, ids)
+
+    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
+        return self._reads.fetch_matching(target, expected)
+
+    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
+        return self._reads.scan_vectors(target, batch)
+
+    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
+        return self._reads.search(target, vectors, k)
+
+    def distance(self, target: str) -> Distance:
+        return self._reads.distance(target)
 
     def _layout(self, target: str) -> _Layout:
         if target not in self._layouts:

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from qdrant_client import QdrantClient
 
     from reindex.ports import TargetInfo
+    from reindex_adapters.qdrant.targets import Collections
 
 # `<alias>__reindex_serves__<target>`: the guard alias that makes alias moves compare-and-swap (move_alias)
 GUARD_MARK = "__reindex_serves__"
@@ -28,23 +29,26 @@ _ALIAS_MAX = _NAME_MAX - len(GUARD_MARK) - 16  # its guard alias, `_guard` hashe
 _local_moves = threading.Lock()  # serialises alias moves on local storage (see QdrantSink.move_alias)
 
 
-class _AliasMoves:
-    """QdrantSink's alias side: what an alias serves, and moving it."""
+class AliasMoves:
+    """QdrantSink's alias side: what an alias serves, and moving it; the sink gives its collections, how it
+    describes a target, and its rollback's carry-back."""
 
-    _client: QdrantClient
-
-    if TYPE_CHECKING:
-
-        def describe(self, target: str) -> TargetInfo | None: ...
-
-        def carry_back(
-            self, newer: str, older: str, since: Mapping[Any, tuple[str, Any]] | None = None
-        ) -> dict[Any, tuple[str, Any]]: ...
+    def __init__(
+        self,
+        collections: Collections,
+        describe: Callable[[str], TargetInfo | None],
+        carry_back: Callable[..., dict[Any, tuple[str, Any]]],
+        move_lock: Callable[[], AbstractContextManager[Any]],
+    ) -> None:
+        self.collections = collections
+        self.describe = describe
+        self.carry_back = carry_back
+        self.move_lock = move_lock  # held around a move's compare-and-swap (`local_move_lock`)
 
     def alias(self, alias: str) -> AliasInfo:
-        if alias in self._collections():
+        if alias in self.collections.names():
             return AliasInfo(alias, None, is_physical=True)
-        target = self._aliases().get(alias)
+        target = self.collections.aliases().get(alias)
         if target is None:
             return AliasInfo(alias, None)
         info = self.describe(target)
@@ -75,7 +79,7 @@ class _AliasMoves:
         process anyway. Qdrant aliases carry no metadata: the target's collection metadata answers
         for `meta`.
         """
-        collections = self._collections()
+        collections = self.collections.names()
         if alias in collections:
             raise CutoverRefused(_physical_alias_message(alias))
         if target not in collections:
@@ -84,12 +88,12 @@ class _AliasMoves:
         carried = self.carry_back(expected, target) if rolling_back and expected is not None else None
         if settle is not None:
             settle()
-        with self._move_lock():
+        with self.move_lock():
             guards = self._claim(alias, target, expected)
             crashpoints.crash_if_armed("cutover_before_commit")
             try:
                 with _translated():
-                    self._client.update_collection_aliases(
+                    self.collections.client.update_collection_aliases(
                         change_aliases_operations=_swap(alias, target, expected, guards)
                     )
             except ReindexError as exc:
@@ -104,15 +108,12 @@ class _AliasMoves:
 
         A transient failure may have been applied before the answer was lost: then the read-back decides.
         """
-        aliases = self._aliases()
+        aliases = self.collections.aliases()
         if isinstance(exc, TransientError) and aliases.get(alias) == target:
             return
         if aliases.get(alias) != expected or _guard(alias, expected) not in aliases:
             raise _moved(alias, aliases.get(alias), expected) from exc
         raise exc
-
-    def _move_lock(self) -> AbstractContextManager[Any]:
-        return _local_moves if _is_local(self._client) else nullcontext()
 
     def _claim(self, alias: str, target: str, expected: str | None) -> list[str]:
         """Check the alias serves `expected` and make sure its guard exists; return the alias's guards.
@@ -121,7 +122,7 @@ class _AliasMoves:
         adopted: its guard is created first, then the alias is read again; a mover that lost a race
         meanwhile finds the alias moved and removes the guard it made, so it can only fail others.
         """
-        aliases = self._aliases()
+        aliases = self.collections.aliases()
         current = aliases.get(alias)
         if current != expected:
             raise _moved(alias, current, expected)
@@ -129,31 +130,30 @@ class _AliasMoves:
         if guard in aliases:
             return _guards_of(alias, aliases)
         with _translated():
-            self._client.update_collection_aliases(
+            self.collections.client.update_collection_aliases(
                 change_aliases_operations=[_create_alias(guard, target if expected is None else expected)]
             )
-        aliases = self._aliases()
+        aliases = self.collections.aliases()
         if aliases.get(alias) != expected:
             with _translated():
-                self._client.update_collection_aliases(change_aliases_operations=[_delete_alias(guard)])
+                self.collections.client.update_collection_aliases(
+                    change_aliases_operations=[_delete_alias(guard)]
+                )
             raise _moved(alias, aliases.get(alias), expected)
         return _guards_of(alias, aliases)
 
     def _read_back(self, alias: str, target: str) -> None:
-        aliases = self._aliases()
+        aliases = self.collections.aliases()
         if aliases.get(alias) != target or aliases.get(_guard(alias, target)) != target:
             raise BackendError(
                 f"alias {alias!r} does not point to {target!r} after the swap",
                 hint="inspect the aliases on the server and rerun cutover",
             )
 
-    def _collections(self) -> set[str]:
-        with _translated():
-            return {c.name for c in self._client.get_collections().collections}
 
-    def _aliases(self) -> dict[str, str]:
-        with _translated():
-            return {a.alias_name: a.collection_name for a in self._client.get_aliases().aliases}
+def local_move_lock(client: QdrantClient) -> AbstractContextManager[Any]:
+    """One process-wide lock around moves on local storage (see `move_alias`); none for a server."""
+    return _local_moves if _is_local(client) else nullcontext()
 
 
 def _physical_alias_message(alias: str) -> str:

@@ -11,7 +11,7 @@ some and keeps the rest (https://api.qdrant.tech/api-reference/points/delete-vec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from reindex.fingerprint import text_hash
@@ -22,20 +22,17 @@ from reindex_adapters.qdrant.connection import _translated
 from reindex_adapters.qdrant.points import _document_id, _json_safe
 
 if TYPE_CHECKING:
-    from qdrant_client import QdrantClient, models
+    from qdrant_client import models
+
+    from reindex_adapters.qdrant.targets import Collections
 
 
-class _Kept:
-    """QdrantSink's points without the migration's vector."""
+class KeptPoints:
+    """QdrantSink's points without the migration's vector, written `batch` at a time."""
 
-    _client: QdrantClient
-    upsert_batch: int
-
-    def _vector_name(self, target: str) -> str | None:
-        raise NotImplementedError
-
-    def _point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]:
-        raise NotImplementedError
+    def __init__(self, collections: Collections, batch: int) -> None:
+        self.collections = collections
+        self.batch = batch
 
     def keep(self, target: str, records: Sequence[Record], expected: Mapping[str, str] | None = None) -> None:
         """Each document's point as its source holds it (payload, carried vectors), without the migration's
@@ -44,7 +41,7 @@ class _Kept:
         from qdrant_client import models
 
         expected = expected or {}
-        ids_of = self._point_ids(target)
+        ids_of = self.collections.point_ids(target)
         groups: dict[str | None, list[models.PointStruct]] = {}
         for record in records:
             (point,) = ids_of([record.id])
@@ -57,14 +54,16 @@ class _Kept:
             )
             groups.setdefault(expected.get(record.id), []).append(struct)
         for digest, points in groups.items():
-            for start in range(0, len(points), self.upsert_batch):
-                part = points[start : start + self.upsert_batch]
+            for start in range(0, len(points), self.batch):
+                part = points[start : start + self.batch]
                 if digest is not None:
                     self._upsert_where(target, part, _hash_is(digest))
                     continue
-                self._upsert_where(target, part, self._without_vector(target))
+                self._upsert_where(target, part, self.without_vector(target))
                 with _translated():
-                    self._client.upsert(target, part, wait=True, update_mode=models.UpdateMode.INSERT_ONLY)
+                    self.collections.client.upsert(
+                        target, part, wait=True, update_mode=models.UpdateMode.INSERT_ONLY
+                    )
 
     def unserve(self, target: str, ids: Sequence[str], expected: Mapping[str, str] | None = None) -> None:
         """Remove the migration's vector of these documents' points, which keep their payload and carried
@@ -72,8 +71,8 @@ class _Kept:
         from qdrant_client import models
 
         expected = expected or {}
-        ids_of = self._point_ids(target)
-        name = self._vector_name(target) or ""
+        ids_of = self.collections.point_ids(target)
+        name = self.collections.vector_name(target) or ""
         groups: dict[str | None, list[Any]] = {}
         for doc_id in ids:
             groups.setdefault(expected.get(doc_id), []).append(ids_of([doc_id])[0])
@@ -85,7 +84,7 @@ class _Kept:
                 else _hash_is(digest, points)
             )
             with _translated():
-                self._client.delete_vectors(target, vectors=[name], points=selector, wait=True)
+                self.collections.client.delete_vectors(target, vectors=[name], points=selector, wait=True)
 
     def kept(self, target: str) -> list[str]:
         """The documents whose points the target holds without the migration's vector, sorted."""
@@ -93,10 +92,10 @@ class _Kept:
         found: list[str] = []
         while True:
             with _translated():
-                points, offset = self._client.scroll(
+                points, offset = self.collections.client.scroll(
                     target,
-                    scroll_filter=self._without_vector(target),
-                    limit=self.upsert_batch,
+                    scroll_filter=self.without_vector(target),
+                    limit=self.batch,
                     offset=offset,
                     with_payload=["reindex_id"],
                     with_vectors=False,
@@ -105,15 +104,17 @@ class _Kept:
             if offset is None:
                 return sorted(found)
 
-    def _without_vector(self, target: str) -> models.Filter:
+    def without_vector(self, target: str) -> models.Filter:
         from qdrant_client import models
 
-        return models.Filter(must_not=[models.HasVectorCondition(has_vector=self._vector_name(target) or "")])
+        return models.Filter(
+            must_not=[models.HasVectorCondition(has_vector=self.collections.vector_name(target) or "")]
+        )
 
     def _upsert_where(self, target: str, points: list[models.PointStruct], only: models.Filter) -> None:
         from qdrant_client import models
 
         with _translated():
-            self._client.upsert(
+            self.collections.client.upsert(
                 target, points, wait=True, update_mode=models.UpdateMode.UPDATE_ONLY, update_filter=only
             )

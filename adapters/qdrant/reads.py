@@ -3,7 +3,7 @@ the metric, each of the vector the migration writes (a named one, or the unnamed
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,27 +20,24 @@ from reindex_adapters.qdrant.points import (
 )
 
 if TYPE_CHECKING:
-    from qdrant_client import QdrantClient, models
+    from qdrant_client import models
+
+    from reindex_adapters.qdrant.targets import Collections
 
 
-class _Reads:
-    """The sink's reads; the sink gives the client, its page size and each target's vector name and ids."""
+class PointReads:
+    """What the sink reads back, given its collections and its page size."""
 
-    _client: QdrantClient
-    upsert_batch: int
-
-    def _vector_name(self, target: str) -> str | None:
-        raise NotImplementedError
-
-    def _point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]:
-        raise NotImplementedError
+    def __init__(self, collections: Collections, page: int) -> None:
+        self.collections = collections
+        self.page = page
 
     def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
-        point_ids = self._point_ids(target)(ids)
+        point_ids = self.collections.point_ids(target)(ids)
         by_point = {str(p): i for p, i in zip(point_ids, ids, strict=True)}
-        name = self._vector_name(target)
+        name = self.collections.vector_name(target)
         with _translated():
-            points = self._client.retrieve(
+            points = self.collections.client.retrieve(
                 target, point_ids, with_payload=False, with_vectors=_with_vector(name)
             )
         stored = ((by_point[str(p.id)], _stored_vector(p, name)) for p in points)
@@ -48,16 +45,16 @@ class _Reads:
 
     def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
         """Only ids whose stored content hash is the expected one: a copy never takes a stale vector."""
-        name = self._vector_name(target)
+        name = self.collections.vector_name(target)
         ids = list(expected)
         found: dict[str, Vectors] = {}
-        ids_of = self._point_ids(target)
-        for start in range(0, len(ids), self.upsert_batch):
-            part = ids[start : start + self.upsert_batch]
+        ids_of = self.collections.point_ids(target)
+        for start in range(0, len(ids), self.page):
+            part = ids[start : start + self.page]
             point_ids = ids_of(part)
             by_point = {str(p): i for p, i in zip(point_ids, part, strict=True)}
             with _translated():
-                points = self._client.retrieve(
+                points = self.collections.client.retrieve(
                     target, point_ids, with_payload=INDEX_KEYS, with_vectors=_with_vector(name)
                 )
             for point in points:
@@ -68,19 +65,19 @@ class _Reads:
         return found
 
     def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
-        name = self._vector_name(target)
-        for points in self._pages(target, name, batch):
+        name = self.collections.vector_name(target)
+        for points in self.pages(target, name, batch):
             kept = [(p, v) for p in points if (v := _stored_vector(p, name)).size]
             if kept:
                 yield [_document_id(p) for p, _ in kept], np.stack([v for _, v in kept]).astype(np.float32)
 
     def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
         """Qdrant's own (HNSW) search, one query per vector."""
-        name = self._vector_name(target)
+        name = self.collections.vector_name(target)
         found: list[list[str]] = []
         for vector in vectors:
             with _translated():
-                response = self._client.query_points(
+                response = self.collections.client.query_points(
                     target,
                     query=np.asarray(vector, dtype=np.float32).tolist(),
                     using=name,
@@ -92,10 +89,10 @@ class _Reads:
 
     def distance(self, target: str) -> Distance:
         with _translated():
-            config = self._client.get_collection(target).config
-        return _distance(_vector_params(config.params.vectors, self._vector_name(target)), target)
+            config = self.collections.client.get_collection(target).config
+        return _distance(_vector_params(config.params.vectors, self.collections.vector_name(target)), target)
 
-    def _pages(
+    def pages(
         self, target: str, name: str | None, limit: int, carried: Sequence[str] = (), *, whole: bool = False
     ) -> Iterator[list[models.Record]]:
         """Every point with its payload and its vector (and the carried ones), a scroll page at a time;
@@ -105,7 +102,7 @@ class _Reads:
         wanted: bool | list[str] = [name or "", *carried] if carried else _with_vector(name)
         while True:
             with _translated():
-                points, offset = self._client.scroll(
+                points, offset = self.collections.client.scroll(
                     target,
                     limit=limit,
                     offset=offset,

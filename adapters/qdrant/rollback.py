@@ -28,7 +28,9 @@ from reindex_adapters.qdrant.connection import _translated
 from reindex_adapters.qdrant.points import _document_id, _dotted
 
 if TYPE_CHECKING:
-    from qdrant_client import QdrantClient, models
+    from qdrant_client import models
+
+    from reindex_adapters.qdrant.targets import Collections
 
 PAGE = 256
 
@@ -36,14 +38,11 @@ PAGE = 256
 _State = tuple[str, Any]
 
 
-class _CarryBack:
+class CarryBack:
     """QdrantSink's rollback half: carrying the application's writes back, and naming what is unserved."""
 
-    _client: QdrantClient
-
-    if TYPE_CHECKING:
-
-        def _vector_name(self, target: str) -> str | None: ...
+    def __init__(self, collections: Collections) -> None:
+        self.collections = collections
 
     def carry_back(
         self, newer: str, older: str, since: Mapping[Any, _State] | None = None
@@ -72,13 +71,15 @@ class _CarryBack:
         never embedded, carried back by `carry_back`) while the replaced one serves them with it."""
         from qdrant_client import models
 
-        name = self._vector_name(replaced) or ""
+        name = self.collections.vector_name(replaced) or ""
         missing = models.Filter(must_not=[models.HasVectorCondition(has_vector=name)])
         found: list[str] = []
         for points in self._scroll(served, missing, with_vectors=False):
             ids = [p.id for p in points]
             with _translated():
-                held = self._client.retrieve(replaced, ids, with_payload=["reindex_id"], with_vectors=[name])
+                held = self.collections.client.retrieve(
+                    replaced, ids, with_payload=["reindex_id"], with_vectors=[name]
+                )
             found += [_document_id(p) for p in held if _has(p, name)]
         return sorted(found)
 
@@ -96,13 +97,15 @@ class _CarryBack:
         gone = [i for i in ids if i not in ours]
         if gone:
             with _translated():
-                self._client.delete(older, models.PointIdsList(points=gone), wait=True)
+                self.collections.client.delete(older, models.PointIdsList(points=gone), wait=True)
         written = [i for i in ids if i in ours]
         for start in range(0, len(written), PAGE):
             part = written[start : start + PAGE]
             with _translated():
-                points = self._client.retrieve(newer, part, with_payload=True, with_vectors=True)
-                kept = self._client.retrieve(older, part, with_payload=False, with_vectors=_names(name))
+                points = self.collections.client.retrieve(newer, part, with_payload=True, with_vectors=True)
+                kept = self.collections.client.retrieve(
+                    older, part, with_payload=False, with_vectors=_names(name)
+                )
             vectors = {p.id: _vector_of(p, name) for p in kept}
             structs = []
             for point in points:
@@ -110,7 +113,7 @@ class _CarryBack:
                 own = vectors.get(point.id) if same_text else None
                 structs.append(_struct(point, name, own))
             with _translated():
-                self._client.upsert(older, structs, wait=True)
+                self.collections.client.upsert(older, structs, wait=True)
 
     def _states(
         self, collection: str, name: str | None, text_field: str, only: Sequence[Any] | None = None
@@ -129,7 +132,9 @@ class _CarryBack:
 
     def _retrieve(self, collection: str, ids: Sequence[Any]) -> list[models.Record]:
         with _translated():
-            return self._client.retrieve(collection, list(ids), with_payload=True, with_vectors=True)
+            return self.collections.client.retrieve(
+                collection, list(ids), with_payload=True, with_vectors=True
+            )
 
     def _scroll(
         self, collection: str, only: models.Filter | None, *, with_vectors: bool
@@ -137,7 +142,7 @@ class _CarryBack:
         offset: Any = None
         while True:
             with _translated():
-                points, offset = self._client.scroll(
+                points, offset = self.collections.client.scroll(
                     collection,
                     scroll_filter=only,
                     limit=PAGE,
@@ -155,10 +160,10 @@ class _CarryBack:
         that does), or the tool did not build it (the application's own collection, rolled away from when a
         rollback is rolled forward again: what it lacks, the application deleted)."""
         with _translated():
-            meta = _reindex_meta(self._client.get_collection(newer).config)
+            meta = _reindex_meta(self.collections.client.get_collection(newer).config)
         text_field = str(meta.get("text_field") or "page_content")
         keeps = bool(meta.get("keeps_dead_letters")) or not meta.get("fingerprint")
-        return self._vector_name(newer), text_field, keeps
+        return self.collections.vector_name(newer), text_field, keeps
 
 
 def _blank(text: Any) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -17,16 +18,21 @@ from reindex.errors import ConfigError, CutoverRefused
 from reindex.fingerprint import document_version, fields_version
 from reindex.offers import TargetOffer
 from reindex.ports import (
+    AliasInfo,
+    Distance,
     IndexEntry,
     Loss,
+    Record,
     Rows,
+    Source,
     TargetInfo,
     TargetSection,
     TargetSpec,
+    Vectors,
 )
 from reindex.vectors import vector_problem
 from reindex_adapters.qdrant import offers
-from reindex_adapters.qdrant.alias import _ALIAS_MAX, GUARD_MARK, _AliasMoves
+from reindex_adapters.qdrant.alias import _ALIAS_MAX, GUARD_MARK, AliasMoves, local_move_lock
 from reindex_adapters.qdrant.bookkeeping import (
     ADOPTED,
     META_KEY,
@@ -46,27 +52,25 @@ from reindex_adapters.qdrant.connection import (
     _release,
     _translated,
 )
-from reindex_adapters.qdrant.kept import _Kept
+from reindex_adapters.qdrant.kept import KeptPoints
 from reindex_adapters.qdrant.layout import TargetOptions, losses, payload_indexes, refuse_unaccepted
 from reindex_adapters.qdrant.points import (
     NATIVE_IDS,
     _document_id,
     _json_safe,
-    _point_ids,
     _point_payloads,
     _stored_vector,
-    _uuid_point_ids,
     _vector_params,
 )
-from reindex_adapters.qdrant.reads import _Reads
-from reindex_adapters.qdrant.rollback import _CarryBack
-from reindex_adapters.qdrant.targets import _carried_layout, _Layouts
+from reindex_adapters.qdrant.reads import PointReads
+from reindex_adapters.qdrant.rollback import CarryBack
+from reindex_adapters.qdrant.targets import Collections
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
 
 
-class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
+class QdrantSink:
     """Targets are collections `<alias>__<fp8>` with their identity in the collection metadata; a source's
     other named vectors (sparse ones, a second dense one) are carried to the target unchanged."""
 
@@ -97,9 +101,12 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         self.upsert_batch = upsert_batch
         self.options = options or TargetOptions()
         self._lease: str | None = None
-        self._vector_names: dict[str, str | None] = {}
-        self._native: dict[str, bool] = {}
-        self._carried: dict[str, tuple[list[str], set[str]]] = {}  # target -> (carried names, cosine ones)
+        # its parts, composed: what it knows of each collection, and what reads, keeps, moves and rolls back
+        self.collections = Collections(client, self.options)
+        self._reads = PointReads(self.collections, upsert_batch)
+        self._kept = KeptPoints(self.collections, upsert_batch)
+        self._back = CarryBack(self.collections)
+        self._moves = AliasMoves(self.collections, self.describe, self.carry_back, self._move_lock)
         self.shareable = False  # several processes may open it (a server's URL): reindex.run.processes
 
     @classmethod
@@ -120,7 +127,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         return replace(spec, name=f"reindex_rehearsal_{token}")
 
     def scratches(self) -> list[str]:
-        return sorted(name for name in self._collections() if name.startswith("reindex_rehearsal_"))
+        return sorted(name for name in self.collections.names() if name.startswith("reindex_rehearsal_"))
 
     def prepare(self, spec: TargetSpec) -> None:
         """Create the collection with its identity in the metadata; an existing one is never re-stamped.
@@ -131,7 +138,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         existing = self.describe(spec.name)
         if existing is not None:
             _check_existing(existing, spec)
-            self._check_layout(spec)
+            self.collections.check_layout(spec)
             self._index_payload(spec)  # idempotent: a target an earlier version built gets them too
             return
         name = spec.source.vector_field
@@ -155,7 +162,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         refuse_unaccepted(self.losses(spec), spec.source.layout.get("source") or spec.alias)
         metadata = {**spec.source.layout.get("metadata", {}), META_KEY: meta}  # the application's kept
         with _translated():
-            self._client.create_collection(spec.name, **self._creation(spec), metadata=metadata)
+            self._client.create_collection(spec.name, **self.collections.arguments(spec), metadata=metadata)
         self._index_payload(spec)  # before the first point: a tenant index shapes how points are stored
 
     def _index_payload(self, spec: TargetSpec) -> None:
@@ -197,7 +204,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
             part = _rows_at(rows, picked)
             if digest is None:
                 self._upsert(
-                    target, part, mode=models.UpdateMode.UPDATE_ONLY, only=self._without_vector(target)
+                    target, part, mode=models.UpdateMode.UPDATE_ONLY, only=self._kept.without_vector(target)
                 )
                 self._upsert(target, part, mode=models.UpdateMode.INSERT_ONLY)
             else:
@@ -208,7 +215,7 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         from qdrant_client import models
 
         groups: dict[str, list[Any]] = {}
-        ids_of = self._point_ids(target)
+        ids_of = self.collections.point_ids(target)
         for doc_id, digest in expected.items():
             groups.setdefault(digest, []).append(ids_of([doc_id])[0])
         for digest, points in groups.items():
@@ -231,10 +238,10 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
             raise ValueError(
                 f"{len(docs)} records, {len(vectors)} vectors and {len(rows.content_hashes)} hashes differ"
             )
-        name = self._vector_name(target)
-        ids: list[Any] = self._point_ids(target)(docs.ids)
+        name = self.collections.vector_name(target)
+        ids: list[Any] = self.collections.point_ids(target)(docs.ids)
         payloads = _point_payloads(docs, rows.content_hashes, rows.fingerprint)
-        carried, _ = self._carried_of(target)
+        carried, _ = self.collections.carried_of(target)
         others = [of_payload(docs.payload(i)) or {} for i in range(len(docs))] if carried else []
         guards: dict[str, Any] = {} if mode is None else {"update_mode": mode, "update_filter": only}
         for start in range(0, len(ids), self.upsert_batch):
@@ -260,7 +267,9 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         from qdrant_client import models
 
         with _translated():
-            self._client.delete(target, models.PointIdsList(points=self._point_ids(target)(ids)), wait=True)
+            self._client.delete(
+                target, models.PointIdsList(points=self.collections.point_ids(target)(ids)), wait=True
+            )
 
     def finalize(self, spec: TargetSpec) -> None:
         """Index `reindex_id` on a server, for verify and sync; local mode has no payload indexes."""
@@ -309,11 +318,11 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
             yield entry, point_version(point), document_version(payload, entry.carried or {})
 
     def _entries(self, target: str, dim: int, *, whole: bool) -> Iterator[tuple[IndexEntry, models.Record]]:
-        name = self._vector_name(target)
-        carried, _ = self._carried_of(target)
+        name = self.collections.vector_name(target)
+        carried, _ = self.collections.carried_of(target)
         with _translated():
             bookkeeping = _Bookkeeping.of(_reindex_meta(self._client.get_collection(target).config))
-        for points in self._pages(target, name, self.upsert_batch, carried, whole=whole):
+        for points in self._reads.pages(target, name, self.upsert_batch, carried, whole=whole):
             for point in points:
                 vector = _stored_vector(point, name)
                 if not vector.size and not whole:  # a document kept without a vector (`keep`): no entry
@@ -364,49 +373,85 @@ class QdrantSink(_Reads, _Layouts, _AliasMoves, _Kept, _CarryBack):
         return len(items)
 
     def targets(self, alias: str) -> list[str]:
-        names = [name for name in self._collections() if name.startswith(f"{alias}__")]
+        names = [name for name in self.collections.names() if name.startswith(f"{alias}__")]
         return sorted(names, key=lambda name: (self._created_at(name), name))
 
     def drop(self, target: str) -> None:
-        readers = sorted(a for a, t in self._aliases().items() if t == target and GUARD_MARK not in a)
+        readers = sorted(
+            a for a, t in self.collections.aliases().items() if t == target and GUARD_MARK not in a
+        )
         if readers:
             raise CutoverRefused(
                 f"collection {target!r} is served by alias {readers[0]!r}",
                 hint="move the alias to another target before pruning",
             )
-        if target in self._collections():
+        if target in self.collections.names():
             with _translated():
                 self._client.delete_collection(target)
-        self._vector_names.pop(target, None)
-        self._native.pop(target, None)
-        self._carried.pop(target, None)
+        self.collections.forget(target)
+
+    def _move_lock(self) -> AbstractContextManager[Any]:
+        return local_move_lock(self._client)
+
+    # the parts' calls ---------------------------------------------------------------------------------------
+
+    def fetch(self, target: str, ids: Sequence[str]) -> dict[str, Vectors]:
+        return self._reads.fetch(target, ids)
+
+    def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
+        return self._reads.fetch_matching(target, expected)
+
+    def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
+        return self._reads.scan_vectors(target, batch)
+
+    def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
+        return self._reads.search(target, vectors, k)
+
+    def distance(self, target: str) -> Distance:
+        return self._reads.distance(target)
+
+    def layout(self, spec: TargetSpec) -> dict[str, Any]:
+        return self.collections.layout(spec)
+
+    def carried_differences(
+        self, target: str, source: Source, parts: Mapping[str, Sequence[str]]
+    ) -> dict[str, list[str]]:
+        return self.collections.carried_differences(target, source, parts)
+
+    def alias(self, alias: str) -> AliasInfo:
+        return self._moves.alias(alias)
+
+    def move_alias(
+        self,
+        alias: str,
+        target: str,
+        *,
+        expected: str | None,
+        meta: Mapping[str, Any],
+        settle: Callable[[], None] | None = None,
+    ) -> str | None:
+        return self._moves.move_alias(alias, target, expected=expected, meta=meta, settle=settle)
+
+    def keep(self, target: str, records: Sequence[Record], expected: Mapping[str, str] | None = None) -> None:
+        self._kept.keep(target, records, expected)
+
+    def unserve(self, target: str, ids: Sequence[str], expected: Mapping[str, str] | None = None) -> None:
+        self._kept.unserve(target, ids, expected)
+
+    def kept(self, target: str) -> list[str]:
+        return self._kept.kept(target)
+
+    def carry_back(
+        self, newer: str, older: str, since: Mapping[Any, tuple[str, Any]] | None = None
+    ) -> dict[Any, tuple[str, Any]]:
+        return self._back.carry_back(newer, older, since)
+
+    def unserved(self, alias: str, served: str, replaced: str) -> list[str]:
+        return self._back.unserved(alias, served, replaced)
 
     def close(self) -> None:
         _release(self._lease)
         self._lease = None
-
-    def _vector_name(self, target: str) -> str | None:
-        if target not in self._vector_names:
-            self._read_layout(target)
-        return self._vector_names[target]
-
-    def _point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]:
-        """How `target` names its points: `point_id` (integer ids kept), or on a target built before that
-        was recorded (`NATIVE_IDS`), a UUID for every document, so a resumed run keeps its scheme."""
-        if target not in self._native:
-            self._read_layout(target)
-        return _point_ids if self._native[target] else _uuid_point_ids
-
-    def _read_layout(self, target: str) -> None:
-        with _translated():
-            config = self._client.get_collection(target).config
-        vectors = config.params.vectors
-        names: list[str | None] = list(vectors) if isinstance(vectors, Mapping) else [None]
-        meta = _reindex_meta(config)
-        recorded = meta.get("vector")
-        self._vector_names[target] = recorded if recorded in names else next(iter(names), None)
-        self._native[target] = meta.get("point_ids") == NATIVE_IDS
-        self._carried[target] = _carried_layout(config, self._vector_names[target])
 
     def _created_at(self, name: str) -> str:
         with _translated():

@@ -1,5 +1,6 @@
-"""QdrantSink's layout side: what a target collection is created with (layout.py), refusing to resume one
-built another way, stating it for `plan`, and comparing carried vectors by value for verify."""
+"""What QdrantSink knows of its collections (`Collections`): each one's vector name, point ids and carried
+vectors, what a target collection is created with (layout.py), refusing to resume one built another way,
+stating it for `plan`, and comparing carried vectors by value for verify."""
 
 from __future__ import annotations
 
@@ -20,26 +21,64 @@ from reindex_adapters.qdrant.layout import (
     in_words,
     words,
 )
-from reindex_adapters.qdrant.points import is_cosine
+from reindex_adapters.qdrant.points import NATIVE_IDS, _point_ids, _uuid_point_ids, is_cosine
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
 
 
-class _Layouts:
-    _client: QdrantClient
-    options: TargetOptions
-    _carried: dict[str, tuple[list[str], set[str]]]
+class Collections:
+    """What the sink knows of each collection: the name of the vector it re-embeds, how its points are named,
+    the vectors it carries (read from the collection once, then kept; `forget` drops one), and what a target
+    is created with. The sink's parts (reads, kept points, alias moves, rollback) share one."""
 
-    if TYPE_CHECKING:
+    def __init__(self, client: QdrantClient, options: TargetOptions) -> None:
+        self.client = client
+        self.options = options
+        self._vector_names: dict[str, str | None] = {}
+        self._native: dict[str, bool] = {}
+        self._carried: dict[str, tuple[list[str], set[str]]] = {}  # target -> (carried names, cosine ones)
 
-        def _read_layout(self, target: str) -> None: ...
+    def vector_name(self, target: str) -> str | None:
+        if target not in self._vector_names:
+            self.read_layout(target)
+        return self._vector_names[target]
 
-        def _point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]: ...
+    def point_ids(self, target: str) -> Callable[[Sequence[str]], list[Any]]:
+        """How `target` names its points: `point_id` (integer ids kept), or on a target built before that
+        was recorded (`NATIVE_IDS`), a UUID for every document, so a resumed run keeps its scheme."""
+        if target not in self._native:
+            self.read_layout(target)
+        return _point_ids if self._native[target] else _uuid_point_ids
+
+    def read_layout(self, target: str) -> None:
+        with _translated():
+            config = self.client.get_collection(target).config
+        vectors = config.params.vectors
+        names: list[str | None] = list(vectors) if isinstance(vectors, Mapping) else [None]
+        meta = _reindex_meta(config)
+        recorded = meta.get("vector")
+        self._vector_names[target] = recorded if recorded in names else next(iter(names), None)
+        self._native[target] = meta.get("point_ids") == NATIVE_IDS
+        self._carried[target] = _carried_layout(config, self._vector_names[target])
+
+    def forget(self, target: str) -> None:
+        """Drop what is known of `target` (dropped, or made again)."""
+        self._vector_names.pop(target, None)
+        self._native.pop(target, None)
+        self._carried.pop(target, None)
+
+    def names(self) -> set[str]:
+        with _translated():
+            return {c.name for c in self.client.get_collections().collections}
+
+    def aliases(self) -> dict[str, str]:
+        with _translated():
+            return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
 
     def layout(self, spec: TargetSpec) -> dict[str, Any]:
         """What `prepare` creates besides the vector, with where each setting comes from (`plan`)."""
-        arguments = described(self._creation(spec))
+        arguments = described(self.arguments(spec))
         vectors = arguments.pop("vectors_config")
         name = spec.source.vector_field
         new = vectors if name is None else vectors[name]
@@ -60,7 +99,7 @@ class _Layouts:
         metadata = spec.source.layout.get("metadata", {})
         if metadata:
             summary.append(f"collection metadata kept: {', '.join(sorted(metadata))}")
-        local = _is_local(self._client)
+        local = _is_local(self.client)
         if local and (chosen or copied):
             summary.append(LOCAL_NOTE)
         return {
@@ -80,11 +119,11 @@ class _Layouts:
     ) -> dict[str, list[str]]:
         """Of these documents' parts whose digests differ, those whose values differ too: a cosine vector
         within `COSINE_TOLERANCE` of its original is the same (Qdrant renormalised it as it stored it)."""
-        names, cosine = self._carried_of(target)
+        names, cosine = self.carried_of(target)
         theirs = {r.id: of_payload(r.payload) or {} for r in source.fetch(list(parts))}
-        point_ids = self._point_ids(target)(list(parts))
+        point_ids = self.point_ids(target)(list(parts))
         with _translated():
-            found = self._client.retrieve(target, point_ids, with_payload=False, with_vectors=names or False)
+            found = self.client.retrieve(target, point_ids, with_payload=False, with_vectors=names or False)
         by_point = {str(p): doc_id for p, doc_id in zip(point_ids, parts, strict=True)}
         ours = {by_point[str(p.id)]: carried_vectors(p, names) for p in found}
         differing: dict[str, list[str]] = {}
@@ -95,22 +134,22 @@ class _Layouts:
                 differing[doc_id] = wrong
         return differing
 
-    def _carried_of(self, target: str) -> tuple[list[str], set[str]]:
+    def carried_of(self, target: str) -> tuple[list[str], set[str]]:
         """The target's carried vector names and those compared as cosine."""
         if target not in self._carried:
-            self._read_layout(target)
+            self.read_layout(target)
         return self._carried[target]
 
-    def _creation(self, spec: TargetSpec) -> dict[str, Any]:
+    def arguments(self, spec: TargetSpec) -> dict[str, Any]:
         return creation(
             spec.source.layout, spec.source.vector_field, spec.dim, spec.source.distance, self.options
         )
 
-    def _check_layout(self, spec: TargetSpec) -> None:
+    def check_layout(self, spec: TargetSpec) -> None:
         """Refuse to resume a target built with other [target] settings, or without a vector the source
         carries (built before vectors were carried): mixing would serve neither."""
         with _translated():
-            config = self._client.get_collection(spec.name).config
+            config = self.client.get_collection(spec.name).config
         recorded, chosen = _reindex_meta(config).get("options") or {}, self.options.chosen()
         if recorded != chosen:
             raise ConfigError(
@@ -118,7 +157,7 @@ class _Layouts:
                 f" and [target] now sets {_settings(chosen)}",
                 hint="set them back in [target], or rebuild the target with `reindex run --fresh`",
             )
-        missing = sorted(set(carried_names(spec.source.layout)) - set(self._carried_of(spec.name)[0]))
+        missing = sorted(set(carried_names(spec.source.layout)) - set(self.carried_of(spec.name)[0]))
         if missing:
             raise ConfigError(
                 f"collection {spec.name!r} lacks the vectors {', '.join(map(repr, missing))} that the source"
