@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def measure(dsn: str, rows: int, repeats: int) -> dict[str, Any]:
     import psycopg
 
-    from reindex_adapters.postgres.catalog import _read_layout
+    from reindex_adapters.postgres.catalog import read_layout
     from reindex_adapters.postgres.kept_writes import keep_writes, writes_of
 
     held: list[float] = []
@@ -74,7 +74,7 @@ def measure(dsn: str, rows: int, repeats: int) -> dict[str, Any]:
         for _ in range(repeats):
             with conn.transaction(force_rollback=True):
                 started = time.perf_counter()
-                counts = keep_writes(conn, live, _read_layout(conn, "older"))
+                counts = keep_writes(conn, live, read_layout(conn, "older"))
                 live.stop(conn)
                 held.append(time.perf_counter() - started)
     deleted, changed, added = counts

@@ -24,16 +24,16 @@ from reindex.offers import SourceOffer
 from reindex.ports import Record, Section, SourceSchema
 from reindex_adapters.files import offers
 from reindex_adapters.files.records import (
-    _MISSING,
-    _chunked,
-    _encodable,
-    _file_errors,
-    _lookup,
-    _position,
+    MISSING,
     _record,
+    chunked,
+    encodable,
+    file_errors,
+    lookup,
+    position,
 )
 
-_BOM = b"\xef\xbb\xbf"
+BOM = b"\xef\xbb\xbf"
 _NEWLINE, _BRACE = ord("\n"), ord("{")
 Int64s = NDArray[np.int64]
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB]")  # \ud800-\udfff: the only way JSON spells a lone surrogate
@@ -75,31 +75,31 @@ class JsonlSource:
 
     def _lines(self, after: str | None) -> Iterator[tuple[int, bytes, _LineNumbers]]:
         """(byte offset, line, line numbering) of each non-blank line after the line at offset `after`."""
-        with _file_errors(self.path), self.path.open("rb") as stream:
+        with file_errors(self.path), self.path.open("rb") as stream:
             offset, lines = 0, _LineNumbers(self.path, known=True)
             if after is not None:
-                offset, lines = _position(after), _LineNumbers(self.path, known=False)
+                offset, lines = position(after), _LineNumbers(self.path, known=False)
                 stream.seek(offset)
                 offset += len(stream.readline())
             for raw in stream:
                 start, offset = offset, offset + len(raw)
                 lines.advance(start)
-                line = raw.removeprefix(_BOM) if start == 0 else raw
+                line = raw.removeprefix(BOM) if start == 0 else raw
                 if line.strip():
                     yield start, line, lines
 
     def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
         """(byte offset of the last line, lines) of each shard of `size` non-blank lines after the line at
         offset `after`: one pass over the bytes, no JSON parsed, so a driver plans a big file quickly."""
-        with _file_errors(self.path), self.path.open("rb", buffering=1 << 20) as stream:
+        with file_errors(self.path), self.path.open("rb", buffering=1 << 20) as stream:
             offset = 0
             if after is not None:
-                offset = _position(after)
+                offset = position(after)
                 stream.seek(offset)
                 offset += len(stream.readline())
             count, last = 0, -1
             for raw in stream:
-                line = raw.removeprefix(_BOM) if offset == 0 else raw
+                line = raw.removeprefix(BOM) if offset == 0 else raw
                 if line.strip():  # as `_lines` reads: blank lines are no documents
                     count, last = count + 1, offset
                     if count == size:
@@ -114,13 +114,13 @@ class JsonlSource:
         included: a planned shard's byte range as the file is now. The ranges of consecutive shards meet
         where they met when planned, so a file rewritten between runs is read once over, as the one-process
         pipeline's cursor reads it (and `sync` catches up what moved behind it)."""
-        bound = _position(last)
-        with _file_errors(self.path), self.path.open("rb") as stream:
+        bound = position(last)
+        with file_errors(self.path), self.path.open("rb") as stream:
             stream.seek(bound)
             end = bound + len(stream.readline())
         if "." in self.id_field or "." in self.text_field:
             records = [
-                r for r in itertools.takewhile(lambda r: _position(r.position) <= bound, self.scan(after))
+                r for r in itertools.takewhile(lambda r: position(r.position) <= bound, self.scan(after))
             ]
             parts = [Documents.from_records(records)]
         else:
@@ -134,7 +134,7 @@ class JsonlSource:
         byte-order mark, text that is not valid Unicode) is read line by line, each line as `scan` reads
         it."""
         if "." in self.id_field or "." in self.text_field:
-            yield from _chunked(self.scan(after), size)
+            yield from chunked(self.scan(after), size)
             return
         pending = _Pending(size, (self.id_field, self.text_field))
         for start, block, lines in self._blocks(after, until):
@@ -154,10 +154,10 @@ class JsonlSource:
     ) -> Iterator[tuple[int, bytes, _LineNumbers]]:
         """(byte offset, whole lines) of the file after the line at offset `after` (and before byte `until`,
         a line's end), in blocks of about BLOCK_BYTES; the last block may lack its final newline."""
-        with _file_errors(self.path), self.path.open("rb", buffering=0) as stream:
+        with file_errors(self.path), self.path.open("rb", buffering=0) as stream:
             offset, lines = 0, _LineNumbers(self.path, known=True)
             if after is not None:
-                offset, lines = _position(after), _LineNumbers(self.path, known=False)
+                offset, lines = position(after), _LineNumbers(self.path, known=False)
                 with self.path.open("rb") as skip:
                     skip.seek(offset)
                     offset += len(skip.readline())
@@ -184,7 +184,7 @@ class JsonlSource:
         for raw in _split_lines(block):
             offset, start = start, start + len(raw)
             lines.advance(offset)
-            line = raw.removeprefix(_BOM) if offset == 0 else raw
+            line = raw.removeprefix(BOM) if offset == 0 else raw
             if not line.strip():
                 continue
             try:
@@ -194,7 +194,7 @@ class JsonlSource:
             doc_id = text = None
             if obj.__class__ is dict:
                 doc_id, text = obj.get(id_field), obj.get(text_field)
-            if text.__class__ is str and doc_id is not None and (b"\\u" not in line or _encodable(text)):
+            if text.__class__ is str and doc_id is not None and (b"\\u" not in line or encodable(text)):
                 pending.add_row(doc_id, text, obj, str(offset))
             else:
                 pending.add_record(self._parse(line, str(offset), lines.name), str(offset))
@@ -248,8 +248,8 @@ class _LineNumbers:
 def _defective(text: str, id_field: str, fallback: Callable[[], str], cursor: str) -> Record:
     """A line that is not UTF-8: keep its id if the JSON still parses with replacement characters."""
     obj = _loads(text)
-    doc_id = _MISSING if obj is None else _lookup(obj, id_field)
-    name = fallback() if doc_id is _MISSING or doc_id is None else str(doc_id)
+    doc_id = MISSING if obj is None else lookup(obj, id_field)
+    name = fallback() if doc_id is MISSING or doc_id is None else str(doc_id)
     return Record(name, "", obj or {}, cursor=cursor, defect="invalid_encoding")
 
 
@@ -374,7 +374,7 @@ def _plain_rows(
         return None
     if None in ids or set(map(type, texts)) != {str}:
         return None
-    if _SURROGATE_ESCAPE.search(body) and not _encodable("".join(texts)):
+    if _SURROGATE_ESCAPE.search(body) and not encodable("".join(texts)):
         return None  # a lone surrogate: that line's record says invalid_encoding
     odd: list[int] = []
     if set(map(len, objects)) != {2} or set(map(type, ids)) != {str}:

@@ -14,7 +14,7 @@ from reindex.errors import ConfigError, MissingDependency
 from reindex.offers import SourceOffer
 from reindex.ports import Record, Section, SourceSchema
 from reindex_adapters.files import offers
-from reindex_adapters.files.records import _chunked, _file_errors, _position, _record
+from reindex_adapters.files.records import _record, chunked, file_errors, position
 
 if TYPE_CHECKING:
     import pyarrow.parquet as pq
@@ -41,7 +41,7 @@ class ParquetSource:
     ) -> None:
         self.path, self.id_field, self.text_field = Path(path), id_field, text_field
         self.batch_rows = batch_rows
-        self._file = _open_parquet(self.path)
+        self._file = open_parquet(self.path)
         names = set(self._file.schema_arrow.names)
         for field in (id_field, text_field):
             if field.split(".")[0] not in names:
@@ -62,12 +62,12 @@ class ParquetSource:
         return int(self._file.metadata.num_rows)
 
     def scan(self, after: str | None = None) -> Iterator[Record]:
-        start = 0 if after is None else _position(after) + 1
+        start = 0 if after is None else position(after) + 1
         group, index = self._first_group(start)
         if group is None:
             return
         groups = list(range(group, self._file.metadata.num_row_groups))
-        with _file_errors(self.path):
+        with file_errors(self.path):
             for batch in self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups):
                 for row in batch.to_pylist():
                     if index >= start:
@@ -80,15 +80,15 @@ class ParquetSource:
         """Shards of `size` rows as columns: an id and a text column convert in C; rows are built only when
         the file carries other columns (the payload), nulls, or ids that are not strings or integers."""
         if "." in self.id_field or "." in self.text_field:
-            yield from _chunked(self.scan(after), size)
+            yield from chunked(self.scan(after), size)
             return
-        start = 0 if after is None else _position(after) + 1
+        start = 0 if after is None else position(after) + 1
         group, index = self._first_group(start)
         if group is None:
             return
         groups = list(range(group, self._file.metadata.num_row_groups))
         buffer, first = Documents([], [], fields=(self.id_field, self.text_field)), start
-        with _file_errors(self.path):
+        with file_errors(self.path):
             for batch in self._file.iter_batches(batch_size=self.batch_rows, row_groups=groups):
                 skip = max(0, start - index)
                 index += batch.num_rows
@@ -104,7 +104,7 @@ class ParquetSource:
 
     def shard_bounds(self, after: str | None, size: int) -> Iterator[tuple[str, int]]:
         """(last row, rows) of each shard of `size` rows after row `after`: arithmetic on the row count."""
-        start, total = (0 if after is None else _position(after) + 1), int(self._file.metadata.num_rows)
+        start, total = (0 if after is None else position(after) + 1), int(self._file.metadata.num_rows)
         for first in range(start, total, size):
             last = min(first + size, total) - 1
             yield str(last), last - first + 1
@@ -154,14 +154,14 @@ class ParquetSource:
         self._file.close()
 
 
-def _open_parquet(path: Path) -> pq.ParquetFile:
+def open_parquet(path: Path) -> pq.ParquetFile:
     try:
         import pyarrow.parquet as pq
     except ImportError:
         raise MissingDependency("pyarrow", extra="files") from None
     if not path.is_file():
         raise ConfigError(f"file not found: {path}", hint="check [source] path")
-    with _file_errors(path):
+    with file_errors(path):
         return pq.ParquetFile(path)
 
 

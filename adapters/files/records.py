@@ -13,37 +13,37 @@ from reindex.columns import Documents
 from reindex.errors import BackendError, ConfigError
 from reindex.ports import Record
 
-_MISSING = object()
+MISSING = object()
 
 
 def _record(
     row: Mapping[str, Any], id_field: str, text_field: str, fallback: Callable[[], str], cursor: str
 ) -> Record:
     """Build a Record; a row that cannot be embedded keeps its fields and names its defect."""
-    doc_id, text = _lookup(row, id_field), _lookup(row, text_field)
-    if doc_id is _MISSING or doc_id is None:
+    doc_id, text = lookup(row, id_field), lookup(row, text_field)
+    if doc_id is MISSING or doc_id is None:
         return Record(fallback(), "", row, cursor=cursor, defect="missing_id")
-    if text is _MISSING:
+    if text is MISSING:
         return Record(str(doc_id), "", row, cursor=cursor, defect="missing_text")
     if text is None:
         return Record(str(doc_id), "", row, cursor=cursor)
     if not isinstance(text, str):
         return Record(str(doc_id), "", row, cursor=cursor, defect="invalid_text_type")
-    if not _encodable(text):
+    if not encodable(text):
         return Record(str(doc_id), "", row, cursor=cursor, defect="invalid_encoding")
     return Record(str(doc_id), text, row, cursor=cursor)
 
 
-def _lookup(row: Mapping[str, Any], dotted: str) -> Any:
+def lookup(row: Mapping[str, Any], dotted: str) -> Any:
     value: Any = row
     for part in dotted.split("."):
         if not isinstance(value, Mapping) or part not in value:
-            return _MISSING
+            return MISSING
         value = value[part]
     return value
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
     """False for lone surrogates (JSON escapes like \\ud800), which no tokenizer accepts."""
     try:
         text.encode("utf-8")
@@ -52,7 +52,7 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def _position(cursor: str) -> int:
+def position(cursor: str) -> int:
     try:
         return int(cursor)
     except ValueError:
@@ -62,7 +62,7 @@ def _position(cursor: str) -> int:
 
 
 @contextmanager
-def _file_errors(path: Path) -> Iterator[None]:
+def file_errors(path: Path) -> Iterator[None]:
     """A vanished file is a config problem; an unreadable one (corrupt, I/O error) is a backend failure."""
     arrow = sys.modules.get("pyarrow")
     unreadable = (OSError, arrow.ArrowException) if arrow else (OSError,)
@@ -74,7 +74,7 @@ def _file_errors(path: Path) -> Iterator[None]:
         raise BackendError(f"cannot read {path}: {exc}") from exc
 
 
-def _chunked(records: Iterator[Record], size: int) -> Iterator[Documents]:
+def chunked(records: Iterator[Record], size: int) -> Iterator[Documents]:
     chunk: list[Record] = []
     for record in records:
         chunk.append(record)

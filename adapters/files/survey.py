@@ -18,9 +18,9 @@ from reindex.survey import (
     text_lengths,
     vector_sizes,
 )
-from reindex_adapters.files.jsonl import _BOM, JsonlSource, _loads
-from reindex_adapters.files.parquet import ParquetSource, _open_parquet
-from reindex_adapters.files.records import _file_errors
+from reindex_adapters.files.jsonl import BOM, JsonlSource, _loads
+from reindex_adapters.files.parquet import ParquetSource, open_parquet
+from reindex_adapters.files.records import file_errors
 
 
 def survey_jsonl(section: dict[str, Any], given: Overrides) -> Survey:
@@ -29,13 +29,13 @@ def survey_jsonl(section: dict[str, Any], given: Overrides) -> Survey:
     JsonlSource(config.path)  # refuses a missing file the way a run would
     rows: list[dict[str, Any]] = []
     documents = 0
-    with _file_errors(config.path), config.path.open("rb") as stream:
+    with file_errors(config.path), config.path.open("rb") as stream:
         for raw in stream:
             if not raw.strip():
                 continue
             documents += 1
             if len(rows) < SAMPLE_ROWS:
-                row = _loads(raw.removeprefix(_BOM).decode("utf-8", errors="replace"))
+                row = _loads(raw.removeprefix(BOM).decode("utf-8", errors="replace"))
                 rows += [row] if row is not None else []
     return _survey("jsonl", config.path, "JSONL file", rows, documents, given)
 
@@ -43,9 +43,9 @@ def survey_jsonl(section: dict[str, Any], given: Overrides) -> Survey:
 def survey_parquet(section: dict[str, Any], given: Overrides) -> Survey:
     """The row count from the footer, and the first rows as the source reads them."""
     config = validate("source", ParquetSource.Config, section)
-    parquet = _open_parquet(config.path)
+    parquet = open_parquet(config.path)
     try:
-        with _file_errors(config.path):
+        with file_errors(config.path):
             batch = next(parquet.iter_batches(batch_size=SAMPLE_ROWS), None)
             rows = [] if batch is None else batch.to_pylist()
             documents = int(parquet.metadata.num_rows)

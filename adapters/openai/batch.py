@@ -18,7 +18,7 @@ from reindex_adapters.openai.client import (
     MAX_REQUEST_TOKENS,
     OPENAI_OPTIONS,
     Endpoint,
-    _Settings,
+    Settings,
     make_client,
     model_info,
     prices_for,
@@ -61,7 +61,7 @@ class OpenAIBatchEmbedder:
         provider_entries("openai-batch", "or openai: online", *OPENAI_OPTIONS), key_env="OPENAI_API_KEY"
     )  # what `reindex init` writes for it
 
-    class Config(_Settings):
+    class Config(Settings):
         kind: Literal["openai-batch"]
         inputs_per_request: int = Field(default=256, gt=0, le=MAX_INPUTS)
         create_timeout_s: float = Field(default=60.0, gt=0)

@@ -137,7 +137,7 @@ def make_client(base_url: str | None, key_env: str, timeout_s: float) -> OpenAI:
     return OpenAI(api_key=api_key(key_env), base_url=base_url, max_retries=0, timeout=timeout_s)
 
 
-class _Settings(Paced):
+class Settings(Paced):
     model: str
     base_url: str | None = None
     api_key_env: str = "OPENAI_API_KEY"

@@ -26,7 +26,7 @@ from reindex_adapters.openai.client import (
     OPENAI_OPTIONS,
     PRICES,
     Endpoint,
-    _Settings,
+    Settings,
     make_client,
     model_info,
     prices_for,
@@ -34,7 +34,7 @@ from reindex_adapters.openai.client import (
     resolve_dim,
     token_counts,
 )
-from reindex_adapters.remote.decoding import _decode, decode_vectors
+from reindex_adapters.remote.decoding import decode, decode_vectors
 from reindex_adapters.remote.errors import ProviderRejected
 from reindex_adapters.remote.lines import json_line
 from reindex_adapters.remote.pacing import Pacer
@@ -94,7 +94,7 @@ class OpenAIEmbedder:
         claims=frozenset(PRICES),
     )  # what `reindex init` writes for it
 
-    class Config(_Settings):
+    class Config(Settings):
         kind: Literal["openai"]
         tokens_per_minute: int | None = Field(default=None, gt=0)
         concurrency: int = Field(default=4, gt=0, le=64)  # requests in flight at most (fewer after 429s)
@@ -301,7 +301,7 @@ class OpenAIEmbedder:
             self.billed_tokens += billed
         billed_to.append(billed)  # list.append is atomic: the call's senders share it
         if vectors is None or vectors.shape != (len(texts), self.info.dim):
-            shapes = sorted({np.shape(_decode(embedding["embedding"])) for embedding in data})
+            shapes = sorted({np.shape(decode(embedding["embedding"])) for embedding in data})
             raise BackendError(
                 f"the endpoint returned {len(data)} vectors of shapes {shapes}, expected "
                 f"{len(texts)} of ({self.info.dim},)",

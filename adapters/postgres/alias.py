@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from reindex.errors import BackendError, CutoverRefused
 from reindex.ports import AliasInfo
 from reindex_adapters.postgres import rules as postgres_rules
-from reindex_adapters.postgres.catalog import _json_object, _one_oid, _regclass
+from reindex_adapters.postgres.catalog import json_object, one_oid, regclass
 from reindex_adapters.postgres.connection import identifier, split_name
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ SELECT rel.oid::int8, rel.relkind,
      SELECT d.refobjid FROM pg_rewrite r JOIN pg_depend d ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
      WHERE r.ev_class = rel.oid AND d.refclassid = 'pg_class'::regclass AND d.refobjid <> r.ev_class))
 FROM rel"""
-_DEPENDENT_VIEWS_SQL = """
+DEPENDENT_VIEWS_SQL = """
 SELECT DISTINCT r.ev_class::regclass::text FROM pg_depend d
 JOIN pg_rewrite r ON d.classid = 'pg_rewrite'::regclass AND d.objid = r.oid
 WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = %s::oid AND r.ev_class <> %s::oid"""
@@ -58,14 +58,14 @@ SELECT CASE WHEN g.grantee = 0 THEN NULL ELSE pg_get_userbyid(g.grantee)::text E
        g.privilege_type, g.is_grantable
 FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) g
 WHERE c.oid = %s::oid AND g.grantee <> c.relowner"""
-_TARGETS_SQL = r"""
+TARGETS_SQL = r"""
 SELECT c.oid::int8, n.nspname, c.relname, obj_description(c.oid, 'pg_class')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p') AND c.relname LIKE %s ESCAPE '\'
   AND ((%s::text IS NULL AND pg_table_is_visible(c.oid)) OR n.nspname = %s::text)"""
 
 
-def _resolve_alias(conn: Connection, alias: str) -> _ResolvedAlias:
+def resolve_alias(conn: Connection, alias: str) -> _ResolvedAlias:
     """Read the alias, its comment and what it serves in one statement: one snapshot, never half a swap."""
     parts = split_name(alias)
     schema = parts[0] if len(parts) == 2 else None
@@ -81,7 +81,7 @@ def _resolve_alias(conn: Connection, alias: str) -> _ResolvedAlias:
             hint="point [target] alias at a view this tool manages",
         )
     base, base_schema, base_name, is_visible = bases[0]
-    meta = _json_object(comment)
+    meta = json_object(comment)
     shown = f"{base_schema}.{base_name}" if schema is not None or not is_visible else str(base_name)
     info = AliasInfo(alias, shown, fingerprint=meta.get("fingerprint"), model=meta.get("model"))
     return _ResolvedAlias(info, oid, relkind, int(base))
@@ -99,12 +99,12 @@ def _lock_alias(
         "'reindex alias ' || coalesce(%s::text, current_schema()) || '.' || %s::text, 0))",
         [parts[0] if len(parts) == 2 else None, parts[-1]],
     )
-    if _regclass(conn, alias) is not None:
+    if regclass(conn, alias) is not None:
         # On a view this also locks the target it reads; the swap is one short transaction.
         conn.execute(sql.SQL("LOCK TABLE {} IN {} MODE").format(identifier(alias), sql.SQL(mode)))
 
 
-def _hold(conn: Connection, alias: str, lock_timeout_ms: int, settle: Callable[[], None] | None) -> None:
+def hold(conn: Connection, alias: str, lock_timeout_ms: int, settle: Callable[[], None] | None) -> None:
     """In the move's transaction: bound every lock wait by `lock_timeout_ms`; with `settle`, hold writers
     (EXCLUSIVE: readers pass) while it runs; then take the alias for the move itself."""
     conn.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout_ms}ms"])
@@ -116,13 +116,13 @@ def _hold(conn: Connection, alias: str, lock_timeout_ms: int, settle: Callable[[
     _lock_alias(conn, alias)
 
 
-def _serves(conn: Connection, resolved: _ResolvedAlias, expected: str | None) -> bool:
+def serves(conn: Connection, resolved: _ResolvedAlias, expected: str | None) -> bool:
     if expected is None or resolved.target_oid is None:
         return expected is None and resolved.target_oid is None
-    return resolved.target_oid == _regclass(conn, expected)
+    return resolved.target_oid == regclass(conn, expected)
 
 
-def _adopt(
+def adopt(
     conn: Connection, resolved: _ResolvedAlias, target: str, expected: str | None, meta: Mapping[str, Any]
 ) -> str:
     """First cutover onto a real table: rename it `<alias>__adopted` and put the view in its place."""
@@ -136,21 +136,21 @@ def _adopt(
             f"alias {alias!r} is a physical relation, expected {expected!r}",
             hint="only a plain table can be adopted, once, with no expected target",
         )
-    if _regclass(conn, adopted) is not None:
+    if regclass(conn, adopted) is not None:
         raise CutoverRefused(f"cannot adopt {alias!r}: {adopted!r} already exists")
     assert resolved.oid is not None
-    postgres_rules.continue_numbering(conn, resolved.oid, _one_oid(conn, target))
-    grants = _grants_of(conn, resolved.oid)
+    postgres_rules.continue_numbering(conn, resolved.oid, one_oid(conn, target))
+    grants = grants_of(conn, resolved.oid)
     conn.execute(
         sql.SQL("ALTER TABLE {} RENAME TO {}").format(
             identifier(alias), sql.Identifier(split_name(adopted)[-1])
         )
     )
-    _replace_view(conn, alias, target, meta, grants, drop=False)
+    replace_view(conn, alias, target, meta, grants, drop=False)
     return adopted
 
 
-def _replace_view(
+def replace_view(
     conn: Connection,
     alias: str,
     target: str,
@@ -166,20 +166,20 @@ def _replace_view(
     if drop:
         conn.execute(sql.SQL("DROP VIEW {}").format(view))
     conn.execute(sql.SQL("CREATE VIEW {} AS SELECT * FROM {}").format(view, identifier(target)))
-    _grant(conn, view, grants)
+    grant(conn, view, grants)
     conn.execute(
         sql.SQL("COMMENT ON VIEW {} IS {}").format(view, sql.Literal(json.dumps(dict(meta), default=str)))
     )
 
 
-def _grants_of(conn: Connection, oid: int) -> list[tuple[str | None, str, bool]]:
+def grants_of(conn: Connection, oid: int) -> list[tuple[str | None, str, bool]]:
     return [
         (role, str(privilege), bool(grantable))
         for role, privilege, grantable in conn.execute(_GRANTS_SQL, [oid]).fetchall()
     ]
 
 
-def _grant(conn: Connection, relation: sql.Identifier, grants: list[tuple[str | None, str, bool]]) -> None:
+def grant(conn: Connection, relation: sql.Identifier, grants: list[tuple[str | None, str, bool]]) -> None:
     from psycopg import sql
 
     for role, privilege, grantable in grants:

@@ -20,18 +20,18 @@ if TYPE_CHECKING:
 
 
 _DISTANCES: dict[str, Distance] = {"_cosine_ops": "cosine", "_ip_ops": "dot", "_l2_ops": "euclid"}
-_RESERVED = ("reindex_fingerprint", "reindex_content_hash")  # bookkeeping the sink adds to every target
+RESERVED = ("reindex_fingerprint", "reindex_content_hash")  # bookkeeping the sink adds to every target
 # 'application' on a row the trigger filled the bookkeeping of (the application wrote it through the alias);
 # NULL on the tool's own rows. Nullable and added by finalize where missing: targets older than it lack it.
-_ORIGIN = "reindex_origin"
-_BOOKKEEPING = (*_RESERVED, _ORIGIN)  # never a document field
+ORIGIN = "reindex_origin"
+BOOKKEEPING = (*RESERVED, ORIGIN)  # never a document field
 # Column types that hold embeddings wherever they appear. A `bit` column is one only where a target's
 # comment names it (`vector_column`): bit strings are ordinary data elsewhere.
 _VECTOR_TYPES = ("vector", "halfvec")
 
 
 @dataclass(frozen=True, slots=True)
-class _Attribute:
+class Attribute:
     """One column as the catalog shows it."""
 
     name: str
@@ -61,22 +61,22 @@ class _Attribute:
 @dataclass(frozen=True, slots=True)
 class _SourceShape:
     oid: int
-    columns: tuple[_Attribute, ...]  # every column but vectors and the sink's bookkeeping, in attnum order
-    key: _Attribute
-    text: _Attribute
-    vector: _Attribute | None
+    columns: tuple[Attribute, ...]  # every column but vectors and the sink's bookkeeping, in attnum order
+    key: Attribute
+    text: Attribute
+    vector: Attribute | None
     distance: Distance
 
 
 @dataclass(frozen=True, slots=True)
-class _Layout:
+class Layout:
     """A target table: its columns, key, vector column and the JSON comment prepare() wrote."""
 
     name: str
     oid: int
-    columns: tuple[_Attribute, ...]
-    key: _Attribute
-    vector: _Attribute | None
+    columns: tuple[Attribute, ...]
+    key: Attribute
+    vector: Attribute | None
     meta: dict[str, Any]
 
     @property
@@ -102,7 +102,7 @@ CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indclass::oid[]) AS k(attnum, opcl
 JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
 JOIN pg_opclass o ON o.oid = k.opclass
 WHERE i.indrelid = ANY(%s::oid[]) AND a.attname = %s"""
-_TARGET_COLUMNS_SQL = """
+TARGET_COLUMNS_SQL = """
 SELECT a.attname, col_description(a.attrelid, a.attnum) FROM pg_attribute a
 WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped
   AND col_description(a.attrelid, a.attnum) LIKE '{"reindex":%%'"""
@@ -111,19 +111,19 @@ SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid 
 WHERE i.indrelid = %s::oid AND i.indisprimary"""
 
 
-def _regclass(conn: Connection, name: str) -> int | None:
+def regclass(conn: Connection, name: str) -> int | None:
     quoted = identifier(name).as_string(conn)
     row = conn.execute("SELECT to_regclass(%s)::oid::int8", [quoted]).fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
 
-def _one_oid(conn: Connection, name: str) -> int:
-    oid = _regclass(conn, name)
+def one_oid(conn: Connection, name: str) -> int:
+    oid = regclass(conn, name)
     assert oid is not None
     return oid
 
 
-def _server_identity(conn: Connection) -> str:
+def server_identity(conn: Connection) -> str:
     """`<system identifier>/<database>`: the cluster's own id survives renamed hosts, ports and users."""
     psycopg = load_psycopg()
     try:
@@ -140,7 +140,7 @@ def _server_identity(conn: Connection) -> str:
     return f"{system}/{first_value(conn.execute('SELECT current_database()').fetchone())}"
 
 
-def _writable_columns(conn: Connection, oid: int) -> list[tuple[str, bool]]:
+def writable_columns(conn: Connection, oid: int) -> list[tuple[str, bool]]:
     """The columns a row copy may write, in order: not generated (the table computes them), each with
     whether it is an identity GENERATED ALWAYS (an INSERT overrides it; an UPDATE may not set it)."""
     rows = conn.execute(
@@ -151,7 +151,7 @@ def _writable_columns(conn: Connection, oid: int) -> list[tuple[str, bool]]:
     return [(str(name), bool(always)) for name, always in rows]
 
 
-def _column_type(conn: Connection, oid: int, column: str) -> str | None:
+def column_type(conn: Connection, oid: int, column: str) -> str | None:
     """`format_type` of a column (`bigint`, `vector(384)`), or None where the relation has no such column."""
     row = conn.execute(
         "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::oid AND attname = %s"
@@ -161,7 +161,7 @@ def _column_type(conn: Connection, oid: int, column: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _qualified_name(conn: Connection, oid: int) -> str:
+def qualified_name(conn: Connection, oid: int) -> str:
     row = conn.execute(
         "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
         " WHERE c.oid = %s::oid",
@@ -171,14 +171,14 @@ def _qualified_name(conn: Connection, oid: int) -> str:
     return f"{row[0]}.{row[1]}"
 
 
-def _attributes(conn: Connection, oid: int) -> tuple[_Attribute, ...]:
+def _attributes(conn: Connection, oid: int) -> tuple[Attribute, ...]:
     rows = conn.execute(_COLUMNS_SQL, [oid]).fetchall()
     return tuple(
-        _Attribute(name, kind, (nsp, typ), int(toid), int(mod)) for name, kind, nsp, typ, toid, mod in rows
+        Attribute(name, kind, (nsp, typ), int(toid), int(mod)) for name, kind, nsp, typ, toid, mod in rows
     )
 
 
-def _json_object(text: str | None) -> dict[str, Any]:
+def json_object(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text) if text else {}
     except ValueError:
@@ -187,19 +187,19 @@ def _json_object(text: str | None) -> dict[str, Any]:
 
 
 def _comment(conn: Connection, oid: int) -> dict[str, Any]:
-    return _json_object(
+    return json_object(
         first_value(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", [oid]).fetchone())
     )
 
 
-def _base_tables(conn: Connection, oid: int) -> list[int]:
+def base_tables(conn: Connection, oid: int) -> list[int]:
     return [int(row[0]) for row in conn.execute(_BASE_TABLES_SQL, [oid]).fetchall()]
 
 
-def _read_source_shape(
+def read_source_shape(
     conn: Connection, table: str, id_column: str, text_column: str, vector_column: str | None
 ) -> _SourceShape:
-    oid = _regclass(conn, table)
+    oid = regclass(conn, table)
     if oid is None:
         raise ConfigError(
             f"table or view {table!r} not found", hint="check [source] table and dsn (schema.table)"
@@ -216,7 +216,7 @@ def _read_source_shape(
         ("text_column", text_column),
         ("vector_column", vector_column),
     ):
-        if column in _BOOKKEEPING:
+        if column in BOOKKEEPING:
             raise ConfigError(
                 f"[source] {option} {column!r} is a column this tool writes, not a document field"
             )
@@ -226,18 +226,18 @@ def _read_source_shape(
                 hint=f"check [source] {option}; columns: {', '.join(attributes)}",
             )
     vector = _pick_vector(table, attributes, vector_column)
-    distance = _detect_distance(conn, oid, vector.name) if vector else "cosine"
+    distance = detect_distance(conn, oid, vector.name) if vector else "cosine"
     # A source named like the alias reads an earlier target through the view: its bookkeeping columns
     # are not the application's data, and the next target adds its own.
-    columns = tuple(a for a in attributes.values() if not a.is_vector and a.name not in _BOOKKEEPING)
+    columns = tuple(a for a in attributes.values() if not a.is_vector and a.name not in BOOKKEEPING)
     return _SourceShape(oid, columns, attributes[id_column], attributes[text_column], vector, distance)
 
 
 def _unserved_target_columns(conn: Connection, oid: int) -> set[str]:
     """Columns of the table that hold targets it does not serve (mode "column": column_targets.py): the
     tool's, never the application's documents or vectors."""
-    rows = conn.execute(_TARGET_COLUMNS_SQL, [oid]).fetchall()
-    marks = {name: _json_object(comment).get("reindex") for name, comment in rows}
+    rows = conn.execute(TARGET_COLUMNS_SQL, [oid]).fetchall()
+    marks = {name: json_object(comment).get("reindex") for name, comment in rows}
     return {name for name, mark in marks.items() if isinstance(mark, dict) and not mark.get("served")}
 
 
@@ -245,14 +245,14 @@ def _stored_vector_columns(conn: Connection, oid: int) -> set[str]:
     """The vector columns that the comments of the relation and its base tables name (a view over a
     target whose vectors are stored as bits: the source of the next migration)."""
     names = set()
-    for relation in (oid, *_base_tables(conn, oid)):
+    for relation in (oid, *base_tables(conn, oid)):
         name = _comment(conn, relation).get("vector_column")
         if isinstance(name, str):
             names.add(name)
     return names
 
 
-def _pick_vector(table: str, attributes: dict[str, _Attribute], name: str | None) -> _Attribute | None:
+def _pick_vector(table: str, attributes: dict[str, Attribute], name: str | None) -> Attribute | None:
     if name is not None:
         if not attributes[name].is_vector:
             raise ConfigError(
@@ -265,14 +265,14 @@ def _pick_vector(table: str, attributes: dict[str, _Attribute], name: str | None
     return vectors[0] if vectors else None
 
 
-def _detect_distance(conn: Connection, oid: int, column: str) -> Distance:
+def detect_distance(conn: Connection, oid: int, column: str) -> Distance:
     """The metric of the column's ANN index; cosine when it has none (the common choice)."""
-    return _index_distance(conn, oid, column) or "cosine"
+    return index_distance(conn, oid, column) or "cosine"
 
 
-def _index_distance(conn: Connection, oid: int, column: str) -> Distance | None:
+def index_distance(conn: Connection, oid: int, column: str) -> Distance | None:
     """Read the metric from the ANN index opclass (the table's, or the base table's for a view)."""
-    relations = [oid, *_base_tables(conn, oid)]
+    relations = [oid, *base_tables(conn, oid)]
     for (opclass,) in conn.execute(_OPCLASS_SQL, [relations, column]).fetchall():
         for suffix, distance in _DISTANCES.items():
             if str(opclass).endswith(suffix):
@@ -280,8 +280,8 @@ def _index_distance(conn: Connection, oid: int, column: str) -> Distance | None:
     return None
 
 
-def _read_layout(conn: Connection, name: str) -> _Layout | None:
-    oid = _regclass(conn, name)
+def read_layout(conn: Connection, name: str) -> Layout | None:
+    oid = regclass(conn, name)
     if oid is None:
         return None
     columns = _attributes(conn, oid)
@@ -292,4 +292,4 @@ def _read_layout(conn: Connection, name: str) -> _Layout | None:
     named = meta.get("vector_column")
     columns = tuple(replace(a, named_vector=a.name == named and a.type_name[1] == "bit") for a in columns)
     vector = next((a for a in columns if a.is_vector), None)
-    return _Layout(name, oid, columns, key, vector, meta)
+    return Layout(name, oid, columns, key, vector, meta)

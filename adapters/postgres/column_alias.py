@@ -12,8 +12,8 @@ from reindex.errors import BackendError, CutoverRefused
 from reindex.ports import AliasInfo, Loss
 from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres import dependents, fidelity, restore
-from reindex_adapters.postgres.alias import _hold
-from reindex_adapters.postgres.catalog import _regclass
+from reindex_adapters.postgres.alias import hold
+from reindex_adapters.postgres.catalog import regclass
 from reindex_adapters.postgres.column_layouts import ColumnLayouts
 from reindex_adapters.postgres.connection import first_value, identifier
 from reindex_adapters.postgres.sink import retry_locked
@@ -22,14 +22,14 @@ if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
 
 
-class _ColumnAlias(ColumnLayouts):
+class ColumnAlias(ColumnLayouts):
     """The alias side of `PgvectorColumnSink`, on the layout helpers of column_layouts.py."""
 
     def alias(self, alias: str) -> AliasInfo:
         identifier(alias)
         with self._db.errors():
             conn = self._db.connection()
-            oid = _regclass(conn, alias)
+            oid = regclass(conn, alias)
             if oid is None:
                 return AliasInfo(alias, None)
             if _relkind(conn, oid) == "v":  # a view 0.2 made, until cutover moves it back into the table
@@ -77,7 +77,7 @@ class _ColumnAlias(ColumnLayouts):
 
         conn = self._db.connection()
         with conn.transaction():
-            _hold(conn, alias, self.lock_timeout_ms, settle)
+            hold(conn, alias, self.lock_timeout_ms, settle)
             oid = self._table_oid(conn, alias)
             incoming = columns.find(conn, alias, target)
             if incoming is None:
@@ -133,7 +133,7 @@ class _ColumnAlias(ColumnLayouts):
     def targets(self, alias: str) -> list[str]:
         with self._db.errors():
             conn = self._db.connection()
-            oid = _regclass(conn, alias)
+            oid = regclass(conn, alias)
             if oid is None:
                 return []
             found = columns.column_targets(conn, oid)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from psycopg import sql
 
-    from reindex_adapters.postgres.catalog import _Layout
+    from reindex_adapters.postgres.catalog import Layout
     from reindex_adapters.postgres.connection import Connection
 
 
@@ -36,7 +36,7 @@ SELECT set_config('maintenance_work_mem', %s, false),
 
 
 def build_concurrently(
-    conn: Connection, layout: _Layout, index: str, method: sql.Composable, maintenance_work_mem: str
+    conn: Connection, layout: Layout, index: str, method: sql.Composable, maintenance_work_mem: str
 ) -> float | None:
     """Build `index` over the layout's vector column (`method`: `USING hnsw (...) WITH (...)`); its wall
     seconds, or None when it was there and valid already (a resumed finalize)."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from reindex.errors import BackendError, ConfigError
 from reindex_adapters.postgres import column_targets as columns
-from reindex_adapters.postgres.catalog import _column_type, _json_object, _Layout, _read_layout, _regclass
+from reindex_adapters.postgres.catalog import Layout, column_type, json_object, read_layout, regclass
 from reindex_adapters.postgres.connection import first_value, identifier
 from reindex_adapters.postgres.sink import PgvectorSink
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class ColumnLayouts(PgvectorSink):
     """The layout helpers of the column-mode sink."""
 
-    def _layout(self, target: str) -> _Layout:
+    def _layout(self, target: str) -> Layout:
         if target not in self._layouts:
             identifier(target)
             with self._db.errors():
@@ -31,14 +31,14 @@ class ColumnLayouts(PgvectorSink):
             self._layouts[target] = layout
         return self._layouts[target]
 
-    def _find_layout(self, conn: Connection, target: str) -> _Layout | None:
+    def _find_layout(self, conn: Connection, target: str) -> Layout | None:
         """The alias's table seen as this target: its key, the target's column as the vector, its meta. The
         alias's own name is the index it serves now (`reindex compare` reads the live index by it)."""
         alias = self._alias_for(target)
         if alias is None:
             return self._served_layout(conn, target)
         found = columns.find(conn, alias, target)
-        table = _read_layout(conn, alias)
+        table = read_layout(conn, alias)
         if found is None or table is None:
             return None
         meta = self._book_meta(conn, columns.bookkeeping_table(alias, target))
@@ -50,9 +50,9 @@ class ColumnLayouts(PgvectorSink):
             meta={**meta, "storage": meta.get("storage") or found.column.type_name[1]},
         )
 
-    def _served_layout(self, conn: Connection, alias: str) -> _Layout | None:
+    def _served_layout(self, conn: Connection, alias: str) -> Layout | None:
         """The table `alias` as the index it serves: its served column, or before any flip its own vectors."""
-        table = _read_layout(conn, alias)
+        table = read_layout(conn, alias)
         if table is None:
             return None
         served = columns.served(conn, table.oid)
@@ -70,13 +70,13 @@ class ColumnLayouts(PgvectorSink):
     def _alias_of(self, found: columns.ColumnTarget) -> str:
         return self._alias_for(found.target) or found.target
 
-    def _book(self, layout: _Layout, target: str) -> str | None:
+    def _book(self, layout: Layout, target: str) -> str | None:
         """The target's bookkeeping table, or None for the application's own vectors (none was built)."""
         if layout.meta.get("mode") != "column":
             return None
         return columns.bookkeeping_table(str(layout.meta["alias"]), target)
 
-    def _built(self, layout: _Layout, target: str) -> str:
+    def _built(self, layout: Layout, target: str) -> str:
         book = self._book(layout, target)
         if book is None:
             raise BackendError(
@@ -85,10 +85,10 @@ class ColumnLayouts(PgvectorSink):
         return book
 
     def _book_meta(self, conn: Connection, book: str) -> dict[str, Any]:
-        oid = _regclass(conn, book)
+        oid = regclass(conn, book)
         if oid is None:
             return {}
-        return _json_object(
+        return json_object(
             first_value(conn.execute("SELECT obj_description(%s::oid, 'pg_class')", [oid]).fetchone())
         )
 
@@ -126,7 +126,7 @@ class ColumnLayouts(PgvectorSink):
         return str(book.get("vector_column") or "embedding")
 
     def _key_type(self, conn: Connection, oid: int, id_field: str) -> str:
-        found = _column_type(conn, oid, id_field)
+        found = column_type(conn, oid, id_field)
         if found is None:
             raise ConfigError(
                 f"column {id_field!r} of the source is not a column of the alias's table",

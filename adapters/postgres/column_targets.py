@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from reindex.errors import ConfigError
 from reindex_adapters.postgres.catalog import (
-    _TARGET_COLUMNS_SQL,
-    _Attribute,
+    TARGET_COLUMNS_SQL,
+    Attribute,
     _attributes,
-    _json_object,
-    _regclass,
+    json_object,
+    regclass,
 )
 from reindex_adapters.postgres.connection import MAX_IDENTIFIER_BYTES, split_name
 
@@ -40,7 +40,7 @@ class ColumnTarget:
     """One target of a table: its column as named now, and whether the table serves it."""
 
     target: str
-    column: _Attribute
+    column: Attribute
     served: bool
     meta: dict[str, Any]  # what the column's comment records (fingerprint, model, moved_at where served)
 
@@ -77,15 +77,15 @@ def column_targets(conn: Connection, table_oid: int) -> list[ColumnTarget]:
     """Every column of the table that holds a target, as its comment says."""
     attributes = {a.name: a for a in _attributes(conn, table_oid)}
     found = []
-    for name, comment in conn.execute(_TARGET_COLUMNS_SQL, [table_oid]).fetchall():
-        mark = _json_object(comment).get("reindex")
+    for name, comment in conn.execute(TARGET_COLUMNS_SQL, [table_oid]).fetchall():
+        mark = json_object(comment).get("reindex")
         if isinstance(mark, dict) and isinstance(mark.get("target"), str) and name in attributes:
             found.append(ColumnTarget(mark["target"], attributes[name], bool(mark.get("served")), mark))
     return found
 
 
 def find(conn: Connection, alias: str, target: str) -> ColumnTarget | None:
-    oid = _regclass(conn, alias)
+    oid = regclass(conn, alias)
     if oid is None:
         return None
     return next((t for t in column_targets(conn, oid) if t.target == target), None)

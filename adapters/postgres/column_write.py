@@ -11,14 +11,14 @@ if TYPE_CHECKING:
     from psycopg import sql
 
     from reindex.ports import Vectors
-    from reindex_adapters.postgres.catalog import _Layout
+    from reindex_adapters.postgres.catalog import Layout
     from reindex_adapters.postgres.storage import Storage
 
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" * 2
 
 
-def digest(layout: _Layout, value: sql.Composable) -> sql.Composable:
+def digest(layout: Layout, value: sql.Composable) -> sql.Composable:
     """A digest of a stored vector's bytes (its type's binary send form): what the tool wrote, to tell it
     from what the application writes in its place later."""
     from psycopg import sql

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 MAX_IDENTIFIER_BYTES = 63  # Postgres truncates longer names silently: refuse them instead
 
 
-class _DsnConfig(Section):
+class DsnConfig(Section):
     model_config = ConfigDict(extra="forbid", frozen=True)
     dsn: str | None = None
     dsn_env: str | None = None
@@ -146,7 +146,7 @@ _DSN_HINT = (
 )
 
 
-def _database_of(identity: str) -> str:
+def database_of(identity: str) -> str:
     """`<system identifier>/<database>` of a source's or sink's identity."""
     return "/".join(identity.partition(":")[2].split("/")[:2])
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from reindex.errors import ConfigError
 from reindex.ports import TargetSpec
 from reindex_adapters.postgres import rules as postgres_rules
-from reindex_adapters.postgres.catalog import _BOOKKEEPING, _ORIGIN, _RESERVED, _Layout
+from reindex_adapters.postgres.catalog import BOOKKEEPING, ORIGIN, RESERVED, Layout
 from reindex_adapters.postgres.connection import first_line, first_value, identifier, load_psycopg
 from reindex_adapters.postgres.storage import Storage
 
@@ -22,16 +22,16 @@ if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
 
 
-_HNSW_SQL = """
+HNSW_SQL = """
 SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam
 WHERE i.indrelid = %s::oid AND am.amname = 'hnsw'"""
-_INDEX_SETTINGS_SQL = """
+INDEX_SETTINGS_SQL = """
 SELECT set_config('maintenance_work_mem', %s, true),
   set_config('max_parallel_maintenance_workers',
              greatest(current_setting('max_parallel_maintenance_workers')::int, %s::int)::text, true)"""
 
 
-def _check_same_target(spec: TargetSpec, layout: _Layout, storage: Storage) -> None:
+def check_same_target(spec: TargetSpec, layout: Layout, storage: Storage) -> None:
     found = (layout.meta.get("fingerprint"), layout.meta.get("dim"))
     if found != (spec.fingerprint, spec.dim):
         raise ConfigError(
@@ -45,7 +45,7 @@ def _check_same_target(spec: TargetSpec, layout: _Layout, storage: Storage) -> N
         )
 
 
-def _create_target(conn: Connection, spec: TargetSpec, storage: Storage) -> None:
+def create_target(conn: Connection, spec: TargetSpec, storage: Storage) -> None:
     from psycopg import sql
 
     ident = identifier(spec.name)
@@ -93,8 +93,8 @@ def _schema_columns(conn: Connection, spec: TargetSpec, storage: Storage) -> lis
     vector = spec.source.vector_field or "embedding"
     if spec.source.id_field not in names:
         raise ConfigError(f"id column {spec.source.id_field!r} is not among the source columns")
-    if vector in names or set(_BOOKKEEPING) & set(names):
-        raise ConfigError(f"source columns clash with {vector!r} or {', '.join(_BOOKKEEPING)}")
+    if vector in names or set(BOOKKEEPING) & set(names):
+        raise ConfigError(f"source columns clash with {vector!r} or {', '.join(BOOKKEEPING)}")
     definitions: list[sql.Composable] = []
     for column in spec.source.columns:
         key = sql.SQL(" PRIMARY KEY" if column.name == spec.source.id_field else "")
@@ -134,7 +134,7 @@ def _schemaless_columns(spec: TargetSpec, storage: Storage) -> list[sql.Composab
 # under its old vector keeps the old hash, so verify reports it stale and sync re-embeds it, never "complete".
 # Where it fills the hash it marks the row `reindex_origin = 'application'`, through jsonb_populate_record:
 # the function is shared by every target of the schema, and targets older than that column must still
-# accept writes. The tool's own upserts (`_AS_THE_TOOL`) are left as written: bookkeeping whole, origin NULL,
+# accept writes. The tool's own upserts (`AS_THE_TOOL`) are left as written: bookkeeping whole, origin NULL,
 # so a row the tool rewrites is its own again, even where its hash, text and vector look like a fill.
 _FILL_CONTENT_HASH = """
 CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $body$
@@ -169,10 +169,10 @@ $body$
 # new name; the old function stays for the targets whose triggers still call it.
 FILL_FUNCTION = "reindex_fill_content_hash_" + hashlib.sha256(_FILL_CONTENT_HASH.encode()).hexdigest()[:8]
 # This transaction's writes are the tool's (transaction-local: an application's pooled connection never has it).
-_AS_THE_TOOL = "SELECT set_config('reindex.writer', 'reindex', true)"
+AS_THE_TOOL = "SELECT set_config('reindex.writer', 'reindex', true)"
 
 
-def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSpec) -> None:
+def accept_application_writes(conn: Connection, layout: Layout, spec: TargetSpec) -> None:
     """Bookkeeping columns an application's write through the alias may leave out: a default fingerprint
     and a trigger for the content hash and origin. Created after the bulk load, so the load pays no
     trigger; kept idempotent (finalize runs after every run). A target built before the origin column
@@ -180,7 +180,7 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
     from psycopg import sql
 
     names = {a.name for a in layout.columns}
-    if not set(_RESERVED) <= names or spec.source.text_field not in names or layout.vector is None:
+    if not set(RESERVED) <= names or spec.source.text_field not in names or layout.vector is None:
         return
     schema = first_value(
         conn.execute(
@@ -189,10 +189,10 @@ def _accept_application_writes(conn: Connection, layout: _Layout, spec: TargetSp
         ).fetchone()
     )
     function = sql.Identifier(str(schema), FILL_FUNCTION)  # beside the target; shared by its schema's targets
-    if _ORIGIN not in names:
+    if ORIGIN not in names:
         conn.execute(
             sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS {} text").format(
-                layout.ident, sql.Identifier(_ORIGIN)
+                layout.ident, sql.Identifier(ORIGIN)
             )
         )
     conn.execute(
@@ -233,8 +233,8 @@ def _create_shared_function(conn: Connection, schema: str, name: str, create: sq
 def _reindex_columns() -> list[sql.Composable]:
     from psycopg import sql
 
-    required = [sql.SQL("{} text NOT NULL").format(sql.Identifier(name)) for name in _RESERVED]
-    return [*required, sql.SQL("{} text").format(sql.Identifier(_ORIGIN))]
+    required = [sql.SQL("{} text NOT NULL").format(sql.Identifier(name)) for name in RESERVED]
+    return [*required, sql.SQL("{} text").format(sql.Identifier(ORIGIN))]
 
 
 def _checked_type(conn: Connection, type_text: str) -> sql.Composable:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from reindex_adapters.postgres.alias import _grant, _grants_of
+from reindex_adapters.postgres.alias import grant, grants_of
 
 if TYPE_CHECKING:
     from reindex_adapters.postgres.connection import Connection
@@ -63,7 +63,7 @@ def capture(conn: Connection, table_oid: int, attnum: int) -> list[BoundView]:
             continue  # fidelity.py names these; the flip is refused unless they are accepted
         row = conn.execute(_DEFINITION_SQL, [oid]).fetchone()
         assert row is not None
-        views.append(BoundView(str(name), str(row[0]), row[1], row[2], _grants_of(conn, int(oid))))
+        views.append(BoundView(str(name), str(row[0]), row[1], row[2], grants_of(conn, int(oid))))
     return views
 
 
@@ -78,6 +78,6 @@ def recreate(conn: Connection, views: list[BoundView]) -> None:
         options = sql.SQL(" WITH ({})").format(sql.SQL(view.options)) if view.options else sql.SQL("")
         conn.execute(sql.SQL("DROP VIEW {}").format(name))
         conn.execute(sql.SQL("CREATE VIEW {}{} AS {}").format(name, options, sql.SQL(view.definition)))
-        _grant(conn, name, view.grants)  # type: ignore[arg-type]
+        grant(conn, name, view.grants)  # type: ignore[arg-type]
         if view.comment is not None:
             conn.execute(sql.SQL("COMMENT ON VIEW {} IS {}").format(name, sql.Literal(view.comment)))

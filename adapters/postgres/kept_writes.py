@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from reindex_adapters.postgres.catalog import (
-    _BOOKKEEPING,
-    _Layout,
-    _qualified_name,
-    _read_layout,
-    _writable_columns,
+    BOOKKEEPING,
+    Layout,
+    qualified_name,
+    read_layout,
+    writable_columns,
 )
 from reindex_adapters.postgres.change_log import ChangeLog
 from reindex_adapters.postgres.connection import split_name
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 class Writes:
     """The live target of an alias, and the log of the keys written to it since it became live."""
 
-    served: _Layout
+    served: Layout
     log: ChangeLog
 
     def start(self, conn: Connection) -> None:
@@ -68,8 +68,8 @@ def writes_of(conn: Connection, alias: str, oid: int) -> Writes:
     it, not like a target; schema-qualified, as the trigger's function runs with `search_path` pg_catalog."""
     from psycopg import sql
 
-    qualified = _qualified_name(conn, oid)
-    served = _read_layout(conn, qualified)
+    qualified = qualified_name(conn, oid)
+    served = read_layout(conn, qualified)
     assert served is not None
     schema = split_name(qualified)[0]
     name = split_name(alias)[-1]
@@ -84,7 +84,7 @@ def writes_of(conn: Connection, alias: str, oid: int) -> Writes:
     return Writes(served, log)
 
 
-def keep_writes(conn: Connection, live: Writes, older: _Layout | None) -> tuple[int, int, int]:
+def keep_writes(conn: Connection, live: Writes, older: Layout | None) -> tuple[int, int, int]:
     """Make the rows of `older` that the log names the live target's, but the vectors (cleared where the
     text changed); rows (deleted, changed, added)."""
     from psycopg import sql
@@ -96,8 +96,8 @@ def keep_writes(conn: Connection, live: Writes, older: _Layout | None) -> tuple[
     vectors = {a.name for a in (*served.columns, *older.columns) if a.is_vector or a.named_vector}
     names = [
         name
-        for name, _ in _writable_columns(conn, older.oid)
-        if name in present and name not in vectors and name not in _BOOKKEEPING
+        for name, _ in writable_columns(conn, older.oid)
+        if name in present and name not in vectors and name not in BOOKKEEPING
     ]
     key, text = older.key.name, str(older.meta.get("text_field") or "")
     if key not in names:

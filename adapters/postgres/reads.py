@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from reindex.ports import Distance, IndexEntry, Vectors
-from reindex_adapters.postgres.catalog import _ORIGIN, _RESERVED, _detect_distance, _Layout
+from reindex_adapters.postgres.catalog import ORIGIN, RESERVED, Layout, detect_distance
 
 if TYPE_CHECKING:
     from psycopg import sql
@@ -20,20 +20,20 @@ if TYPE_CHECKING:
 
 
 _OPERATORS: dict[Distance, str] = {"cosine": "<=>", "dot": "<#>", "euclid": "<->"}
-_cursor_names = itertools.count()
+cursor_names = itertools.count()
 
 
 class TargetReads:
     """What the sink reads back, given its connection and how to find a target's layout (the sink's own, so
     the column-mode sink's finds a column of the application's table)."""
 
-    def __init__(self, db: Database, layout: Callable[[str], _Layout]) -> None:
+    def __init__(self, db: Database, layout: Callable[[str], Layout]) -> None:
         self._db = db
         self._layout = layout
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
         layout = self._layout(target)
-        name = f"reindex_scan_{next(_cursor_names)}"
+        name = f"reindex_scan_{next(cursor_names)}"
         with self._db.transaction() as conn, conn.cursor(name=name) as cursor:
             cursor.itersize = 5000
             cursor.execute(*_index_query(layout, dim))
@@ -80,7 +80,7 @@ class TargetReads:
         query = sql.SQL("SELECT {k}::text, {v} FROM {t} WHERE {v} IS NOT NULL").format(
             k=layout.key.ident, v=layout.vector.ident, t=layout.ident
         )
-        name = f"reindex_vectors_{next(_cursor_names)}"
+        name = f"reindex_vectors_{next(cursor_names)}"
         with self._db.transaction() as conn, conn.cursor(name=name, binary=True) as cursor:
             cursor.itersize = batch
             cursor.execute(query)
@@ -119,18 +119,18 @@ class TargetReads:
         if layout.storage.kind == "bit" and layout.meta.get("distance") in _OPERATORS:
             return layout.meta["distance"]  # type: ignore[no-any-return]  # a Hamming index names no metric
         with self._db.errors():
-            return _detect_distance(self._db.connection(), layout.oid, layout.vector.name)
+            return detect_distance(self._db.connection(), layout.oid, layout.vector.name)
 
 
-def _index_query(layout: _Layout, dim: int) -> tuple[sql.Composed, list[int]]:
+def _index_query(layout: Layout, dim: int) -> tuple[sql.Composed, list[int]]:
     """Vector sanity computed by the server: pgvector stores no NaN, so wrong dims and zeros remain."""
     from psycopg import sql
 
     present = {a.name for a in layout.columns}
-    digest, fingerprint = (sql.Identifier(n) if n in present else sql.NULL for n in _RESERVED[::-1])
+    digest, fingerprint = (sql.Identifier(n) if n in present else sql.NULL for n in RESERVED[::-1])
     origin: sql.Composable = sql.NULL  # a target older than the column cannot tell: no count, not 0
-    if _ORIGIN in present:
-        origin = sql.SQL("{} IS NOT DISTINCT FROM 'application'").format(sql.Identifier(_ORIGIN))
+    if ORIGIN in present:
+        origin = sql.SQL("{} IS NOT DISTINCT FROM 'application'").format(sql.Identifier(ORIGIN))
     problem: sql.Composable = sql.SQL("'dimension'")
     if layout.vector is not None:
         storage, vector = layout.storage, layout.vector.ident
@@ -149,7 +149,7 @@ def _candidates(k: int, dim: int) -> int:
     return max(k * max(4, -(-1024 // max(dim, 1))), 40)
 
 
-def _search_query(layout: _Layout, operator: str) -> sql.Composed:
+def _search_query(layout: Layout, operator: str) -> sql.Composed:
     """The k nearest by the target's index: by distance on vector and halfvec, by Hamming distance on bits,
     and with the full vector kept, the index's candidates re-ranked by the exact distance."""
     from psycopg import sql

@@ -31,16 +31,16 @@ from reindex.errors import BackendError, ConfigError, CutoverRefused
 from reindex_adapters.postgres import column_index, column_write, dependents, fidelity
 from reindex_adapters.postgres import column_targets as columns
 from reindex_adapters.postgres import rules as postgres_rules
-from reindex_adapters.postgres.alias import _DEPENDENT_VIEWS_SQL, _grant, _grants_of, _hold, _resolve_alias
+from reindex_adapters.postgres.alias import DEPENDENT_VIEWS_SQL, grant, grants_of, hold, resolve_alias
 from reindex_adapters.postgres.catalog import (
-    _ORIGIN,
-    _RESERVED,
-    _column_type,
+    ORIGIN,
+    RESERVED,
     _comment,
-    _qualified_name,
-    _read_layout,
-    _regclass,
-    _writable_columns,
+    column_type,
+    qualified_name,
+    read_layout,
+    regclass,
+    writable_columns,
 )
 from reindex_adapters.postgres.change_log import ChangeLog
 from reindex_adapters.postgres.connection import identifier, split_name
@@ -50,7 +50,7 @@ from reindex_adapters.postgres.sink import PgvectorSink, retry_locked
 if TYPE_CHECKING:
     from psycopg import sql
 
-    from reindex_adapters.postgres.catalog import _Layout
+    from reindex_adapters.postgres.catalog import Layout
     from reindex_adapters.postgres.connection import Connection
 
 
@@ -117,12 +117,12 @@ class Restore:
 def find(conn: Connection, alias: str) -> Restore | None:
     """The 0.2 installation behind `alias`, or None where the alias is not a view this tool made; a
     ConfigError where one is found that cannot be moved back whole."""
-    resolved = _resolve_alias(conn, alias)
+    resolved = resolve_alias(conn, alias)
     if resolved.relkind != "v" or resolved.target_oid is None or resolved.oid is None:
         return None
     meta = _comment(conn, resolved.target_oid)
     adopted = f"{alias}__{columns.ADOPTED}"
-    adopted_oid = _regclass(conn, adopted)
+    adopted_oid = regclass(conn, adopted)
     if resolved.target_oid == adopted_oid:
         meta = {}  # rolled back to the application's own table: nothing of the tool's to carry
     elif "fingerprint" not in meta:
@@ -139,7 +139,7 @@ def find(conn: Connection, alias: str) -> Restore | None:
             f"target {served!r} stores bit vectors, which mode column does not",
             hint='keep mode = "table" for this alias, or cut over to a vector or halfvec target first',
         )
-    schema = split_name(_qualified_name(conn, resolved.oid))[0]
+    schema = split_name(qualified_name(conn, resolved.oid))[0]
     pattern = re.sub(r"([\\%_])", r"\\\1", split_name(alias)[-1]) + r"\_\_%"
     named = conn.execute(_NAMED_LIKE_SQL, [schema, pattern]).fetchall()
     others = sorted({str(n) for (n,) in named} - {split_name(served)[-1], split_name(adopted)[-1]})
@@ -149,7 +149,7 @@ def find(conn: Connection, alias: str) -> Restore | None:
             " leave them behind",
             hint='drop them first (DROP TABLE), or keep mode = "table" for this alias',
         )
-    over = [str(row[0]) for row in conn.execute(_DEPENDENT_VIEWS_SQL, [resolved.oid, resolved.oid])]
+    over = [str(row[0]) for row in conn.execute(DEPENDENT_VIEWS_SQL, [resolved.oid, resolved.oid])]
     if over:
         raise ConfigError(
             f"views over the alias view {alias!r} would be dropped with it: {', '.join(over)}",
@@ -212,13 +212,13 @@ def _carry(conn: Connection, found: Restore, *, logged: bool) -> None:
     triggers are off meanwhile, and on again as they were."""
     from psycopg import sql
 
-    served, table = _read_layout(conn, found.served), identifier(found.table)
+    served, table = read_layout(conn, found.served), identifier(found.table)
     assert served is not None and served.vector is not None
     present = {a.name for a in served.columns}
     writable = [
         (name, always)
-        for name, always in _writable_columns(conn, found.table_oid)
-        if name in present and name not in (found.vector, found.column, *_RESERVED, _ORIGIN)
+        for name, always in writable_columns(conn, found.table_oid)
+        if name in present and name not in (found.vector, found.column, *RESERVED, ORIGIN)
     ]
     names = [name for name, _ in writable]
     if found.key not in names:
@@ -271,7 +271,7 @@ def _carry(conn: Connection, found: Restore, *, logged: bool) -> None:
     _book(conn, found, served, logged=logged)
 
 
-def _book(conn: Connection, found: Restore, served: _Layout, *, logged: bool) -> None:
+def _book(conn: Connection, found: Restore, served: Layout, *, logged: bool) -> None:
     """The text hash and vector digest of every vector the tool wrote (not those the application wrote
     through the view: verify checks those, as it does any vector without a hash)."""
     from psycopg import sql
@@ -283,8 +283,8 @@ def _book(conn: Connection, found: Restore, served: _Layout, *, logged: bool) ->
     else:
         conn.execute(sql.SQL("TRUNCATE {}").format(book))
     mine = (
-        sql.SQL(" AND t.{} IS DISTINCT FROM 'application'").format(sql.Identifier(_ORIGIN))
-        if any(a.name == _ORIGIN for a in served.columns)
+        sql.SQL(" AND t.{} IS DISTINCT FROM 'application'").format(sql.Identifier(ORIGIN))
+        if any(a.name == ORIGIN for a in served.columns)
         else sql.SQL("")
     )
     only = sql.SQL(" AND t.{} IN {}").format(k, found.changes.keys()) if logged else sql.SQL("")
@@ -310,7 +310,7 @@ def _index(sink: PgvectorSink, found: Restore) -> None:
 
     with sink._db.errors():
         conn = sink._db.connection()
-        table = _read_layout(conn, found.table)
+        table = read_layout(conn, found.table)
         assert table is not None
         column = next(a for a in table.columns if a.name == found.column)
         layout = replace(table, vector=column, meta=found.meta)
@@ -328,7 +328,7 @@ def _move(sink: PgvectorSink, found: Restore) -> None:
 
     conn = sink._db.connection()
     with conn.transaction():
-        _hold(conn, found.alias, sink.lock_timeout_ms, None)  # the view and the table it reads
+        hold(conn, found.alias, sink.lock_timeout_ms, None)  # the view and the table it reads
         again = find(conn, found.alias)
         if again is None or again.served_oid != found.served_oid:
             raise CutoverRefused(
@@ -337,7 +337,7 @@ def _move(sink: PgvectorSink, found: Restore) -> None:
             )
         table = identifier(found.table)
         conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
-        grants = _grants_of(conn, found.view_oid)
+        grants = grants_of(conn, found.view_oid)
         conn.execute(sql.SQL("DROP VIEW {}").format(identifier(found.alias)))
         writes_of(conn, found.alias, found.served_oid).stop(conn)  # the table mode's log of the live target
         if found.meta:
@@ -350,7 +350,7 @@ def _move(sink: PgvectorSink, found: Restore) -> None:
             sql.SQL("ALTER TABLE {} RENAME TO {}").format(table, sql.Identifier(split_name(found.alias)[-1]))
         )
         table = identifier(found.alias)
-        _grant(conn, table, grants)  # what was granted on the view since 0.2's cutover
+        grant(conn, table, grants)  # what was granted on the view since 0.2's cutover
         if found.meta:
             _flip_columns(conn, found, table)
         crashpoints.crash_if_armed("cutover_before_commit")
@@ -390,8 +390,8 @@ def _flip_columns(conn: Connection, found: Restore, table: sql.Identifier) -> No
 
 def _types(conn: Connection, found: Restore) -> tuple[str, str]:
     """The key's type in the adopted table and the served vector column's type (`vector(384)`)."""
-    key = _column_type(conn, found.table_oid, found.key)
-    vector = _column_type(conn, found.served_oid, found.vector)
+    key = column_type(conn, found.table_oid, found.key)
+    vector = column_type(conn, found.served_oid, found.vector)
     if key is None or vector is None:
         raise BackendError(
             f"{found.table!r} has no column {found.key!r}, or {found.served!r} no vector column {found.vector!r}"

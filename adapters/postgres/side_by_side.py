@@ -27,13 +27,13 @@ from reindex.errors import ConfigError
 from reindex.ports import IndexEntry, Loss, Rows, TargetInfo, TargetSpec, Vectors
 from reindex_adapters.postgres import column_index, column_write, fidelity
 from reindex_adapters.postgres import column_targets as columns
-from reindex_adapters.postgres.column_alias import _ColumnAlias
+from reindex_adapters.postgres.column_alias import ColumnAlias
 from reindex_adapters.postgres.connection import first_value, identifier
 from reindex_adapters.postgres.ddl import target_meta
-from reindex_adapters.postgres.reads import _cursor_names
+from reindex_adapters.postgres.reads import cursor_names
 from reindex_adapters.postgres.sink import MODES, retry_locked
 from reindex_adapters.postgres.storage import Storage, check_server, choose
-from reindex_adapters.postgres.write import _rejections
+from reindex_adapters.postgres.write import rejections
 
 if TYPE_CHECKING:
     from psycopg import sql
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 _COUNT_SQL = "SELECT count(*) FROM {} WHERE {} IS NOT NULL"
 
 
-class PgvectorColumnSink(_ColumnAlias):
+class PgvectorColumnSink(ColumnAlias):
     """Targets are columns of the alias's own table; the served one is named like the vector column."""
 
     serves_in_place = True  # the source table is the alias: it holds every write before and after a flip
@@ -219,7 +219,7 @@ class PgvectorColumnSink(_ColumnAlias):
         payload = column_write.stage_payload(
             [r.id for r in rows.records], list(rows.content_hashes), layout.storage, rows.vectors
         )
-        with self._db.transaction() as conn, _rejections(target):
+        with self._db.transaction() as conn, rejections(target):
             conn.execute(
                 sql.SQL(
                     "CREATE TEMP TABLE reindex_column_stage (id text, h text, v {}) ON COMMIT DROP"
@@ -329,7 +329,7 @@ class PgvectorColumnSink(_ColumnAlias):
         fingerprint = layout.meta.get("fingerprint")
         with (
             self._db.transaction() as conn,
-            conn.cursor(name=f"reindex_scan_{next(_cursor_names)}") as cursor,
+            conn.cursor(name=f"reindex_scan_{next(cursor_names)}") as cursor,
         ):
             cursor.itersize = 5000
             cursor.execute(query, [dim])

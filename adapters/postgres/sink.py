@@ -37,48 +37,48 @@ from reindex.ports import (
 from reindex_adapters.postgres import fidelity, offers, privileges
 from reindex_adapters.postgres import rules as postgres_rules
 from reindex_adapters.postgres.alias import (
-    _DEPENDENT_VIEWS_SQL,
-    _TARGETS_SQL,
-    _adopt,
-    _grant,
-    _grants_of,
-    _hold,
-    _replace_view,
-    _resolve_alias,
-    _serves,
+    DEPENDENT_VIEWS_SQL,
+    TARGETS_SQL,
+    adopt,
+    grant,
+    grants_of,
+    hold,
+    replace_view,
+    resolve_alias,
+    serves,
 )
 from reindex_adapters.postgres.catalog import (
-    _json_object,
-    _Layout,
-    _one_oid,
-    _read_layout,
-    _regclass,
-    _server_identity,
+    Layout,
+    json_object,
+    one_oid,
+    read_layout,
+    regclass,
+    server_identity,
 )
-from reindex_adapters.postgres.connection import Database, _DsnConfig, first_value, identifier, split_name
+from reindex_adapters.postgres.connection import Database, DsnConfig, first_value, identifier, split_name
 from reindex_adapters.postgres.ddl import (
-    _AS_THE_TOOL,
-    _HNSW_SQL,
-    _INDEX_SETTINGS_SQL,
-    _accept_application_writes,
-    _check_same_target,
-    _create_target,
+    AS_THE_TOOL,
+    HNSW_SQL,
+    INDEX_SETTINGS_SQL,
+    accept_application_writes,
+    check_same_target,
+    create_target,
 )
 from reindex_adapters.postgres.kept_writes import keep_writes, writes_of
 from reindex_adapters.postgres.reads import TargetReads
 from reindex_adapters.postgres.storage import Kind, check_server, choose
 from reindex_adapters.postgres.storage import plan as plan_storage
 from reindex_adapters.postgres.write import (
-    _BulkColumns,
-    _default_writers,
-    _rejections,
-    _schema_copy,
-    _schemaless_copy,
-    _slice,
+    BulkColumns,
+    Writers,
     _slices,
-    _write_bulk,
-    _write_rows,
-    _Writers,
+    default_writers,
+    rejections,
+    schema_copy,
+    schemaless_copy,
+    slice,
+    write_bulk,
+    write_rows,
 )
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class PgvectorSink:
     # is a column of the alias's own table, so a source reading that table sees every write, before and after
     serves_in_place = False
 
-    class Config(_DsnConfig, TargetSection):
+    class Config(DsnConfig, TargetSection):
         kind: Literal["pgvector"]
         lock_timeout_ms: int = Field(default=2000, ge=1)
         swap_attempts: int = Field(default=5, ge=1)
@@ -119,7 +119,7 @@ class PgvectorSink:
         maintenance_work_mem: str = "1GB"
         hnsw_m: int = Field(default=16, ge=2)
         hnsw_ef_construction: int = Field(default=64, ge=4)
-        writers: int = Field(default_factory=lambda: _default_writers(), ge=1)
+        writers: int = Field(default_factory=lambda: default_writers(), ge=1)
         # the vector column's type (adapters/postgres/storage.py); None: vector up to 2,000 dimensions,
         # halfvec above when an index is built
         storage: Kind | None = None
@@ -151,15 +151,15 @@ class PgvectorSink:
         self.build_index = build_index
         self.maintenance_work_mem = maintenance_work_mem
         self.hnsw = (hnsw_m, hnsw_ef_construction)
-        self.writers = writers or _default_writers()
+        self.writers = writers or default_writers()
         self.storage = storage
         self.full_vector = full_vector
         self.accept = tuple(accept)
         self.index_seconds: float | None = None  # the last finalize's CREATE INDEX; None: none built
-        self._layouts: dict[str, _Layout] = {}
+        self._layouts: dict[str, Layout] = {}
         self._reads = TargetReads(self._db, self._layout)  # the target's own layout: a subclass's
         self._identity: str | None = None
-        self._pool: _Writers | None = None
+        self._pool: Writers | None = None
         self._conflicted: set[str] = set()  # targets whose last direct COPY met keys already there
 
     @classmethod
@@ -186,7 +186,7 @@ class PgvectorSink:
             with self._db.errors():
                 conn = self._db.connection()
                 schema = first_value(conn.execute("SELECT current_schema()").fetchone())
-                self._identity = f"pgvector:{_server_identity(conn)}/{schema}"
+                self._identity = f"pgvector:{server_identity(conn)}/{schema}"
         return self._identity
 
     def plan_storage(self, dim: int, distance: Distance) -> StoragePlan:
@@ -209,7 +209,7 @@ class PgvectorSink:
             return self._losses(conn, spec.alias, spec.source.id_field, spec.source.vector_field)
 
     def _losses(self, conn: Connection, alias: str, id_column: str, vector: str | None) -> list[Loss]:
-        resolved = _resolve_alias(conn, alias)
+        resolved = resolve_alias(conn, alias)
         if not resolved.info.is_physical or resolved.oid is None:
             return []
         return fidelity.losses(conn, resolved.oid, id_column, vector, self.accept)
@@ -241,12 +241,12 @@ class PgvectorSink:
         self.refuse_missing_privileges(spec)
         fidelity.refuse_unaccepted(self.losses(spec), spec.alias)
         with self._db.transaction() as conn:
-            layout = _read_layout(conn, spec.name)
+            layout = read_layout(conn, spec.name)
             if layout is None:
                 check_server(conn, storage)
-                _create_target(conn, spec, storage)
+                create_target(conn, spec, storage)
             else:
-                _check_same_target(spec, layout, storage)
+                check_same_target(spec, layout, storage)
 
     def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
         """A table of the target's shape in its schema, named `reindex_rehearsal_<token>`: created plain (the
@@ -274,29 +274,29 @@ class PgvectorSink:
             return
         columns = self._bulk_columns(layout)
         if columns is None:
-            with self._db.transaction() as conn, _rejections(target):
-                _write_rows(conn, layout, rows)
+            with self._db.transaction() as conn, rejections(target):
+                write_rows(conn, layout, rows)
             return
         direct = target not in self._conflicted
         slices = _slices(len(rows.records), self.writers)
         if len(slices) == 1:
-            conflicted = _write_bulk(self._db, layout, columns, rows, direct=direct)
+            conflicted = write_bulk(self._db, layout, columns, rows, direct=direct)
         else:
             if self._pool is None:
-                self._pool = _Writers(self._db.dsn, self.writers)
+                self._pool = Writers(self._db.dsn, self.writers)
             whole = Rows(documents(rows.records), rows.vectors, rows.content_hashes, rows.fingerprint)
-            conflicted = self._pool.write(layout, columns, [_slice(whole, *s) for s in slices], direct=direct)
+            conflicted = self._pool.write(layout, columns, [slice(whole, *s) for s in slices], direct=direct)
         if conflicted:
             self._conflicted.add(target)  # a replay: its next batch likely overlaps too, upsert it at once
         else:
             self._conflicted.discard(target)
 
-    def _bulk_columns(self, layout: _Layout) -> _BulkColumns | None:
-        schemaless = _schemaless_copy(layout)
+    def _bulk_columns(self, layout: Layout) -> BulkColumns | None:
+        schemaless = schemaless_copy(layout)
         if schemaless is not None:
             return schemaless
         with self._db.errors():
-            return _schema_copy(self._db.connection(), layout)
+            return schema_copy(self._db.connection(), layout)
 
     def delete(self, target: str, ids: Sequence[str]) -> None:
         from psycopg import sql
@@ -306,12 +306,12 @@ class PgvectorSink:
             layout.ident, layout.key.ident, layout.key.cast
         )
         with self._db.transaction() as conn:
-            conn.execute(_AS_THE_TOOL)  # the tool's: a rollback does not carry it (kept_writes.py)
+            conn.execute(AS_THE_TOOL)  # the tool's: a rollback does not carry it (kept_writes.py)
             conn.execute(statement, [list(ids)])
 
     def finalize(self, spec: TargetSpec) -> None:
         """Build the HNSW index after the load, ANALYZE, carry the live table's grants over, and let the
-        application write through the alias once it serves this target (`_accept_application_writes`)."""
+        application write through the alias once it serves this target (`accept_application_writes`)."""
         from psycopg import sql
 
         layout = self._layout(spec.name)
@@ -323,9 +323,9 @@ class PgvectorSink:
             conn.execute(sql.SQL("ANALYZE {}").format(layout.ident))
             live = self._live_table(conn, spec.alias)
             if live is not None and live != layout.oid:
-                _grant(conn, layout.ident, _grants_of(conn, live))
+                grant(conn, layout.ident, grants_of(conn, live))
             with conn.transaction():
-                _accept_application_writes(conn, layout, spec)
+                accept_application_writes(conn, layout, spec)
                 postgres_rules.continue_numbering(conn, None, layout.oid, scan=True)
         self._layouts.pop(spec.name, None)  # it may have gained the origin column
 
@@ -335,7 +335,7 @@ class PgvectorSink:
         identifier(target)
         with self._db.errors():
             conn = self._db.connection()
-            layout = _read_layout(conn, target)
+            layout = read_layout(conn, target)
             if layout is None:
                 return None
             count = int(
@@ -356,7 +356,7 @@ class PgvectorSink:
     def alias(self, alias: str) -> AliasInfo:
         identifier(alias)
         with self._db.errors():
-            return _resolve_alias(self._db.connection(), alias).info
+            return resolve_alias(self._db.connection(), alias).info
 
     def move_alias(
         self,
@@ -403,8 +403,8 @@ class PgvectorSink:
         schema = parts[0] if len(parts) == 2 else None
         pattern = re.sub(r"([\\%_])", r"\\\1", parts[-1]) + r"\_\_%"
         with self._db.errors():
-            rows = self._db.connection().execute(_TARGETS_SQL, [pattern, schema, schema]).fetchall()
-        ordered = sorted(rows, key=lambda row: (str(_json_object(row[3]).get("created_at", "")), row[0]))
+            rows = self._db.connection().execute(TARGETS_SQL, [pattern, schema, schema]).fetchall()
+        ordered = sorted(rows, key=lambda row: (str(json_object(row[3]).get("created_at", "")), row[0]))
         return [f"{schema}.{relname}" if schema else relname for _, _, relname, _ in ordered]
 
     def drop(self, target: str) -> None:
@@ -413,10 +413,10 @@ class PgvectorSink:
         identifier(target)
         self._layouts.pop(target, None)
         with self._db.transaction() as conn:
-            oid = _regclass(conn, target)
+            oid = regclass(conn, target)
             if oid is None:
                 return
-            views = [row[0] for row in conn.execute(_DEPENDENT_VIEWS_SQL, [oid, oid]).fetchall()]
+            views = [row[0] for row in conn.execute(DEPENDENT_VIEWS_SQL, [oid, oid]).fetchall()]
             if views:
                 raise CutoverRefused(
                     f"target {target!r} is still served by {', '.join(views)}",
@@ -450,17 +450,17 @@ class PgvectorSink:
     def distance(self, target: str) -> Distance:
         return self._reads.distance(target)
 
-    def _layout(self, target: str) -> _Layout:
+    def _layout(self, target: str) -> Layout:
         if target not in self._layouts:
             identifier(target)
             with self._db.errors():
-                layout = _read_layout(self._db.connection(), target)
+                layout = read_layout(self._db.connection(), target)
             if layout is None:
                 raise BackendError(f"target table {target!r} does not exist", hint="run prepare first")
             self._layouts[target] = layout
         return self._layouts[target]
 
-    def hnsw_method(self, layout: _Layout, dim: int, distance: Distance) -> sql.Composable:
+    def hnsw_method(self, layout: Layout, dim: int, distance: Distance) -> sql.Composable:
         """`USING hnsw (<column> <opclass>) WITH (...)` for the layout's vector column."""
         from psycopg import sql
 
@@ -471,7 +471,7 @@ class PgvectorSink:
             sql.Literal(self.hnsw[1]),
         )
 
-    def _build_index(self, layout: _Layout, dim: int, distance: Distance) -> float | None:
+    def _build_index(self, layout: Layout, dim: int, distance: Distance) -> float | None:
         """CREATE INDEX with `maintenance_work_mem` and parallel workers for the cores; its wall seconds,
         commit included, or None when the index was already there (a resumed finalize)."""
         from psycopg import sql
@@ -481,15 +481,15 @@ class PgvectorSink:
             layout.ident, self.hnsw_method(layout, dim, distance)
         )
         with self._db.transaction() as conn:
-            if conn.execute(_HNSW_SQL, [layout.oid]).fetchone() is not None:
+            if conn.execute(HNSW_SQL, [layout.oid]).fetchone() is not None:
                 return None
-            conn.execute(_INDEX_SETTINGS_SQL, [self.maintenance_work_mem, (os.cpu_count() or 1) - 1])
+            conn.execute(INDEX_SETTINGS_SQL, [self.maintenance_work_mem, (os.cpu_count() or 1) - 1])
             started = time.perf_counter()
             conn.execute(statement)
         return time.perf_counter() - started
 
     def _live_table(self, conn: Connection, alias: str) -> int | None:
-        resolved = _resolve_alias(conn, alias)
+        resolved = resolve_alias(conn, alias)
         return resolved.oid if resolved.info.is_physical else resolved.target_oid
 
     def _swap(
@@ -502,41 +502,41 @@ class PgvectorSink:
     ) -> str | None:
         conn = self._db.connection()
         with conn.transaction():
-            _hold(conn, alias, self.lock_timeout_ms, settle)
-            if _regclass(conn, target) is None:
+            hold(conn, alias, self.lock_timeout_ms, settle)
+            if regclass(conn, target) is None:
                 raise CutoverRefused(f"target {target!r} does not exist")
-            resolved = _resolve_alias(conn, alias)  # re-read under the lock: what it serves now
+            resolved = resolve_alias(conn, alias)  # re-read under the lock: what it serves now
             if resolved.info.is_physical:
                 # re-read under the lock: what the table has now, not what it had when `run` began
-                built = _read_layout(conn, target)
+                built = read_layout(conn, target)
                 meta_of = built.meta if built is not None else {}
                 found = self._losses(conn, alias, str(meta_of.get("id_field") or "id"), _vector_of(meta_of))
                 fidelity.refuse_unaccepted(found, alias)
-                previous = _adopt(conn, resolved, target, expected, meta)
-                writes_of(conn, alias, _one_oid(conn, target)).start(conn)
+                previous = adopt(conn, resolved, target, expected, meta)
+                writes_of(conn, alias, one_oid(conn, target)).start(conn)
                 crashpoints.crash_if_armed("cutover_before_commit")
                 return previous
-            if not _serves(conn, resolved, expected):
+            if not serves(conn, resolved, expected):
                 raise CutoverRefused(
                     f"alias {alias!r} serves {resolved.info.target!r}, expected {expected!r}",
                     hint="another cutover moved it meanwhile; check `reindex status`",
                 )
-            target_oid = _one_oid(conn, target)
+            target_oid = one_oid(conn, target)
             if resolved.target_oid is not None:
                 live = writes_of(conn, alias, resolved.target_oid)
                 if meta.get("action") == "rollback" and live.started(conn):
-                    keep_writes(conn, live, _read_layout(conn, target))  # kept_writes.py
+                    keep_writes(conn, live, read_layout(conn, target))  # kept_writes.py
                 live.stop(conn)
             writes_of(conn, alias, target_oid).start(conn)
             postgres_rules.continue_numbering(conn, resolved.target_oid, target_oid)
-            grants = _grants_of(conn, resolved.oid) if resolved.oid is not None else []
-            _replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)
+            grants = grants_of(conn, resolved.oid) if resolved.oid is not None else []
+            replace_view(conn, alias, target, meta, grants, drop=resolved.oid is not None)
             crashpoints.crash_if_armed("cutover_before_commit")
             return expected
 
     def _read_back(self, alias: str, target: str) -> None:
         conn = self._db.connection()
-        if _resolve_alias(conn, alias).target_oid != _regclass(conn, target):
+        if resolve_alias(conn, alias).target_oid != regclass(conn, target):
             raise BackendError(f"alias {alias!r} does not serve {target!r} after the swap")
 
 

@@ -13,8 +13,8 @@ from reindex.offers import SourceOffer
 from reindex.ports import Column, Record, Sink, SourceSchema
 from reindex_adapters.postgres import offers
 from reindex_adapters.postgres import rules as postgres_rules
-from reindex_adapters.postgres.catalog import _qualified_name, _read_source_shape, _server_identity
-from reindex_adapters.postgres.connection import Database, _database_of, _DsnConfig, first_value, identifier
+from reindex_adapters.postgres.catalog import qualified_name, read_source_shape, server_identity
+from reindex_adapters.postgres.connection import Database, DsnConfig, database_of, first_value, identifier
 from reindex_adapters.postgres.sink import PgvectorSink
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class PostgresSource:
 
     shareable = True  # several processes may open it at once (reindex.run.processes)
 
-    class Config(_DsnConfig):
+    class Config(DsnConfig):
         kind: Literal["postgres"]
         table: str
         id_column: str = "id"
@@ -51,11 +51,11 @@ class PostgresSource:
         self.page_size = page_size
         self._columns = (id_column, text_column, vector_column)
         with self._db.setup() as conn:
-            self._shape = _read_source_shape(conn, table, id_column, text_column, vector_column)
+            self._shape = read_source_shape(conn, table, id_column, text_column, vector_column)
             columns = [Column(a.name, a.type) for a in self._shape.columns]
             self._rules = postgres_rules.read_rules(conn, self._shape.oid, columns)
-            relation = _qualified_name(conn, self._shape.oid)
-            self._identity = f"postgres:{_server_identity(conn)}/{relation}#{id_column},{text_column}"
+            relation = qualified_name(conn, self._shape.oid)
+            self._identity = f"postgres:{server_identity(conn)}/{relation}#{id_column},{text_column}"
 
     @classmethod
     def from_config(cls, config: Config) -> PostgresSource:
@@ -180,7 +180,7 @@ class PostgresSource:
         sink's own database: the table the application wrote to until the flip (`reindex.prove.served`)."""
         if not isinstance(sink, PgvectorSink) or sink.serves_in_place or self.table not in (alias, previous):
             return None
-        if _database_of(sink.identity()) != _database_of(self._identity):
+        if database_of(sink.identity()) != database_of(self._identity):
             return None
         return self.over(previous)
 

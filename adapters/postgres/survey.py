@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 from reindex.errors import ConfigError, validate
 from reindex.ports import AliasInfo
 from reindex.survey import SAMPLE_ROWS, VECTOR_NAMES, Choice, Overrides, Survey, choose_by_name, choose_text
-from reindex_adapters.postgres.alias import _resolve_alias
+from reindex_adapters.postgres.alias import resolve_alias
 from reindex_adapters.postgres.catalog import (
-    _BOOKKEEPING,
-    _Attribute,
-    _base_tables,
-    _index_distance,
-    _read_source_shape,
-    _regclass,
+    BOOKKEEPING,
+    Attribute,
+    base_tables,
+    index_distance,
+    read_source_shape,
+    regclass,
 )
 from reindex_adapters.postgres.catalog import _attributes as _catalog_columns
 from reindex_adapters.postgres.connection import Database, first_value, identifier
@@ -54,20 +54,20 @@ def survey(section: dict[str, Any], given: Overrides) -> Survey:
 
 
 def _survey(conn: Connection, table: str, given: Overrides) -> Survey:
-    oid = _regclass(conn, table)
+    oid = regclass(conn, table)
     if oid is None:
         raise ConfigError(
             f"table or view {table!r} not found",
             hint="check --table (schema.table) and the database of the DSN",
         )
-    columns = [a for a in _catalog_columns(conn, oid) if a.name not in _BOOKKEEPING]
+    columns = [a for a in _catalog_columns(conn, oid) if a.name not in BOOKKEEPING]
     key = _choose_key(conn, oid, [a.name for a in columns], given.id_field)
     texts = [a.name for a in columns if a.type_name[1] in _TEXT_TYPES and a.name != key.field]
     lengths = _average_lengths(conn, table, texts)
     text = choose_text(lengths, given.text_field)
     vector = choose_by_name([a.name for a in columns if a.is_vector], VECTOR_NAMES, given.vector_field)
     if key.field is not None and text.field is not None:
-        _read_source_shape(conn, table, key.field, text.field, vector.field)  # the source's own checks
+        read_source_shape(conn, table, key.field, text.field, vector.field)  # the source's own checks
     relkind = str(
         first_value(conn.execute("SELECT relkind::text FROM pg_class WHERE oid = %s::oid", [oid]).fetchone())
     )
@@ -85,7 +85,7 @@ def _survey(conn: Connection, table: str, given: Overrides) -> Survey:
         vector=vector,
         vector_type=attribute.type if attribute else None,
         dim=_dim(attribute),
-        distance=_index_distance(conn, oid, attribute.name) if attribute else None,
+        distance=index_distance(conn, oid, attribute.name) if attribute else None,
         alias=alias,
         text_lengths=lengths,
         notes=(note,),
@@ -96,7 +96,7 @@ def _choose_key(conn: Connection, oid: int, names: list[str], given: str | None)
     """The given column, else the primary key or a unique column (a view's: its one table's), else `id`."""
     if given is not None:
         return Choice(given, "given on the command line")
-    bases = _base_tables(conn, oid)
+    bases = base_tables(conn, oid)
     relations = [oid, *bases] if len(bases) <= 1 else [oid]
     for name, is_primary in conn.execute(_KEYS_SQL, [relations]).fetchall():
         if name in names:
@@ -128,10 +128,10 @@ def _alias_state(conn: Connection, table: str, oid: int, relkind: str) -> tuple[
             f"{table} is a plain table today, and stays the table applications use: the new vectors go in a"
             ' column beside the old ones ([target] mode = "column"), and cutover renames the two'
         )
-    if relkind != "v" or len(_base_tables(conn, oid)) != 1:
+    if relkind != "v" or len(base_tables(conn, oid)) != 1:
         kind = _RELATIONS.get(relkind, "relation") if relkind != "v" else "view over several tables"
         return None, f"{table} is a {kind}: the cutover cannot replace it, so choose another --alias"
-    info = _resolve_alias(conn, table).info
+    info = resolve_alias(conn, table).info
     if info.fingerprint:
         return info, f"{table} is already an alias: a view an earlier migration made over {info.target}"
     return (
@@ -148,6 +148,6 @@ def _count(conn: Connection, table: str) -> int:
     )
 
 
-def _dim(attribute: _Attribute | None) -> int | None:
+def _dim(attribute: Attribute | None) -> int | None:
     """pgvector keeps a column's dimension as its type modifier (-1 when declared without one)."""
     return attribute.typmod if attribute is not None and attribute.typmod > 0 else None

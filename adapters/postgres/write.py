@@ -18,9 +18,9 @@ from reindex.columns import Documents, documents
 from reindex.errors import RowsRejected
 from reindex.ports import Rows
 from reindex_adapters.postgres import copy_format as pg_copy
-from reindex_adapters.postgres.catalog import _BOOKKEEPING, _ORIGIN, _RESERVED, _Layout
+from reindex_adapters.postgres.catalog import BOOKKEEPING, ORIGIN, RESERVED, Layout
 from reindex_adapters.postgres.connection import Database, first_line, load_psycopg
-from reindex_adapters.postgres.ddl import _AS_THE_TOOL
+from reindex_adapters.postgres.ddl import AS_THE_TOOL
 
 if TYPE_CHECKING:
     from psycopg import sql
@@ -31,11 +31,11 @@ if TYPE_CHECKING:
 _TEXT_OID = 25
 _PARALLEL_ROWS = 2000  # a write this big is cut into slices for the writer connections...
 _SLICE_ROWS = 1000  # ...of at least this many rows each
-_BulkColumns = pg_copy.Schemaless | pg_copy.Schema
+BulkColumns = pg_copy.Schemaless | pg_copy.Schema
 
 
 @contextmanager
-def _rejections(target: str) -> Iterator[None]:
+def rejections(target: str) -> Iterator[None]:
     """Refusals caused by the rows' content (SQLSTATE class 22, psycopg's NUL check) → RowsRejected."""
     psycopg = load_psycopg()
     try:
@@ -47,7 +47,7 @@ def _rejections(target: str) -> Iterator[None]:
         ) from exc
 
 
-class _Writers:
+class Writers:
     """Extra connections, one thread each, for the slices of a big write (psycopg waits without the GIL).
     They know pgvector's types like the sink's own: a source table's columns may hold some."""
 
@@ -60,10 +60,10 @@ class _Writers:
             raise
         self._threads = ThreadPoolExecutor(count, thread_name_prefix="pgvector-writer")
 
-    def write(self, layout: _Layout, columns: _BulkColumns, parts: list[Rows], *, direct: bool) -> bool:
+    def write(self, layout: Layout, columns: BulkColumns, parts: list[Rows], *, direct: bool) -> bool:
         """Every slice, each in its own transaction; after all have ended, the first slice's error."""
         futures = [
-            self._threads.submit(_write_bulk, db, layout, columns, part, direct=direct)
+            self._threads.submit(write_bulk, db, layout, columns, part, direct=direct)
             for db, part in zip(self._dbs, parts, strict=False)
         ]
         wait(futures)
@@ -76,7 +76,7 @@ class _Writers:
             db.close()
 
 
-def _write_rows(conn: Connection, layout: _Layout, rows: Rows) -> None:
+def write_rows(conn: Connection, layout: Layout, rows: Rows) -> None:
     """Any layout: COPY row by row (psycopg's dumpers) into a temporary stage, then upsert from it."""
     from psycopg import sql
 
@@ -92,13 +92,13 @@ def _write_rows(conn: Connection, layout: _Layout, rows: Rows) -> None:
     _upsert_stage(conn, layout)
 
 
-def _write_bulk(db: Database, layout: _Layout, columns: _BulkColumns, rows: Rows, *, direct: bool) -> bool:
+def write_bulk(db: Database, layout: Layout, columns: BulkColumns, rows: Rows, *, direct: bool) -> bool:
     """One binary COPY of the whole batch: into the target when `direct`, falling back to stage + upsert
     when a key is already there. True when that fallback was taken."""
     from psycopg import sql
 
     psycopg = load_psycopg()
-    with db.errors(), _rejections(layout.name):
+    with db.errors(), rejections(layout.name):
         conn = db.connection()
         payload = _encoded(conn, layout.name, columns, rows)
         if direct:
@@ -115,7 +115,7 @@ def _write_bulk(db: Database, layout: _Layout, columns: _BulkColumns, rows: Rows
         return direct
 
 
-def _encoded(conn: Connection, target: str, columns: _BulkColumns, rows: Rows) -> pg_copy.Payload:
+def _encoded(conn: Connection, target: str, columns: BulkColumns, rows: Rows) -> pg_copy.Payload:
     docs = documents(rows.records)
     try:
         if isinstance(columns, pg_copy.Schema):
@@ -139,13 +139,13 @@ def _copy_payload(conn: Connection, table: sql.Identifier, payload: pg_copy.Payl
         copy.write(payload.data)
 
 
-def _create_stage(conn: Connection, layout: _Layout) -> None:
+def _create_stage(conn: Connection, layout: Layout) -> None:
     from psycopg import sql
 
     conn.execute(sql.SQL("CREATE TEMP TABLE reindex_stage (LIKE {}) ON COMMIT DROP").format(layout.ident))
 
 
-def _schemaless_copy(layout: _Layout) -> pg_copy.Schemaless | None:
+def schemaless_copy(layout: Layout) -> pg_copy.Schemaless | None:
     """The bulk encoder's columns when `layout` is a schemaless target as prepare() made it, else None."""
     meta = layout.meta
     text = str(meta.get("text_field", ""))
@@ -153,26 +153,26 @@ def _schemaless_copy(layout: _Layout) -> pg_copy.Schemaless | None:
         return None
     found = {a.name: a.type_name[1] for a in layout.columns}
     expected = {"id": "text", text: "text", "payload": "jsonb", layout.vector.name: layout.storage.column}
-    bookkeeping = _BOOKKEEPING if _ORIGIN in found else _RESERVED  # older targets lack the origin
+    bookkeeping = BOOKKEEPING if ORIGIN in found else RESERVED  # older targets lack the origin
     if found != expected | dict.fromkeys(bookkeeping, "text"):
         return None
     carried = frozenset({str(meta.get("id_field", "")), text})
     return pg_copy.Schemaless("id", text, "payload", layout.vector.name, carried, layout.storage)
 
 
-def _schema_copy(conn: Connection, layout: _Layout) -> pg_copy.Schema | None:
+def schema_copy(conn: Connection, layout: Layout) -> pg_copy.Schema | None:
     """The bulk encoder's columns for a target with the source table's columns, when every one of them has
     a binary dumper (else None: row by row, as `_copy_format` decides)."""
     meta = layout.meta
     text = str(meta.get("text_field", ""))
     if meta.get("schemaless") or layout.vector is None:
         return None
-    source = [a for a in layout.columns if a != layout.vector and a.name not in _BOOKKEEPING]
+    source = [a for a in layout.columns if a != layout.vector and a.name not in BOOKKEEPING]
     names = {a.name for a in source}
     if (
         layout.key.name not in names
         or text not in names
-        or not set(_RESERVED) <= {a.name for a in layout.columns}
+        or not set(RESERVED) <= {a.name for a in layout.columns}
     ):
         return None
     if not all(_has_dumper(conn, a.oid, binary=True) for a in source):
@@ -216,18 +216,18 @@ def _slices(count: int, writers: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
-def _slice(rows: Rows, start: int, stop: int) -> Rows:
+def slice(rows: Rows, start: int, stop: int) -> Rows:
     docs = documents(rows.records)  # already columns: O(1)
     payloads = None if docs.payloads is None else docs.payloads[start:stop]
     part = Documents(docs.ids[start:stop], docs.texts[start:stop], payloads, docs.fields)
     return Rows(part, rows.vectors[start:stop], rows.content_hashes[start:stop], rows.fingerprint)
 
 
-def _default_writers() -> int:
+def default_writers() -> int:
     return min(4, os.cpu_count() or 1)
 
 
-def _copy_format(conn: Connection, layout: _Layout) -> tuple[bool, list[int]]:
+def _copy_format(conn: Connection, layout: Layout) -> tuple[bool, list[int]]:
     """Binary COPY when every column type has a binary dumper; else text, unknown types passed as text."""
     binary = all(_has_dumper(conn, a.oid, binary=True) for a in layout.columns)
     return binary, [a.oid if _has_dumper(conn, a.oid, binary=binary) else _TEXT_OID for a in layout.columns]
@@ -243,7 +243,7 @@ def _has_dumper(conn: Connection, oid: int, *, binary: bool) -> bool:
     return True
 
 
-def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
+def _row_values(layout: Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
     from psycopg.types.json import Jsonb
 
     is_schemaless = bool(layout.meta.get("schemaless"))
@@ -256,7 +256,7 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
         fixed = {
             "reindex_fingerprint": rows.fingerprint,
             "reindex_content_hash": rows.content_hashes[i],
-            _ORIGIN: None,  # the tool's own row, also when it rewrites one the application wrote
+            ORIGIN: None,  # the tool's own row, also when it rewrites one the application wrote
             vector_name: storage.row_value(vectors[i]),
         }
         if is_schemaless:
@@ -275,13 +275,13 @@ def _row_values(layout: _Layout, rows: Rows) -> Iterator[tuple[Any, ...]]:
         yield tuple(fixed[a.name] if a.name in fixed else record.payload.get(a.name) for a in layout.columns)
 
 
-def _upsert_stage(conn: Connection, layout: _Layout) -> None:
+def _upsert_stage(conn: Connection, layout: Layout) -> None:
     """Upsert the stage as the tool: the trigger leaves these rows' bookkeeping (origin NULL) as written."""
-    conn.execute(_AS_THE_TOOL)
+    conn.execute(AS_THE_TOOL)
     conn.execute(_upsert(layout))
 
 
-def _upsert(layout: _Layout) -> sql.Composed:
+def _upsert(layout: Layout) -> sql.Composed:
     from psycopg import sql
 
     names = sql.SQL(", ").join(a.ident for a in layout.columns)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from reindex import crashpoints
 from reindex.errors import BackendError, CutoverRefused, ReindexError, TransientError
 from reindex.ports import AliasInfo
-from reindex_adapters.qdrant.connection import _NAME_MAX, _is_local, _translated
+from reindex_adapters.qdrant.connection import NAME_MAX, is_local, translated
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # `<alias>__reindex_serves__<target>`: the guard alias that makes alias moves compare-and-swap (move_alias)
 GUARD_MARK = "__reindex_serves__"
-_ALIAS_MAX = _NAME_MAX - len(GUARD_MARK) - 16  # its guard alias, `_guard` hashed past the limit, must fit
+ALIAS_MAX = NAME_MAX - len(GUARD_MARK) - 16  # its guard alias, `_guard` hashed past the limit, must fit
 _local_moves = threading.Lock()  # serialises alias moves on local storage (see QdrantSink.move_alias)
 
 
@@ -92,7 +92,7 @@ class AliasMoves:
             guards = self._claim(alias, target, expected)
             crashpoints.crash_if_armed("cutover_before_commit")
             try:
-                with _translated():
+                with translated():
                     self.collections.client.update_collection_aliases(
                         change_aliases_operations=_swap(alias, target, expected, guards)
                     )
@@ -129,13 +129,13 @@ class AliasMoves:
         guard = _guard(alias, expected)
         if guard in aliases:
             return _guards_of(alias, aliases)
-        with _translated():
+        with translated():
             self.collections.client.update_collection_aliases(
                 change_aliases_operations=[_create_alias(guard, target if expected is None else expected)]
             )
         aliases = self.collections.aliases()
         if aliases.get(alias) != expected:
-            with _translated():
+            with translated():
                 self.collections.client.update_collection_aliases(
                     change_aliases_operations=[_delete_alias(guard)]
                 )
@@ -153,7 +153,7 @@ class AliasMoves:
 
 def local_move_lock(client: QdrantClient) -> AbstractContextManager[Any]:
     """One process-wide lock around moves on local storage (see `move_alias`); none for a server."""
-    return _local_moves if _is_local(client) else nullcontext()
+    return _local_moves if is_local(client) else nullcontext()
 
 
 def _physical_alias_message(alias: str) -> str:
@@ -175,7 +175,7 @@ def _moved(alias: str, current: str | None, expected: str | None) -> CutoverRefu
 def _guard(alias: str, served: str | None) -> str:
     """The guard alias saying `alias` serves `served` ('' for no target yet); hashed past Qdrant's limit."""
     name = f"{alias}{GUARD_MARK}{served or ''}"
-    if len(name) <= _NAME_MAX:
+    if len(name) <= NAME_MAX:
         return name
     return f"{alias}{GUARD_MARK}{hashlib.sha256((served or '').encode()).hexdigest()[:16]}"
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from reindex.fingerprint import text_hash
 from reindex.ports import Record
-from reindex_adapters.qdrant.points import _dotted, _parse_point_id, _uuid_point_id
+from reindex_adapters.qdrant.points import dotted, parse_point_id, uuid_point_id
 
 if TYPE_CHECKING:
     from qdrant_client import models
@@ -19,14 +19,14 @@ INDEX_KEYS = ["reindex_id", "reindex_fingerprint", "reindex_content_hash", "rein
 ADOPTED = "application"  # `reindex_origin` of a point the application wrote and `adopt` gave the other keys
 
 
-def _reindex_meta(config: Any) -> dict[str, Any]:
+def reindex_meta(config: Any) -> dict[str, Any]:
     """What prepare() recorded in the collection metadata; {} for collections reindex did not build."""
     recorded = (config.metadata or {}).get(META_KEY)
     return dict(recorded) if isinstance(recorded, Mapping) else {}
 
 
 @dataclass(frozen=True)
-class _Bookkeeping:
+class Bookkeeping:
     """How `scan_index` reads a point's content hash and fingerprint.
 
     The tool writes both on every point. A point without `reindex_content_hash` was upserted whole by the
@@ -40,7 +40,7 @@ class _Bookkeeping:
     text_field: str | None
 
     @classmethod
-    def of(cls, meta: Mapping[str, Any]) -> _Bookkeeping:
+    def of(cls, meta: Mapping[str, Any]) -> Bookkeeping:
         fingerprint, text_field = meta.get("fingerprint"), meta.get("text_field")
         if not isinstance(fingerprint, str) or not isinstance(text_field, str):
             return cls(None, None)
@@ -53,26 +53,26 @@ class _Bookkeeping:
             return payload["reindex_content_hash"], payload.get("reindex_fingerprint"), adopted
         if self.text_field is None:
             return None, payload.get("reindex_fingerprint"), True
-        text = _dotted(payload, self.text_field)
+        text = dotted(payload, self.text_field)
         digest = text_hash(Record("", text)) if isinstance(text, str) else None
         return digest, self.fingerprint, True
 
 
-def _unhashed(doc_id: str) -> Any:
+def unhashed(doc_id: str) -> Any:
     """A filter for the application's point of this id (its own point id: it has no `reindex_id`), while
     it still carries no content hash."""
     from qdrant_client import models
 
-    parsed = _parse_point_id(doc_id)
+    parsed = parse_point_id(doc_id)
     return models.Filter(
         must=[
-            models.HasIdCondition(has_id=[_uuid_point_id(doc_id) if parsed is None else parsed]),
+            models.HasIdCondition(has_id=[uuid_point_id(doc_id) if parsed is None else parsed]),
             models.IsEmptyCondition(is_empty=models.PayloadField(key="reindex_content_hash")),
         ]
     )
 
 
-def _hash_is(digest: str, points: Sequence[Any] = ()) -> models.Filter:
+def hash_is(digest: str, points: Sequence[Any] = ()) -> models.Filter:
     """Points storing this content hash (among `points`, when given)."""
     from qdrant_client import models
 

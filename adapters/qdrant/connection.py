@@ -30,13 +30,13 @@ from reindex.ports import Section
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient
 
-_NAME_MAX = 255  # Qdrant's limit on collection and alias names
+NAME_MAX = 255  # Qdrant's limit on collection and alias names
 # What a Qdrant server refuses in a new collection's name (its `validate_collection_name`), as qdrant-client's
 # local mode does: it keeps each collection in a folder named after it. An alias is read as a collection name.
 _NAME_REFUSED = '<>:"/\\|?*\0\x1f'
 
 
-class _Connection(Section):
+class Connection(Section):
     model_config = ConfigDict(extra="forbid", frozen=True)
     PATHS: ClassVar[tuple[str, ...]] = ("path",)  # relative to the config file (reindex.config.anchor)
     url: str | None = None
@@ -44,13 +44,13 @@ class _Connection(Section):
     api_key_env: str | None = None
 
     @model_validator(mode="after")
-    def _one_location(self) -> _Connection:
+    def _one_location(self) -> Connection:
         if (self.url is None) == (self.path is None):
             raise ValueError("set exactly one of url (a Qdrant server) or path (local storage)")
         return self
 
 
-def _creatable(name: str, longest: int, why: str) -> str:
+def creatable(name: str, longest: int, why: str) -> str:
     """`name` if Qdrant accepts it for a collection or alias the tool creates; else a ValueError naming the fix."""
     refused = sorted(set(name) & set(_NAME_REFUSED))
     if refused:
@@ -78,39 +78,39 @@ class _Shared:
     users: int = 0
 
 
-_clients: dict[str, _Shared] = {}
+clients: dict[str, _Shared] = {}
 _clients_lock = threading.Lock()
 
 
-def _acquire(config: _Connection) -> tuple[QdrantClient, str]:
+def acquire(config: Connection) -> tuple[QdrantClient, str]:
     key = _client_key(config)
     with _clients_lock:
-        if key not in _clients:
-            _clients[key] = _Shared(_open(config))
-        shared = _clients[key]
+        if key not in clients:
+            clients[key] = _Shared(_open(config))
+        shared = clients[key]
         shared.users += 1
         return shared.client, key
 
 
-def _release(key: str | None) -> None:
+def release(key: str | None) -> None:
     if key is None:
         return
     with _clients_lock:
-        shared = _clients[key]
+        shared = clients[key]
         shared.users -= 1
         if shared.users == 0:
-            del _clients[key]
+            del clients[key]
             shared.client.close()
 
 
-def _client_key(config: _Connection) -> str:
+def _client_key(config: Connection) -> str:
     if config.url is not None:
         return f"url:{config.url}|{config.api_key_env or ''}"
     assert config.path is not None
     return "path::memory:" if config.path == ":memory:" else f"path:{Path(config.path).resolve()}"
 
 
-def _open(config: _Connection) -> QdrantClient:
+def _open(config: Connection) -> QdrantClient:
     try:
         from qdrant_client import QdrantClient
     except ImportError:
@@ -120,7 +120,7 @@ def _open(config: _Connection) -> QdrantClient:
         return _open_local(QdrantClient, config.path)
     client = QdrantClient(url=config.url, api_key=_api_key(config.api_key_env), check_compatibility=False)
     try:
-        with _translated():
+        with translated():
             client.get_collections()
     except ReindexError as exc:
         client.close()
@@ -205,7 +205,7 @@ def _redacted(url: str) -> str:
     return f"{parts.scheme.lower()}://{parts.hostname}{f':{parts.port}' if parts.port else ''}{path}"
 
 
-def _location(client: QdrantClient) -> str:
+def location(client: QdrantClient) -> str:
     """The server URL the client talks to (host lowercased, port explicit, no credentials or query),
     or the absolute local storage path; `:memory:<id>` for a store that dies with its client."""
     options = client.init_options
@@ -217,13 +217,13 @@ def _location(client: QdrantClient) -> str:
     return _redacted(str(uri))
 
 
-def _is_local(client: QdrantClient) -> bool:
+def is_local(client: QdrantClient) -> bool:
     options = client.init_options
     return options.get("path") is not None or options.get("location") == ":memory:"
 
 
 @contextmanager
-def _translated() -> Iterator[None]:
+def translated() -> Iterator[None]:
     """Turn client errors into the error tree, with every api key masked in the message.
 
     An original error that carries a key is not chained either: a printed traceback would show it.

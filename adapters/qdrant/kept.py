@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from reindex.fingerprint import text_hash
 from reindex.ports import Record
-from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS, _hash_is
+from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS, hash_is
 from reindex_adapters.qdrant.carried import of_payload
-from reindex_adapters.qdrant.connection import _translated
-from reindex_adapters.qdrant.points import _document_id, _json_safe
+from reindex_adapters.qdrant.connection import translated
+from reindex_adapters.qdrant.points import document_id, json_safe
 
 if TYPE_CHECKING:
     from qdrant_client import models
@@ -45,7 +45,7 @@ class KeptPoints:
         groups: dict[str | None, list[models.PointStruct]] = {}
         for record in records:
             (point,) = ids_of([record.id])
-            payload = {k: v for k, v in _json_safe(dict(record.payload)).items() if k not in INDEX_KEYS}
+            payload = {k: v for k, v in json_safe(dict(record.payload)).items() if k not in INDEX_KEYS}
             payload["reindex_id"] = record.id  # names the document where the point id is derived from it
             if (digest := text_hash(record)) is not None:  # what a guarded write or delete matches on
                 payload["reindex_content_hash"] = digest
@@ -57,10 +57,10 @@ class KeptPoints:
             for start in range(0, len(points), self.batch):
                 part = points[start : start + self.batch]
                 if digest is not None:
-                    self._upsert_where(target, part, _hash_is(digest))
+                    self._upsert_where(target, part, hash_is(digest))
                     continue
                 self._upsert_where(target, part, self.without_vector(target))
-                with _translated():
+                with translated():
                     self.collections.client.upsert(
                         target, part, wait=True, update_mode=models.UpdateMode.INSERT_ONLY
                     )
@@ -81,9 +81,9 @@ class KeptPoints:
             selector = models.FilterSelector(
                 filter=models.Filter(must=[models.HasIdCondition(has_id=points)])
                 if digest is None
-                else _hash_is(digest, points)
+                else hash_is(digest, points)
             )
-            with _translated():
+            with translated():
                 self.collections.client.delete_vectors(target, vectors=[name], points=selector, wait=True)
 
     def kept(self, target: str) -> list[str]:
@@ -91,7 +91,7 @@ class KeptPoints:
         offset: Any = None
         found: list[str] = []
         while True:
-            with _translated():
+            with translated():
                 points, offset = self.collections.client.scroll(
                     target,
                     scroll_filter=self.without_vector(target),
@@ -100,7 +100,7 @@ class KeptPoints:
                     with_payload=["reindex_id"],
                     with_vectors=False,
                 )
-            found += [_document_id(p) for p in points]
+            found += [document_id(p) for p in points]
             if offset is None:
                 return sorted(found)
 
@@ -114,7 +114,7 @@ class KeptPoints:
     def _upsert_where(self, target: str, points: list[models.PointStruct], only: models.Filter) -> None:
         from qdrant_client import models
 
-        with _translated():
+        with translated():
             self.collections.client.upsert(
                 target, points, wait=True, update_mode=models.UpdateMode.UPDATE_ONLY, update_filter=only
             )

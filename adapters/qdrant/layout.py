@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from reindex.errors import ConfigError
 from reindex.ports import Distance, Loss
-from reindex_adapters.qdrant.points import _qdrant_distance
+from reindex_adapters.qdrant.points import qdrant_distance
 
 if TYPE_CHECKING:
     from qdrant_client import models
@@ -229,7 +229,7 @@ def creation(
         for params in dense.values():  # kept on the carried vectors, off the new one
             params.setdefault("quantization_config", wide)
         wide = None
-    new = models.VectorParams(size=dim, distance=_qdrant_distance(distance), **_new_vector(layout, options))
+    new = models.VectorParams(size=dim, distance=qdrant_distance(distance), **_new_vector(layout, options))
     vectors = {n: models.VectorParams.model_validate(p) for n, p in dense.items()}
     sparse = {n: models.SparseVectorParams.model_validate(p) for n, p in layout.get("sparse", {}).items()}
     hnsw = collection.pop("hnsw_config", None)

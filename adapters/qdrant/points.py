@@ -41,10 +41,10 @@ def point_id(doc_id: str) -> int | str:
     """
     if _is_point_number(doc_id):
         return int(doc_id)
-    return _uuid_point_id(doc_id)
+    return uuid_point_id(doc_id)
 
 
-def _uuid_point_id(doc_id: str) -> str:
+def uuid_point_id(doc_id: str) -> str:
     """The point id of targets built before integer ids were kept: a canonical UUID as itself, else uuid5."""
     if len(doc_id) == 36:
         try:
@@ -66,7 +66,7 @@ def _is_point_number(doc_id: str) -> bool:
     )
 
 
-def _dotted(payload: Mapping[str, Any], path: str) -> Any:
+def dotted(payload: Mapping[str, Any], path: str) -> Any:
     """Follow `a.b.c`; a step into a string holding a JSON object reads inside it (`_node_content`)."""
     value: Any = payload
     for step in path.split("."):
@@ -85,7 +85,7 @@ def _json_object(text: str) -> Any:
         return None
 
 
-def _parse_point_id(value: str, *, strict: bool = False) -> int | str | None:
+def parse_point_id(value: str, *, strict: bool = False) -> int | str | None:
     """Turn str(point id) back into the id Qdrant takes: an unsigned int or a UUID string."""
     if value.isascii() and value.isdigit():
         return int(value)
@@ -102,16 +102,16 @@ def _point_ids(doc_ids: Sequence[str]) -> list[Any]:
     return [point_id(i) for i in doc_ids]
 
 
-def _uuid_point_ids(doc_ids: Sequence[str]) -> list[Any]:
-    """`_uuid_point_id` of every id: a target built before integer ids were kept."""
-    return [_uuid_point_id(i) for i in doc_ids]
+def uuid_point_ids(doc_ids: Sequence[str]) -> list[Any]:
+    """`uuid_point_id` of every id: a target built before integer ids were kept."""
+    return [uuid_point_id(i) for i in doc_ids]
 
 
-def _candidate_points(doc_id: str) -> set[int | str]:
+def candidate_points(doc_id: str) -> set[int | str]:
     """The point ids a document may be stored under: its own id as a point id, `point_id`, or the UUID
     an older target derived."""
-    parsed = _parse_point_id(doc_id)
-    found: set[int | str] = {point_id(doc_id), _uuid_point_id(doc_id)}
+    parsed = parse_point_id(doc_id)
+    found: set[int | str] = {point_id(doc_id), uuid_point_id(doc_id)}
     return found if parsed is None else found | {parsed}
 
 
@@ -127,7 +127,7 @@ def _uuid5(doc_id: str) -> str:
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
-def _point_payloads(docs: Documents, content_hashes: Sequence[str], fingerprint: str) -> list[dict[str, Any]]:
+def point_payloads(docs: Documents, content_hashes: Sequence[str], fingerprint: str) -> list[dict[str, Any]]:
     """Each document's payload as JSON plus the reindex keys (which win over the document's own)."""
     if not docs.has_payload:  # just id and text: strings, already JSON
         id_field, text_field = docs.fields
@@ -141,7 +141,7 @@ def _point_payloads(docs: Documents, content_hashes: Sequence[str], fingerprint:
             }
             for doc_id, text, content_hash in zip(docs.ids, docs.texts, content_hashes, strict=True)
         ]
-    payloads = [_json_safe(docs.payload(i)) for i in range(len(docs))]
+    payloads = [json_safe(docs.payload(i)) for i in range(len(docs))]
     for payload, doc_id, content_hash in zip(payloads, docs.ids, content_hashes, strict=True):
         payload.pop("reindex_origin", None)  # read from an adopted point: this vector is the tool's now
         payload.update(reindex_id=doc_id, reindex_fingerprint=fingerprint, reindex_content_hash=content_hash)
@@ -151,19 +151,19 @@ def _point_payloads(docs: Documents, content_hashes: Sequence[str], fingerprint:
 _JSON_SCALARS = frozenset({str, int, bool, type(None)})  # exact types kept as they are
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Copy `value` as JSON: datetimes as ISO text, Decimal as float, UUID as text, bytes as base64."""
     if type(value) in _JSON_SCALARS:
         return value
     if isinstance(value, Mapping):
         return {
-            k if type(k) is str else str(k): v if type(v) in _JSON_SCALARS else _json_safe(v)
+            k if type(k) is str else str(k): v if type(v) in _JSON_SCALARS else json_safe(v)
             for k, v in value.items()
         }
     if isinstance(value, list | tuple | set | frozenset):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, np.ndarray | np.generic):
-        return _json_safe(value.tolist())
+        return json_safe(value.tolist())
     if isinstance(value, float | Decimal):
         return float(value) if math.isfinite(value) else None
     if value is None or isinstance(value, str | int | bool):
@@ -175,7 +175,7 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def _document_id(point: Any) -> str:
+def document_id(point: Any) -> str:
     """The one name of a point's document, for every read (source scans, verify, sync, search): the
     `reindex_id` the tool stored, where the point's id is the one the tool derives from it (`point_id`, or
     an older target's UUID); else the point id itself (a point the application wrote, or one whose
@@ -184,21 +184,21 @@ def _document_id(point: Any) -> str:
     stored = (point.payload or {}).get("reindex_id")
     if not isinstance(stored, str) or stored == own:
         return own
-    return stored if own in (str(point_id(stored)), _uuid_point_id(stored)) else own
+    return stored if own in (str(point_id(stored)), uuid_point_id(stored)) else own
 
 
-def _with_vector(name: str | None) -> bool | list[str]:
+def with_vector(name: str | None) -> bool | list[str]:
     return True if name is None else [name]
 
 
-def _stored_vector(point: models.Record, name: str | None) -> Vectors:
+def stored_vector(point: models.Record, name: str | None) -> Vectors:
     raw: Any = point.vector
     if isinstance(raw, Mapping):
         raw = raw.get(name if name is not None else "", [])
     return np.asarray(raw if raw is not None else [], dtype=np.float32)
 
 
-def _vector_params(vectors: Any, name: str | None) -> Any:
+def vector_params(vectors: Any, name: str | None) -> Any:
     if not isinstance(vectors, Mapping):
         return vectors
     if name is not None:
@@ -230,7 +230,7 @@ def is_cosine(params: Any) -> bool:
     return str(getattr(params.distance, "value", params.distance)) == "Cosine"
 
 
-def _qdrant_distance(distance: Distance) -> Any:
+def qdrant_distance(distance: Distance) -> Any:
     from qdrant_client import models
 
     return models.Distance(distance.capitalize())  # "cosine" -> Distance.COSINE ("Cosine")

@@ -10,13 +10,13 @@ import numpy as np
 
 from reindex.ports import Distance, Vectors
 from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS
-from reindex_adapters.qdrant.connection import _translated
+from reindex_adapters.qdrant.connection import translated
 from reindex_adapters.qdrant.points import (
     _distance,
-    _document_id,
-    _stored_vector,
-    _vector_params,
-    _with_vector,
+    document_id,
+    stored_vector,
+    vector_params,
+    with_vector,
 )
 
 if TYPE_CHECKING:
@@ -36,11 +36,11 @@ class PointReads:
         point_ids = self.collections.point_ids(target)(ids)
         by_point = {str(p): i for p, i in zip(point_ids, ids, strict=True)}
         name = self.collections.vector_name(target)
-        with _translated():
+        with translated():
             points = self.collections.client.retrieve(
-                target, point_ids, with_payload=False, with_vectors=_with_vector(name)
+                target, point_ids, with_payload=False, with_vectors=with_vector(name)
             )
-        stored = ((by_point[str(p.id)], _stored_vector(p, name)) for p in points)
+        stored = ((by_point[str(p.id)], stored_vector(p, name)) for p in points)
         return {doc_id: vector for doc_id, vector in stored if vector.size}  # a kept point has none
 
     def fetch_matching(self, target: str, expected: Mapping[str, str]) -> dict[str, Vectors]:
@@ -53,13 +53,13 @@ class PointReads:
             part = ids[start : start + self.page]
             point_ids = ids_of(part)
             by_point = {str(p): i for p, i in zip(point_ids, part, strict=True)}
-            with _translated():
+            with translated():
                 points = self.collections.client.retrieve(
-                    target, point_ids, with_payload=INDEX_KEYS, with_vectors=_with_vector(name)
+                    target, point_ids, with_payload=INDEX_KEYS, with_vectors=with_vector(name)
                 )
             for point in points:
                 doc_id = by_point[str(point.id)]
-                vector = _stored_vector(point, name)
+                vector = stored_vector(point, name)
                 if (point.payload or {}).get("reindex_content_hash") == expected[doc_id] and vector.size:
                     found[doc_id] = vector
         return found
@@ -67,16 +67,16 @@ class PointReads:
     def scan_vectors(self, target: str, batch: int = 5000) -> Iterator[tuple[list[str], Vectors]]:
         name = self.collections.vector_name(target)
         for points in self.pages(target, name, batch):
-            kept = [(p, v) for p in points if (v := _stored_vector(p, name)).size]
+            kept = [(p, v) for p in points if (v := stored_vector(p, name)).size]
             if kept:
-                yield [_document_id(p) for p, _ in kept], np.stack([v for _, v in kept]).astype(np.float32)
+                yield [document_id(p) for p, _ in kept], np.stack([v for _, v in kept]).astype(np.float32)
 
     def search(self, target: str, vectors: Vectors, k: int) -> list[list[str]]:
         """Qdrant's own (HNSW) search, one query per vector."""
         name = self.collections.vector_name(target)
         found: list[list[str]] = []
         for vector in vectors:
-            with _translated():
+            with translated():
                 response = self.collections.client.query_points(
                     target,
                     query=np.asarray(vector, dtype=np.float32).tolist(),
@@ -84,13 +84,13 @@ class PointReads:
                     limit=k,
                     with_payload=INDEX_KEYS,
                 )
-            found.append([_document_id(p) for p in response.points])
+            found.append([document_id(p) for p in response.points])
         return found
 
     def distance(self, target: str) -> Distance:
-        with _translated():
+        with translated():
             config = self.collections.client.get_collection(target).config
-        return _distance(_vector_params(config.params.vectors, self.collections.vector_name(target)), target)
+        return _distance(vector_params(config.params.vectors, self.collections.vector_name(target)), target)
 
     def pages(
         self, target: str, name: str | None, limit: int, carried: Sequence[str] = (), *, whole: bool = False
@@ -99,9 +99,9 @@ class PointReads:
         `whole`: with every vector. The whole payload is read: verify compares it with the source's
         (`IndexEntry.fields`), and a point the application upserted needs its text for its hash."""
         offset: Any = None
-        wanted: bool | list[str] = [name or "", *carried] if carried else _with_vector(name)
+        wanted: bool | list[str] = [name or "", *carried] if carried else with_vector(name)
         while True:
-            with _translated():
+            with translated():
                 points, offset = self.collections.client.scroll(
                     target,
                     limit=limit,

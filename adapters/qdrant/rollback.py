@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from reindex_adapters.qdrant.bookkeeping import _reindex_meta
+from reindex_adapters.qdrant.bookkeeping import reindex_meta
 from reindex_adapters.qdrant.carried import point_version
-from reindex_adapters.qdrant.connection import _translated
-from reindex_adapters.qdrant.points import _document_id, _dotted
+from reindex_adapters.qdrant.connection import translated
+from reindex_adapters.qdrant.points import document_id, dotted
 
 if TYPE_CHECKING:
     from qdrant_client import models
@@ -76,11 +76,11 @@ class CarryBack:
         found: list[str] = []
         for points in self._scroll(served, missing, with_vectors=False):
             ids = [p.id for p in points]
-            with _translated():
+            with translated():
                 held = self.collections.client.retrieve(
                     replaced, ids, with_payload=["reindex_id"], with_vectors=[name]
                 )
-            found += [_document_id(p) for p in held if _has(p, name)]
+            found += [document_id(p) for p in held if _has(p, name)]
         return sorted(found)
 
     def _carry(
@@ -96,12 +96,12 @@ class CarryBack:
 
         gone = [i for i in ids if i not in ours]
         if gone:
-            with _translated():
+            with translated():
                 self.collections.client.delete(older, models.PointIdsList(points=gone), wait=True)
         written = [i for i in ids if i in ours]
         for start in range(0, len(written), PAGE):
             part = written[start : start + PAGE]
-            with _translated():
+            with translated():
                 points = self.collections.client.retrieve(newer, part, with_payload=True, with_vectors=True)
                 kept = self.collections.client.retrieve(
                     older, part, with_payload=False, with_vectors=_names(name)
@@ -112,7 +112,7 @@ class CarryBack:
                 same_text = point.id in theirs and theirs[point.id][1] == ours[point.id][1]
                 own = vectors.get(point.id) if same_text else None
                 structs.append(_struct(point, name, own))
-            with _translated():
+            with translated():
                 self.collections.client.upsert(older, structs, wait=True)
 
     def _states(
@@ -127,11 +127,11 @@ class CarryBack:
             for point in points:
                 yield (
                     point.id,
-                    (point_version(point, leave=name or ""), _dotted(point.payload or {}, text_field)),
+                    (point_version(point, leave=name or ""), dotted(point.payload or {}, text_field)),
                 )
 
     def _retrieve(self, collection: str, ids: Sequence[Any]) -> list[models.Record]:
-        with _translated():
+        with translated():
             return self.collections.client.retrieve(
                 collection, list(ids), with_payload=True, with_vectors=True
             )
@@ -141,7 +141,7 @@ class CarryBack:
     ) -> Iterator[list[models.Record]]:
         offset: Any = None
         while True:
-            with _translated():
+            with translated():
                 points, offset = self.collections.client.scroll(
                     collection,
                     scroll_filter=only,
@@ -159,8 +159,8 @@ class CarryBack:
         every blank point it lacks was deleted from it: it keeps the dead letters' points (made by a version
         that does), or the tool did not build it (the application's own collection, rolled away from when a
         rollback is rolled forward again: what it lacks, the application deleted)."""
-        with _translated():
-            meta = _reindex_meta(self.collections.client.get_collection(newer).config)
+        with translated():
+            meta = reindex_meta(self.collections.client.get_collection(newer).config)
         text_field = str(meta.get("text_field") or "page_content")
         keeps = bool(meta.get("keeps_dead_letters")) or not meta.get("fingerprint")
         return self.collections.vector_name(newer), text_field, keeps

@@ -32,35 +32,35 @@ from reindex.ports import (
 )
 from reindex.vectors import vector_problem
 from reindex_adapters.qdrant import offers
-from reindex_adapters.qdrant.alias import _ALIAS_MAX, GUARD_MARK, AliasMoves, local_move_lock
+from reindex_adapters.qdrant.alias import ALIAS_MAX, GUARD_MARK, AliasMoves, local_move_lock
 from reindex_adapters.qdrant.bookkeeping import (
     ADOPTED,
     META_KEY,
-    _Bookkeeping,
-    _hash_is,
-    _reindex_meta,
-    _unhashed,
+    Bookkeeping,
+    hash_is,
+    reindex_meta,
+    unhashed,
 )
 from reindex_adapters.qdrant.carried import carried_vectors, digests, of_payload, point_version
 from reindex_adapters.qdrant.connection import (
-    _NAME_MAX,
-    _acquire,
-    _Connection,
-    _creatable,
-    _is_local,
-    _location,
-    _release,
-    _translated,
+    NAME_MAX,
+    Connection,
+    acquire,
+    creatable,
+    is_local,
+    location,
+    release,
+    translated,
 )
 from reindex_adapters.qdrant.kept import KeptPoints
 from reindex_adapters.qdrant.layout import TargetOptions, losses, payload_indexes, refuse_unaccepted
 from reindex_adapters.qdrant.points import (
     NATIVE_IDS,
-    _document_id,
-    _json_safe,
-    _point_payloads,
-    _stored_vector,
-    _vector_params,
+    document_id,
+    json_safe,
+    point_payloads,
+    stored_vector,
+    vector_params,
 )
 from reindex_adapters.qdrant.reads import PointReads
 from reindex_adapters.qdrant.rollback import CarryBack
@@ -78,7 +78,7 @@ class QdrantSink:
 
     holds_writers = False  # nothing holds a collection's writers: cutover --sync carries the window after
 
-    class Config(_Connection, TargetOptions, TargetSection):
+    class Config(Connection, TargetOptions, TargetSection):
         kind: Literal["qdrant"]
         upsert_batch: int = Field(default=256, ge=1)
 
@@ -87,12 +87,12 @@ class QdrantSink:
         def _alias_qdrant_accepts(cls, alias: str) -> str:
             """Refused here, at config time: Qdrant would refuse it only at cutover, after the whole run.
             Its target, `<alias>__<fp8>`, is then one Qdrant accepts too."""
-            return _creatable(alias, _ALIAS_MAX, "for the guard alias the tool adds") if alias else alias
+            return creatable(alias, ALIAS_MAX, "for the guard alias the tool adds") if alias else alias
 
         @field_validator("name")
         @classmethod
         def _name_qdrant_accepts(cls, name: str | None) -> str | None:
-            return _creatable(name, _NAME_MAX, "Qdrant's limit") if name else name
+            return creatable(name, NAME_MAX, "Qdrant's limit") if name else name
 
     def __init__(
         self, client: QdrantClient, *, upsert_batch: int = 256, options: TargetOptions | None = None
@@ -111,7 +111,7 @@ class QdrantSink:
 
     @classmethod
     def from_config(cls, config: Config) -> QdrantSink:
-        client, key = _acquire(config)
+        client, key = acquire(config)
         options = TargetOptions.model_validate(config.model_dump(include=set(TargetOptions.model_fields)))
         sink = cls(client, upsert_batch=config.upsert_batch, options=options)
         sink._lease = key
@@ -120,7 +120,7 @@ class QdrantSink:
 
     def identity(self) -> str:
         """`qdrant:<server url or absolute path>`: where the collections live, never the api key."""
-        return f"qdrant:{_location(self._client)}"
+        return f"qdrant:{location(self._client)}"
 
     def scratch(self, spec: TargetSpec, token: str) -> TargetSpec | None:
         """A collection of the target's settings named `reindex_rehearsal_<token>`, served by no alias."""
@@ -148,7 +148,7 @@ class QdrantSink:
             "alias": spec.alias,
             "vector": name,
             "text_field": spec.source.text_field,  # where an application's point holds its text
-            "model": _json_safe(spec.model),
+            "model": json_safe(spec.model),
             "plan_id": spec.plan_id,
             "nonce": spec.nonce,
             "created_at": datetime.now(UTC).isoformat(),
@@ -161,14 +161,14 @@ class QdrantSink:
         }
         refuse_unaccepted(self.losses(spec), spec.source.layout.get("source") or spec.alias)
         metadata = {**spec.source.layout.get("metadata", {}), META_KEY: meta}  # the application's kept
-        with _translated():
+        with translated():
             self._client.create_collection(spec.name, **self.collections.arguments(spec), metadata=metadata)
         self._index_payload(spec)  # before the first point: a tenant index shapes how points are stored
 
     def _index_payload(self, spec: TargetSpec) -> None:
         """The source's payload indexes, with their parameters (layout.payload_indexes)."""
         for field, schema in payload_indexes(spec.source.layout).items():
-            with _translated(), warnings.catch_warnings():
+            with translated(), warnings.catch_warnings():
                 # local mode warns that payload indexes do nothing there (text indexes with `scoring`
                 # do: its text queries need them); on a server they are what filtered searches use
                 warnings.filterwarnings("ignore", "Payload indexes have no effect", UserWarning)
@@ -185,7 +185,7 @@ class QdrantSink:
         numpy rows, no `PointStruct` per row; wait=True on a server, and local mode stores every point
         before it returns, so a returned write is durable. The client's `upload_collection` is not used:
         on a server it opens its own connection, retries with warnings on its own and defaults to
-        wait=False, while retries belong to the pipeline and errors to `_translated`.
+        wait=False, while retries belong to the pipeline and errors to `translated`.
         """
         self._upsert(target, rows)
 
@@ -208,7 +208,7 @@ class QdrantSink:
                 )
                 self._upsert(target, part, mode=models.UpdateMode.INSERT_ONLY)
             else:
-                self._upsert(target, part, mode=models.UpdateMode.UPDATE_ONLY, only=_hash_is(digest))
+                self._upsert(target, part, mode=models.UpdateMode.UPDATE_ONLY, only=hash_is(digest))
 
     def delete_guarded(self, target: str, expected: Mapping[str, str]) -> None:
         """Delete each document's point only while it stores the content hash `expected` names for it."""
@@ -219,8 +219,8 @@ class QdrantSink:
         for doc_id, digest in expected.items():
             groups.setdefault(digest, []).append(ids_of([doc_id])[0])
         for digest, points in groups.items():
-            with _translated():
-                self._client.delete(target, models.FilterSelector(filter=_hash_is(digest, points)), wait=True)
+            with translated():
+                self._client.delete(target, models.FilterSelector(filter=hash_is(digest, points)), wait=True)
 
     def _upsert(
         self,
@@ -240,7 +240,7 @@ class QdrantSink:
             )
         name = self.collections.vector_name(target)
         ids: list[Any] = self.collections.point_ids(target)(docs.ids)
-        payloads = _point_payloads(docs, rows.content_hashes, rows.fingerprint)
+        payloads = point_payloads(docs, rows.content_hashes, rows.fingerprint)
         carried, _ = self.collections.carried_of(target)
         others = [of_payload(docs.payload(i)) or {} for i in range(len(docs))] if carried else []
         guards: dict[str, Any] = {} if mode is None else {"update_mode": mode, "update_filter": only}
@@ -260,36 +260,36 @@ class QdrantSink:
                     models.PointStruct.model_construct(id=i, vector={name or "": v, **more}, payload=p)
                     for i, v, more, p in rows_of
                 ]
-            with _translated():
+            with translated():
                 self._client.upsert(target, batch, wait=True, **guards)
 
     def delete(self, target: str, ids: Sequence[str]) -> None:
         from qdrant_client import models
 
-        with _translated():
+        with translated():
             self._client.delete(
                 target, models.PointIdsList(points=self.collections.point_ids(target)(ids)), wait=True
             )
 
     def finalize(self, spec: TargetSpec) -> None:
         """Index `reindex_id` on a server, for verify and sync; local mode has no payload indexes."""
-        if _is_local(self._client):
+        if is_local(self._client):
             return
         from qdrant_client import models
 
-        with _translated():
+        with translated():
             self._client.create_payload_index(
                 spec.name, "reindex_id", models.PayloadSchemaType.KEYWORD, wait=True
             )
 
     def describe(self, target: str) -> TargetInfo | None:
-        with _translated():
+        with translated():
             if not self._client.collection_exists(target):
                 return None
             config = self._client.get_collection(target).config
             count = self._client.count(target, exact=True).count
-        meta = _reindex_meta(config)
-        params = _vector_params(config.params.vectors, meta.get("vector"))
+        meta = reindex_meta(config)
+        params = vector_params(config.params.vectors, meta.get("vector"))
         return TargetInfo(
             target,
             count,
@@ -302,7 +302,7 @@ class QdrantSink:
 
     def scan_index(self, target: str, dim: int) -> Iterator[IndexEntry]:
         """Points the application upserted through the alias lost the reindex keys (an upsert replaces the
-        whole payload): their hash and fingerprint are derived from their text (`_Bookkeeping`), and they
+        whole payload): their hash and fingerprint are derived from their text (`Bookkeeping`), and they
         are marked. Every point's payload is digested for verify (`IndexEntry.fields`)."""
         for entry, _ in self._entries(target, dim, whole=False):
             yield entry
@@ -320,11 +320,11 @@ class QdrantSink:
     def _entries(self, target: str, dim: int, *, whole: bool) -> Iterator[tuple[IndexEntry, models.Record]]:
         name = self.collections.vector_name(target)
         carried, _ = self.collections.carried_of(target)
-        with _translated():
-            bookkeeping = _Bookkeeping.of(_reindex_meta(self._client.get_collection(target).config))
+        with translated():
+            bookkeeping = Bookkeeping.of(reindex_meta(self._client.get_collection(target).config))
         for points in self._reads.pages(target, name, self.upsert_batch, carried, whole=whole):
             for point in points:
-                vector = _stored_vector(point, name)
+                vector = stored_vector(point, name)
                 if not vector.size and not whole:  # a document kept without a vector (`keep`): no entry
                     continue
                 payload = point.payload or {}
@@ -333,7 +333,7 @@ class QdrantSink:
                 problem = vector_problem(vector, dim)
                 parts = digests(carried_vectors(point, carried)) if carried else None
                 entry = IndexEntry(
-                    _document_id(point),
+                    document_id(point),
                     digest,
                     fingerprint,
                     problem,
@@ -363,12 +363,12 @@ class QdrantSink:
                             "reindex_content_hash": digest,
                             "reindex_origin": ADOPTED,
                         },
-                        filter=_unhashed(doc_id),
+                        filter=unhashed(doc_id),
                     )
                 )
                 for doc_id, digest in items[start : start + self.upsert_batch]
             ]
-            with _translated():
+            with translated():
                 self._client.batch_update_points(target, operations, wait=True)
         return len(items)
 
@@ -386,7 +386,7 @@ class QdrantSink:
                 hint="move the alias to another target before pruning",
             )
         if target in self.collections.names():
-            with _translated():
+            with translated():
                 self._client.delete_collection(target)
         self.collections.forget(target)
 
@@ -450,13 +450,13 @@ class QdrantSink:
         return self._back.unserved(alias, served, replaced)
 
     def close(self) -> None:
-        _release(self._lease)
+        release(self._lease)
         self._lease = None
 
     def _created_at(self, name: str) -> str:
-        with _translated():
+        with translated():
             config = self._client.get_collection(name).config
-        return str(_reindex_meta(config).get("created_at", ""))
+        return str(reindex_meta(config).get("created_at", ""))
 
 
 def _check_existing(info: TargetInfo, spec: TargetSpec) -> None:

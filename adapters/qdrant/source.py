@@ -14,14 +14,14 @@ from reindex.offers import SourceOffer
 from reindex.ports import Record, Sink, SourceSchema
 from reindex_adapters.qdrant import offers
 from reindex_adapters.qdrant.carried import PointPayload, carried_vectors, digests
-from reindex_adapters.qdrant.connection import _acquire, _Connection, _location, _release, _translated
+from reindex_adapters.qdrant.connection import Connection, acquire, location, release, translated
 from reindex_adapters.qdrant.layout import carried_names, local_payload_schema, source_layout
 from reindex_adapters.qdrant.points import (
-    _candidate_points,
     _distance,
-    _document_id,
-    _dotted,
-    _parse_point_id,
+    candidate_points,
+    document_id,
+    dotted,
+    parse_point_id,
 )
 from reindex_adapters.qdrant.sink import QdrantSink
 
@@ -36,7 +36,7 @@ class QdrantSource:
 
     offer: ClassVar[SourceOffer] = offers.SOURCE  # what `reindex init` writes for it
 
-    class Config(_Connection):
+    class Config(Connection):
         kind: Literal["qdrant"]
         collection: str
         text_field: str = "page_content"  # dotted path into the payload, e.g. "metadata.text"
@@ -71,7 +71,7 @@ class QdrantSource:
 
     @classmethod
     def from_config(cls, config: Config) -> QdrantSource:
-        client, key = _acquire(config)
+        client, key = acquire(config)
         source = cls(
             client,
             collection=config.collection,
@@ -85,10 +85,10 @@ class QdrantSource:
 
     def identity(self) -> str:
         """`qdrant:<server url or absolute path>/<collection>#id,<text field>`: no key, no page size."""
-        return f"qdrant:{_location(self._client)}/{self.collection}#id,{self.text_field}"
+        return f"qdrant:{location(self._client)}/{self.collection}#id,{self.text_field}"
 
     def schema(self) -> SourceSchema:
-        with _translated():
+        with translated():
             info = self._client.get_collection(self._require())
         config = info.config
         name, params = self._pick_vector(config.params.vectors)
@@ -107,13 +107,13 @@ class QdrantSource:
         )
 
     def count(self) -> int | None:
-        with _translated():
+        with translated():
             return self._client.count(self._require(), exact=True).count
 
     def scan(self, after: str | None = None) -> Iterator[Record]:
-        offset: int | str | None = None if after is None else _parse_point_id(after, strict=True)
+        offset: int | str | None = None if after is None else parse_point_id(after, strict=True)
         while True:
-            with _translated():
+            with translated():
                 points, next_offset = self._client.scroll(
                     self._require(),
                     limit=self.page_size,
@@ -132,10 +132,10 @@ class QdrantSource:
         """(last point id, points) of each shard of `size` points after `after`, as `scan` would cut them:
         a scroll of ids alone (no payload, no vector), so a ray driver plans a big collection without
         reading its texts. A point without a text is a document too (a dead letter)."""
-        offset: int | str | None = None if after is None else _parse_point_id(after, strict=True)
+        offset: int | str | None = None if after is None else parse_point_id(after, strict=True)
         count, last = 0, ""
         while True:
-            with _translated():
+            with translated():
                 points, next_offset = self._client.scroll(
                     self._require(),
                     limit=max(self.page_size, BOUNDS_PAGE),
@@ -157,11 +157,11 @@ class QdrantSource:
             yield last, count
 
     def fetch(self, ids: Sequence[str]) -> Iterator[Record]:
-        """The documents with these ids (`_document_id`): the point of that id, or the point a reindex
+        """The documents with these ids (`document_id`): the point of that id, or the point a reindex
         target stored the document under."""
         wanted = set(ids)
-        candidates = {str(p): p for i in wanted for p in _candidate_points(i)}
-        with _translated():
+        candidates = {str(p): p for i in wanted for p in candidate_points(i)}
+        with translated():
             points = self._client.retrieve(
                 self._require(),
                 list(candidates.values()),
@@ -176,7 +176,7 @@ class QdrantSource:
         the live index the application wrote to until the flip. It shares this source's client."""
         if not isinstance(sink, QdrantSink) or self.collection not in (alias, previous):
             return None
-        if _location(sink._client) != _location(self._client):
+        if location(sink._client) != location(self._client):
             return None
         return self.over(previous)
 
@@ -192,12 +192,12 @@ class QdrantSource:
         )
 
     def close(self) -> None:
-        _release(self._lease)
+        release(self._lease)
         self._lease = None
 
     def _require(self) -> str:
         if not self._checked:
-            with _translated():
+            with translated():
                 exists = self._client.collection_exists(self.collection)
             if not exists:
                 raise ConfigError(
@@ -219,8 +219,8 @@ class QdrantSource:
         if self._carried_names():
             vectors = carried_vectors(point, self._carried_names())
             payload, carried = PointPayload(payload, vectors), digests(vectors)
-        text = _dotted(payload, self.text_field)
-        doc_id = _document_id(point)
+        text = dotted(payload, self.text_field)
+        doc_id = document_id(point)
         cursor = None if doc_id == str(point.id) else str(point.id)  # scans resume after a point id
         fields = fields_version(payload)
         if text is None:

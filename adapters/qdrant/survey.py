@@ -22,10 +22,10 @@ from reindex.survey import (
     text_lengths,
 )
 from reindex_adapters.qdrant.alias import GUARD_MARK
-from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS, _reindex_meta
-from reindex_adapters.qdrant.connection import _acquire, _release, _translated
+from reindex_adapters.qdrant.bookkeeping import INDEX_KEYS, reindex_meta
+from reindex_adapters.qdrant.connection import acquire, release, translated
 from reindex_adapters.qdrant.layout import in_words, source_layout
-from reindex_adapters.qdrant.points import _distance, _vector_params
+from reindex_adapters.qdrant.points import _distance, vector_params
 from reindex_adapters.qdrant.sink import QdrantSink
 from reindex_adapters.qdrant.source import QdrantSource
 
@@ -38,12 +38,12 @@ def survey(section: dict[str, Any], given: Overrides) -> Survey:
     config = validate("source", QdrantSource.Config, section)
     if given.id_field is not None:
         raise ConfigError("a Qdrant source is keyed by its point ids", hint="leave out --id-column")
-    client, lease = _acquire(config)
+    client, lease = acquire(config)
     try:
-        with _translated():
+        with translated():
             return _survey(client, config.collection, given)
     finally:
-        _release(lease)
+        release(lease)
 
 
 def _survey(client: QdrantClient, name: str, given: Overrides) -> Survey:
@@ -52,7 +52,7 @@ def _survey(client: QdrantClient, name: str, given: Overrides) -> Survey:
         raise ConfigError(f"Qdrant collection or alias {name!r} not found", hint=_known(client))
     collection = alias.target or name
     config = client.get_collection(collection).config
-    recorded = _reindex_meta(config).get("vector") if alias.fingerprint else None
+    recorded = reindex_meta(config).get("vector") if alias.fingerprint else None
     vector, params = _pick_vector(name, config.params.vectors, given.vector_field, recorded)
     points, _ = client.scroll(name, limit=SAMPLE_ROWS, with_payload=True, with_vectors=False)
     lengths = text_lengths([_documents_fields(p.payload or {}) for p in points], into_json_strings=True)
@@ -94,7 +94,7 @@ def _pick_vector(name: str, vectors: Any, given: str | None, recorded: Any = Non
                 "the first of several dense vectors; nothing tells which one the new model replaces: check"
             )
             vector = Choice(vector.field, reason, vector.others)
-    params = _vector_params(vectors, vector.field)
+    params = vector_params(vectors, vector.field)
     if params is None:
         raise ConfigError(
             f"{name!r} has no vector named {vector.field!r}", hint=f"vectors: {', '.join(names)}"

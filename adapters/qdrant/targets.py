@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from reindex.errors import ConfigError
 from reindex.ports import Source, TargetSpec
-from reindex_adapters.qdrant.bookkeeping import _reindex_meta
+from reindex_adapters.qdrant.bookkeeping import reindex_meta
 from reindex_adapters.qdrant.carried import carried_vectors, of_payload, same
-from reindex_adapters.qdrant.connection import _is_local, _translated
+from reindex_adapters.qdrant.connection import is_local, translated
 from reindex_adapters.qdrant.layout import (
     LOCAL_NOTE,
     TargetOptions,
@@ -21,7 +21,7 @@ from reindex_adapters.qdrant.layout import (
     in_words,
     words,
 )
-from reindex_adapters.qdrant.points import NATIVE_IDS, _point_ids, _uuid_point_ids, is_cosine
+from reindex_adapters.qdrant.points import NATIVE_IDS, _point_ids, is_cosine, uuid_point_ids
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient, models
@@ -49,14 +49,14 @@ class Collections:
         was recorded (`NATIVE_IDS`), a UUID for every document, so a resumed run keeps its scheme."""
         if target not in self._native:
             self.read_layout(target)
-        return _point_ids if self._native[target] else _uuid_point_ids
+        return _point_ids if self._native[target] else uuid_point_ids
 
     def read_layout(self, target: str) -> None:
-        with _translated():
+        with translated():
             config = self.client.get_collection(target).config
         vectors = config.params.vectors
         names: list[str | None] = list(vectors) if isinstance(vectors, Mapping) else [None]
-        meta = _reindex_meta(config)
+        meta = reindex_meta(config)
         recorded = meta.get("vector")
         self._vector_names[target] = recorded if recorded in names else next(iter(names), None)
         self._native[target] = meta.get("point_ids") == NATIVE_IDS
@@ -69,11 +69,11 @@ class Collections:
         self._carried.pop(target, None)
 
     def names(self) -> set[str]:
-        with _translated():
+        with translated():
             return {c.name for c in self.client.get_collections().collections}
 
     def aliases(self) -> dict[str, str]:
-        with _translated():
+        with translated():
             return {a.alias_name: a.collection_name for a in self.client.get_aliases().aliases}
 
     def layout(self, spec: TargetSpec) -> dict[str, Any]:
@@ -99,7 +99,7 @@ class Collections:
         metadata = spec.source.layout.get("metadata", {})
         if metadata:
             summary.append(f"collection metadata kept: {', '.join(sorted(metadata))}")
-        local = _is_local(self.client)
+        local = is_local(self.client)
         if local and (chosen or copied):
             summary.append(LOCAL_NOTE)
         return {
@@ -122,7 +122,7 @@ class Collections:
         names, cosine = self.carried_of(target)
         theirs = {r.id: of_payload(r.payload) or {} for r in source.fetch(list(parts))}
         point_ids = self.point_ids(target)(list(parts))
-        with _translated():
+        with translated():
             found = self.client.retrieve(target, point_ids, with_payload=False, with_vectors=names or False)
         by_point = {str(p): doc_id for p, doc_id in zip(point_ids, parts, strict=True)}
         ours = {by_point[str(p.id)]: carried_vectors(p, names) for p in found}
@@ -148,9 +148,9 @@ class Collections:
     def check_layout(self, spec: TargetSpec) -> None:
         """Refuse to resume a target built with other [target] settings, or without a vector the source
         carries (built before vectors were carried): mixing would serve neither."""
-        with _translated():
+        with translated():
             config = self.client.get_collection(spec.name).config
-        recorded, chosen = _reindex_meta(config).get("options") or {}, self.options.chosen()
+        recorded, chosen = reindex_meta(config).get("options") or {}, self.options.chosen()
         if recorded != chosen:
             raise ConfigError(
                 f"collection {spec.name!r} was built with [target] settings {_settings(recorded)},"

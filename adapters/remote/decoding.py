@@ -14,7 +14,7 @@ from reindex.ports import Vectors
 def line_vectors(body: Any, size: int, dim: int) -> list[Vectors] | str:
     try:
         data = sorted(body["data"], key=lambda embedding: int(embedding["index"]))
-        vectors = [_decode(embedding["embedding"]) for embedding in data]
+        vectors = [decode(embedding["embedding"]) for embedding in data]
     except (KeyError, TypeError, ValueError):  # binascii.Error is a ValueError
         return "malformed_output"
     if len(vectors) != size:
@@ -36,13 +36,13 @@ def decode_vectors(values: Sequence[Any]) -> Vectors | None:
             return None
         flat = np.frombuffer(b"".join(raw), dtype="<f4")  # a length not a multiple of 4: ValueError
         return flat.reshape(len(raw), -1).astype(np.float32)
-    rows = [_decode(value) for value in values]
+    rows = [decode(value) for value in values]
     if len({row.shape for row in rows}) != 1:
         return None
     return np.vstack(rows)
 
 
-def _decode(value: Any) -> Vectors:
+def decode(value: Any) -> Vectors:
     if isinstance(value, str):
         return np.frombuffer(base64.b64decode(value, validate=True), dtype="<f4").astype(np.float32)
     return np.asarray(value, dtype=np.float32)

@@ -17,14 +17,14 @@ from reindex_adapters.hub import special_count
 from reindex_adapters.sentence_transformers.model import (
     Device,
     Precision,
-    _import_torch,
     _info,
-    _load,
     _max_tokens,
-    _resolve_device,
     _tokenizer,
-    _truncation,
     identity_key,
+    import_torch,
+    load,
+    resolve_device,
+    truncation,
 )
 from reindex_adapters.sentence_transformers.tokenizer import ColumnTokenizer
 
@@ -90,11 +90,11 @@ class SentenceTransformerEmbedder:
         tokenizer_threads: int | None = None,
         truncate_dim: int | None = None,
     ) -> None:
-        torch = _import_torch()
+        torch = import_torch()
         if threads:
             torch.set_num_threads(threads)
-        self.device = _resolve_device(torch, device, precision)
-        self.model = _load(model, self.device)
+        self.device = resolve_device(torch, device, precision)
+        self.model = load(model, self.device)
         self.normalize, self.prompt = normalize, prompt
         # Measured on 2 CPU cores: 512-4096 tokens per call all reach ~120 docs/s once batches are
         # length-sorted; GPUs need far larger calls to stay busy.
@@ -111,7 +111,7 @@ class SentenceTransformerEmbedder:
         self.tokenizer = ColumnTokenizer(
             backend, limit, prompt=prompt, lowercase=lowercase, threads=tokenizer_threads
         )
-        self.truncate_dim = _truncation(self.model, model, truncate_dim)
+        self.truncate_dim = truncation(self.model, model, truncate_dim)
         # the `processes` engine loads it once per device in a model process the workers feed with tokens
         self.traits = EmbedderTraits(
             device=self.device, devices=_devices(torch, self.device), batch_tokens=budget

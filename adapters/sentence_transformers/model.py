@@ -23,7 +23,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 HUB_CHECK_S = 10.0  # one request to the hub before a model that is not here is downloaded
 
 
-def _import_torch() -> Any:
+def import_torch() -> Any:
     try:
         import sentence_transformers  # noqa: F401
         import torch
@@ -32,7 +32,7 @@ def _import_torch() -> Any:
     return torch
 
 
-def _resolve_device(torch: Any, device: Device, precision: Precision) -> str:
+def resolve_device(torch: Any, device: Device, precision: Precision) -> str:
     has_cuda = bool(torch.cuda.is_available())
     if device == "cuda" and not has_cuda:
         raise ConfigError("device 'cuda' requested but CUDA is not available", hint="use 'auto' or 'cpu'")
@@ -42,7 +42,7 @@ def _resolve_device(torch: Any, device: Device, precision: Precision) -> str:
     return resolved
 
 
-def _load(model: str, device: str) -> SentenceTransformer:
+def load(model: str, device: str) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
     from transformers.utils import logging as transformers_logging
 
@@ -130,7 +130,7 @@ def _full_dim(model: SentenceTransformer, name: str) -> int:
     return dim
 
 
-def _truncation(model: SentenceTransformer, name: str, truncate_dim: int | None) -> int | None:
+def truncation(model: SentenceTransformer, name: str, truncate_dim: int | None) -> int | None:
     """`truncate_dim` as given, where the model's vectors are at least that long; ConfigError otherwise."""
     full = _full_dim(model, name)
     if truncate_dim is not None and truncate_dim > full:

@@ -32,8 +32,8 @@ def write_rows(sink: Sink, target: str, rows: Rows) -> list[DeadLetter]:
         if len(rows.records) == 1:
             return [DeadLetter(rows.records[0].id, exc.reason, exc.message[:200], rows.content_hashes[0])]
         half, end = len(rows.records) // 2, len(rows.records)
-        return write_rows(sink, target, _slice(rows, 0, half)) + write_rows(
-            sink, target, _slice(rows, half, end)
+        return write_rows(sink, target, slice(rows, 0, half)) + write_rows(
+            sink, target, slice(rows, half, end)
         )
 
 
@@ -87,7 +87,7 @@ def _rows(shard: Shard, fingerprint: str) -> Rows:
     return Rows(shard.records, shard.vectors, shard.hashes, fingerprint)
 
 
-def _slice(rows: Rows, start: int, end: int) -> Rows:
+def slice(rows: Rows, start: int, end: int) -> Rows:
     return Rows(
         rows.records[start:end], rows.vectors[start:end], rows.content_hashes[start:end], rows.fingerprint
     )

@@ -35,7 +35,7 @@ from reindex.run.claims import ClaimBook, Claims, WindowClaims, run_wide
 from reindex.run.copies import Copies, copy_rows
 from reindex.run.cost import Budget, Spending
 from reindex.run.feeding import Batch, Feeder
-from reindex.run.io import _rows, _slice, scan_documents, write_rows
+from reindex.run.io import _rows, scan_documents, slice, write_rows
 from reindex.run.progress import Progress
 from reindex.run.shards import (
     Copy,
@@ -383,7 +383,7 @@ class Pipeline:
         assert shard.vectors is not None
         if crashpoints.armed("mid_write") and len(shard.records) > 1:
             rows = _rows(shard, self.spec.fingerprint)
-            self.sink.write(self.spec.name, _slice(rows, 0, len(rows.records) // 2))
+            self.sink.write(self.spec.name, slice(rows, 0, len(rows.records) // 2))
             crashpoints.die()
         self._store(shard)
         crashpoints.crash_if_armed("after_write")

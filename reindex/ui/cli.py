@@ -29,7 +29,7 @@ from reindex.report import html as report_html
 from reindex.report import plan_html
 from reindex.ui import terminal
 from reindex.ui.consoles import err, out
-from reindex.ui.progress import _progress_bar, _signals_stop, _status
+from reindex.ui.progress import _status, progress_bar, signals_stop
 
 T = TypeVar("T")
 _JSON: ContextVar[bool] = ContextVar("json_output", default=False)  # this invocation was given --json
@@ -208,7 +208,7 @@ def run(
     """Backfill the target from the source. Rerun the same command to resume (exit 75 = interrupted)."""
     cfg = _load(config)
     stop = threading.Event()
-    with _signals_stop(stop), _progress_bar(as_json) as (on_start, on_progress):
+    with signals_stop(stop), progress_bar(as_json) as (on_start, on_progress):
         report = _guarded(
             lambda: commands.run(cfg, stop=stop, on_start=on_start, on_progress=on_progress, fresh=fresh)
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from reindex import units
-from reindex.ui.screen import Screen, _problems
+from reindex.ui.screen import Screen, problems
 from reindex.units import count, duration, integer, model_line, size, usd
 
 
@@ -45,7 +45,7 @@ def plan(s: Screen, p: dict[str, Any]) -> None:
         ("time", _eta(p)),
     ]
     if p.get("cost_online_usd") is not None or p.get("cost_batch_usd") is not None:
-        rows.append(("cost", _cost(p)))
+        rows.append(("cost", cost(p)))
         rows += [("", f"unconfirmed: {caveat}") for caveat in p.get("price_caveats") or []]
     rows += [
         ("storage", _storage(p)),
@@ -171,7 +171,7 @@ def _eta(p: dict[str, Any]) -> str:
     )
 
 
-def _cost(p: dict[str, Any]) -> str:
+def cost(p: dict[str, Any]) -> str:
     parts = []
     if p.get("cost_online_usd") is not None:
         parts.append(f"{usd(p['cost_online_usd'])} online")
@@ -220,7 +220,7 @@ def _plan_target(p: dict[str, Any]) -> str:
     if not p["target_exists"]:
         return f"{p['target']} does not exist yet: `reindex run` creates it"
     cov = p.get("coverage") or {}
-    state = "complete" if cov.get("complete") else f"not complete ({_problems(cov)})"
+    state = "complete" if cov.get("complete") else f"not complete ({problems(cov)})"
     return f"{p['target']} exists, {integer(cov.get('target_vectors'))} vectors, {state}"
 
 

@@ -35,7 +35,7 @@ def _status(message: str, quiet: bool) -> Iterator[None]:
 
 
 @contextmanager
-def _signals_stop(stop: threading.Event) -> Iterator[None]:
+def signals_stop(stop: threading.Event) -> Iterator[None]:
     """SIGTERM (spot reclaim) and SIGINT stop claiming shards; a second SIGINT aborts at once."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -53,7 +53,7 @@ def _signals_stop(stop: threading.Event) -> Iterator[None]:
 
 
 @contextmanager
-def _progress_bar(quiet: bool) -> Iterator[tuple[Callable[[int | None, int], None], Callable[[Any], None]]]:
+def progress_bar(quiet: bool) -> Iterator[tuple[Callable[[int | None, int], None], Callable[[Any], None]]]:
     """A rich bar on stderr (documents, docs/s, tokens/s, ETA); silent when not a terminal or --json."""
     if quiet or not err.is_terminal:
         yield (lambda total, done: None), (lambda progress: None)

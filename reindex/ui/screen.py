@@ -1,7 +1,7 @@
 """How a verb's output is laid out for a person: `Screen`'s headlines, label/value facts, small tables,
 warnings and next step. On a terminal with colour the tables have light rules; with NO_COLOR set or stdout
 not a terminal the output is plain text with no box drawing, so logs and pipes stay readable. Also
-`_problems`, a target's shortfall in words, which the plan and the coverage renderers both print."""
+`problems`, a target's shortfall in words, which the plan and the coverage renderers both print."""
 
 from __future__ import annotations
 
@@ -86,6 +86,6 @@ class Screen:
         self.line("Next: " + "; then ".join(f"{c} -c {self.config}" for c in commands))
 
 
-def _problems(c: dict[str, Any]) -> str:
+def problems(c: dict[str, Any]) -> str:
     """Every count that keeps the target from complete, as refusals name them (`Coverage.problems`)."""
     return Coverage(**c).problems()

@@ -255,12 +255,12 @@ def test_a_schema_target_takes_one_bulk_copy_that_stores_what_row_by_row_would(
 ) -> None:
     rows = rows_of(schema_records(2500), seed=5)  # big enough for two writer slices
     with monkeypatch.context() as patched:
-        patched.setattr(postgres, "_write_rows", _no_row_by_row)
+        patched.setattr(postgres, "write_rows", _no_row_by_row)
         schema_sink.write(SCHEMA_TARGET, rows)
 
     reference = PgvectorSink(pg_dsn, writers=1)
     reference.prepare(schema_spec("kb__rows0001"))
-    monkeypatch.setattr(postgres, "_schema_copy", lambda conn, layout: None)  # the row-by-row path
+    monkeypatch.setattr(postgres, "schema_copy", lambda conn, layout: None)  # the row-by-row path
     reference.write("kb__rows0001", rows)
     reference.close()
 

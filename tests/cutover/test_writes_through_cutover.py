@@ -245,7 +245,7 @@ def qdrant_id(doc_id: str) -> str:
 def test_writes_during_run_and_cutover_sync_are_never_lost_on_qdrant(tmp_path: Path) -> None:
     from qdrant_client import models
 
-    from reindex_adapters.qdrant.connection import _acquire, _clients, _release
+    from reindex_adapters.qdrant.connection import acquire, clients, release
     from reindex_adapters.qdrant.sink import QdrantSink
 
     storage = ":memory:"  # one process-wide store; local storage on disk takes no writes from two threads
@@ -258,8 +258,8 @@ def test_writes_during_run_and_cutover_sync_are_never_lost_on_qdrant(tmp_path: P
     )
     # the application's client is the one the tool's commands share in this process (local storage takes
     # one client at a time); held here, it stays open between the commands
-    client, lease = _acquire(QdrantSink.Config(kind="qdrant", path=storage, alias="docs"))
-    _clients[lease].client = client = Serialized(client)  # type: ignore[assignment]
+    client, lease = acquire(QdrantSink.Config(kind="qdrant", path=storage, alias="docs"))
+    clients[lease].client = client = Serialized(client)  # type: ignore[assignment]
     try:
         client.create_collection("docs_v1", models.VectorParams(size=16, distance=models.Distance.COSINE))
         client.update_collection_aliases(
@@ -303,7 +303,7 @@ def test_writes_during_run_and_cutover_sync_are_never_lost_on_qdrant(tmp_path: P
             np.testing.assert_allclose(np.asarray(point.vector), vector(NEW, text), atol=1e-5)
         assert invoke("verify", "-c", str(config))["complete"]
     finally:
-        _release(lease)
+        release(lease)
     report_figure(
         "writes_through_cutover_sync_qdrant",
         {

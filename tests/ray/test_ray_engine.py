@@ -329,7 +329,7 @@ def test_read_tasks_tokenize_with_the_models_tokenizer_and_the_actors_take_their
     assert shipped is not None
     first = next(scan_documents(registry.build("source", cluster.source), None, 32))
     item = {"seq": 0, "after": None, "last": first.last_position, "documents": len(first)}
-    row = ray_worker._read_shard(item, cluster, tokenizer=shipped)
+    row = ray_worker.read_shard(item, cluster, tokenizer=shipped)
     ahead = pickle.loads(row["tokens"])
     texts = list(dict.fromkeys(screen(first).records.texts))  # distinct, in order of first appearance
     assert len(ahead.tokens) == len(texts) < 32
@@ -351,7 +351,7 @@ def test_an_actor_holds_a_second_shard_in_its_own_lane_while_the_first_is_in_the
         m = commands.attach(m, ledger, create=True)
         first, second = planning.plan(m, ledger)[:2]
         items = [
-            ray_worker._read_shard(
+            ray_worker.read_shard(
                 {"seq": s.seq, "after": s.after_cursor, "last": s.last_cursor, "documents": s.documents},
                 cluster,
             )
@@ -499,7 +499,7 @@ def test_the_driver_gets_each_shard_row_as_soon_as_its_actor_returns_it(tmp_path
     only once the second is done, and the second here waits for the driver to have seen the first."""
     import ray.data
 
-    from reindex.run.ray.driver import _results
+    from reindex.run.ray.driver import results
 
     gate = tmp_path / "gate"
     actor: Any = _Gated  # a callable class: Ray builds one per actor
@@ -510,7 +510,7 @@ def test_the_driver_gets_each_shard_row_as_soon_as_its_actor_returns_it(tmp_path
         num_cpus=0.5,
     )
     rows = []
-    for row in _results(dataset):
+    for row in results(dataset):
         rows.append(row)
         gate.touch()
     assert sorted(row["seq"] for row in rows) == [0, 1]

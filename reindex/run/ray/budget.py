@@ -10,7 +10,7 @@ from reindex.run.cost import Budget, BudgetBook
 from reindex.run.ray.cluster import _ray
 
 
-def _budget_book(ray: Any, budget: Budget | None) -> Any:
+def budget_book(ray: Any, budget: Budget | None) -> Any:
     """The run's budget as an actor on the driver's node (None when nothing limits spending), so that the
     budget lives exactly as long as the driver: a lost worker node takes none of it along."""
     if budget is None or budget.max_usd is None or not budget.price_per_million:

@@ -13,11 +13,11 @@ from typing import Any
 from reindex.config import Config
 from reindex.errors import MissingDependency
 
-_LOCAL_ADDRESSES = (None, "local")
+LOCAL_ADDRESSES = (None, "local")
 
 
 @contextmanager
-def _cluster(ray: Any, config: Config) -> Iterator[None]:
+def cluster(ray: Any, config: Config) -> Iterator[None]:
     """Join the configured cluster, or start a local Ray for this run; leave a Ray someone else started.
     Ray's own notices on the driver's stderr (each dataset's start and plan, token authentication, progress
     bars off) are held back to errors: the run's progress and report are what a user reads there; Ray's
@@ -33,7 +33,7 @@ def _cluster(ray: Any, config: Config) -> Iterator[None]:
             "log_to_driver": False,
             "configure_logging": False,
         }
-        if settings.address in _LOCAL_ADDRESSES:  # "local": never join a Ray another process runs here
+        if settings.address in LOCAL_ADDRESSES:  # "local": never join a Ray another process runs here
             options |= {"address": "local", "num_cpus": settings.num_cpus, "include_dashboard": False}
         else:
             options["address"] = settings.address

@@ -21,10 +21,10 @@ from reindex.run.cost import Budget
 from reindex.run.migration import Migration
 from reindex.run.pipeline import Progress
 from reindex.run.planning import plan
-from reindex.run.ray.budget import _budget_book, _halt
-from reindex.run.ray.cluster import _LOCAL_ADDRESSES, _cluster, _ray
+from reindex.run.ray.budget import _halt, budget_book
+from reindex.run.ray.cluster import LOCAL_ADDRESSES, _ray, cluster
 from reindex.run.ray.sizing import pool_size
-from reindex.run.ray.worker import ShardWorker, _read_shard
+from reindex.run.ray.worker import ShardWorker, read_shard
 from reindex.state.ledger import Ledger
 from reindex.state.records import Lease, PlannedShard
 from reindex.state.sqlite import SqliteLedger
@@ -61,7 +61,7 @@ def check(config: Config, embedder: Any, ledger: Ledger) -> None:
                 " time; the ray engine's workers each open it",
                 hint=f'give [{role}] the url of a Qdrant server, or use engine = "local"',
             )
-    if isinstance(ledger, SqliteLedger) and config.ray.address not in _LOCAL_ADDRESSES:
+    if isinstance(ledger, SqliteLedger) and config.ray.address not in LOCAL_ADDRESSES:
         raise ConfigError(
             f"[run] state is a SQLite file, which only this machine reaches; a Ray cluster at"
             f" {config.ray.address!r} needs a ledger every node reaches",
@@ -82,10 +82,10 @@ def run(
     """Do every planned shard not yet recorded on Ray; raise Interrupted if stopped early or once `budget`
     refused a shard (what was in flight lands first)."""
     ray = _ray()
-    with _cluster(ray, m.config):
+    with cluster(ray, m.config):
         pending = plan(m, ledger)
         ledger.release_claims(m.plan_id)  # claims of shards that died in flight (or refused by a budget)
-        book = _budget_book(ray, budget) if pending else None
+        book = budget_book(ray, budget) if pending else None
         progress = _stream(ray, m, lease, pending, stop, on_progress, book) if pending else RayProgress()
         spent: Budget | None = ray.get(book.snapshot.remote()) if book is not None else None
     if spent is not None and spent.exhausted:
@@ -99,7 +99,7 @@ def _check_room(config: Config) -> None:
     """On a local Ray, actors that take every CPU leave none for a read task, and the stream would wait
     forever. (A cluster may autoscale, so its CPUs now say nothing: Ray waits for nodes there.)"""
     settings = config.ray
-    if settings.address not in _LOCAL_ADDRESSES:
+    if settings.address not in LOCAL_ADDRESSES:
         return
     actors = 1 if settings.actors is None else settings.actors  # an unpinned pool has at least one
     cpus = settings.num_cpus or os.cpu_count() or 1
@@ -126,9 +126,7 @@ def _stream(
     in flight land (cutting them would bill them again on the rerun), and the rest are refused unread."""
     progress = RayProgress()
     halt = _halt(ray)
-    rows = _Rows(
-        _results(_dataset(ray, m, lease, pending, book, halt)), m.config.ray.stall_seconds, ray, halt
-    )
+    rows = _Rows(results(_dataset(ray, m, lease, pending, book, halt)), m.config.ray.stall_seconds, ray, halt)
     try:
         while (row := rows.next(progress, len(pending))) is not None:
             if row["error"]:  # a worker's ReindexError, raised as itself: same exit code and hint
@@ -233,7 +231,7 @@ class _Rows:
         self._reader.join(timeout=0.1 if self._stalled else min(self._stall, CLOSE_WAIT_S))
 
 
-def _results(dataset: Any) -> Generator[dict[str, Any], None, None]:
+def results(dataset: Any) -> Generator[dict[str, Any], None, None]:
     """Each shard's row as soon as its actor returns it. `iter_rows` prefetches a block, so it hands a row
     over only once the next shard is done too: progress, and the check for a stop, would lag a shard."""
     blocks = iter(dataset.iter_batches(batch_size=None, prefetch_batches=0, batch_format="pyarrow"))
@@ -265,7 +263,7 @@ def _dataset(
     ]
     dataset = ray.data.from_items(items, override_num_blocks=len(items))
     dataset = dataset.map(
-        _read_shard,
+        read_shard,
         fn_kwargs={
             "config": m.config,
             "book": book,

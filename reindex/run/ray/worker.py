@@ -30,7 +30,7 @@ _sources: dict[str, Source] = {}  # per worker process: one source connection pe
 _tokenizers: dict[str, Callable[[list[str]], Any]] = {}  # per worker process, by the pickle's sha256
 
 
-def _read_shard(
+def read_shard(
     item: dict[str, Any],
     config: Config,
     book: Any = None,
