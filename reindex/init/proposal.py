@@ -10,7 +10,7 @@ values: only the names of environment variables are written.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,15 +41,7 @@ def source_values(request: InitRequest) -> tuple[SourceOffer, dict[str, Any]]:
     offer = offers[kind]
     connection = offer.connection.options if offer.connection else ()
     takes = (*([offer.option] if offer.option else []), *connection)
-    refused = [key for key in request.source if key not in takes]
-    if refused:
-        spelled = (
-            ", ".join(_spelling("source", key) for key in takes) or f"--source-set {offer.name_key}=NAME"
-        )
-        raise ConfigError(
-            f"{_spelling('source', refused[0])} is not an option of a {kind} source",
-            hint=f"its options: {spelled}",
-        )
+    _refuse_others("source", kind, request.source, takes, f"--source-set {offer.name_key}=NAME")
     settings = dict(request.source_settings)
     name = (request.source.get(offer.option) if offer.option else None) or settings.pop(offer.name_key, None)
     if offer.option and name is None:
@@ -154,14 +146,7 @@ def target_offer(
         raise ConfigError(f"a {source['kind']} source needs a target", hint=_target_hint(offers))
     if kind not in offers:
         raise ConfigError(f"unknown target kind {kind!r}", hint=_target_hint(offers))
-    connection = offers[kind].connection
-    refused = [key for key in request.target_options if key not in connection.options]
-    if refused:
-        takes = ", ".join(_spelling("target", key) for key in connection.options)
-        raise ConfigError(
-            f"{_spelling('target', refused[0])} is not an option of a {kind} target",
-            hint=f"its options: {takes}",
-        )
+    _refuse_others("target", kind, request.target_options, offers[kind].connection.options)
     return kind, offers[kind]
 
 
@@ -209,13 +194,6 @@ def _target_connection(
 ) -> list[Entry]:
     """The target's connection as given; none given: the source's own, on the same backend."""
     connection = target.connection
-    refused = [key for key in request.target_options if key not in connection.options]
-    if refused:
-        takes = ", ".join(_spelling("target", key) for key in connection.options)
-        raise ConfigError(
-            f"{_spelling('target', refused[0])} is not an option of a {request.target} target",
-            hint=f"its options: {takes}",
-        )
     if not own and source["kind"] == target.shares_with:
         same = f"{connection.same}"
         return [Entry(key, value, same) for key, value in source.items() if key in connection.options]
@@ -250,6 +228,19 @@ def run_entries(alias: str) -> list[Entry]:
             is_example=True,
         ),
     ]
+
+
+def _refuse_others(
+    role: str, kind: str, given: Mapping[str, Any], takes: Sequence[str], none: str = ""
+) -> None:
+    """ConfigError naming the first option given that a kind of `role` does not take, and those it does."""
+    refused = [key for key in given if key not in takes]
+    if refused:
+        spelled = ", ".join(_spelling(role, key) for key in takes) or none
+        raise ConfigError(
+            f"{_spelling(role, refused[0])} is not an option of a {kind} {role}",
+            hint=f"its options: {spelled}",
+        )
 
 
 def _spelling(role: str, key: str) -> str:
