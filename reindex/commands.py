@@ -164,7 +164,7 @@ def run(
         stop_on_lost_lease(lease, stop),
     ):
         if engine is not None and not isinstance(m.embedder, DeferredEmbedder):
-            engine.check(config, m.embedder, ledger)  # before the run and its target are touched
+            engine.check(m, ledger)  # before the run and its target are touched
         m = attach(m, ledger, fresh=fresh, create=True)
         if replaced(m, ledger):
             return after_the_flip(m, ledger)

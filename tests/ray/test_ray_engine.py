@@ -187,9 +187,11 @@ def test_a_qdrant_folder_in_local_mode_is_refused_before_ray_starts(tmp_path: Pa
     target = {"kind": "qdrant", "path": str(tmp_path / "qdrant"), "alias": "ray_docs"}
     tables = {**cluster.tables, "target": target}
     cluster = dataclasses.replace(cluster, target=validated_target(target), tables=tables)
-    with pytest.raises(ConfigError, match="Qdrant local mode") as refused:
+    with pytest.raises(
+        ConfigError, match=r"\[target\] \(qdrant\) is opened by one process at a time"
+    ) as refused:
         commands.run(cluster)
-    assert refused.value.exit_code == 2 and "url of a Qdrant server" in str(refused.value.hint)
+    assert refused.value.exit_code == 2 and "Qdrant server's url" in str(refused.value.hint)
 
 
 def test_a_worker_that_cannot_open_its_backends_fails_the_run_with_that_error(

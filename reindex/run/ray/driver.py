@@ -50,16 +50,19 @@ class RayProgress(Progress):
     workers: dict[str, WorkerStats] = field(default_factory=dict)
 
 
-def check(config: Config, embedder: Any, ledger: Ledger) -> None:
+def check(m: Migration, ledger: Ledger) -> None:
     """Refuse what the ray engine cannot do (exit 2, naming the fix); `reindex run` calls it before the
     migration's run and target are touched. (A provider batch embedder never gets here: it runs on the
     driver's machine under either engine.)"""
-    for role, section in config.tables.items():
-        if section.get("kind") == "qdrant" and section.get("path") is not None:
+    config = m.config
+    for role, adapter, section in (("source", m.source, config.source), ("target", m.sink, config.target)):
+        if (
+            not adapter.shareable
+        ):  # as each adapter declares it: a folder one process opens, a store in memory
             raise ConfigError(
-                f"[{role}] is Qdrant local mode (path = {section['path']!r}), which one process opens at a"
-                " time; the ray engine's workers each open it",
-                hint=f'give [{role}] the url of a Qdrant server, or use engine = "local"',
+                f"[{role}] ({section.kind}) is opened by one process at a time (Qdrant local mode, a store in"
+                " memory), and the ray engine's workers each open it",
+                hint=f'give [{role}] a store every worker reaches (a Qdrant server\'s url), or use engine = "local"',
             )
     if isinstance(ledger, SqliteLedger) and config.ray.address not in LOCAL_ADDRESSES:
         raise ConfigError(
