@@ -1,8 +1,8 @@
 """What each verb prints for a person at a terminal: a short summary in sentences and small tables.
 
 Renderers read the verb's typed result, whose JSON document is its fields (`asdict`): nothing is shown that
-`--json` does not carry, and mypy checks every field a renderer reads. Plan and compare build their document
-as one (a dict of sections) and are rendered from it.
+`--json` does not carry, and mypy checks every field a renderer reads. Compare builds its document as one (a
+dict of sections) and is rendered from it.
 Values from a source, a ledger or a config are printed as text, never as markup. The layout (light rules
 on a colour terminal, plain text with no box drawing for NO_COLOR, logs and pipes) is `screen.Screen`'s;
 `reindex plan`'s summary is in plan_view.py, every other verb's here.
@@ -455,8 +455,8 @@ def _named_model(table: dict[str, Any]) -> str:
     return f"{table.get('kind', '?')} {name}" if name else str(table.get("kind", "?"))
 
 
-# each renders the verb's typed result (mypy checks every field read); plan and compare render the JSON
-# document their verb builds as one (reindex.plan.estimate, reindex.prove.quality)
+# each renders the verb's typed result (mypy checks every field read); compare renders the JSON document
+# its verb builds as one (reindex.prove.quality)
 RENDERERS: dict[str, Callable[[Screen, Any], None]] = {
     "plan": plan,
     "run": run,
@@ -475,8 +475,8 @@ RENDERERS: dict[str, Callable[[Screen, Any], None]] = {
 
 
 def show(console: Console, verb: str, result: Any, config: str) -> None:
-    """`result` as a person reads it: the typed result itself, or the JSON document of plan and compare."""
+    """`result` as a person reads it: the typed result itself, or compare's JSON document."""
     RENDERERS[verb](Screen(console, config), result.to_json() if verb in AS_DOCUMENTS else result)
 
 
-AS_DOCUMENTS = ("plan", "compare")
+AS_DOCUMENTS = ("compare",)

@@ -305,7 +305,7 @@ def test_titan_v2_batch_is_priced_as_on_demand_until_the_discount_is_confirmed(m
     assert "not confirmed" in caveat and "prices = { batch" in caveat
     told = make(prices={"online": 0.02, "batch": 0.01})  # the user's bill shows the discount
     assert told.traits.price_per_million == 0.01 and told.price_caveats == ()
-    assert "price_caveats" in PlanReport().to_json() and cost({"cost_batch_usd": 1.0}).startswith("$")
+    assert "price_caveats" in PlanReport().to_json() and cost(PlanReport(cost_batch_usd=1.0)).startswith("$")
 
 
 # Titan's limits without its tokenizer (issue 42, item 6) -------------------------------------------------
